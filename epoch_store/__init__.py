@@ -1,0 +1,1 @@
+"""Seqlog epoch_store package."""

@@ -1,0 +1,1 @@
+"""Epoch-store backends: memory (simulation) and file (embedded default)."""

@@ -1,0 +1,1 @@
+"""Pure core of epoch_store/core."""

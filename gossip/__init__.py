@@ -1,0 +1,1 @@
+"""Seqlog gossip package."""

@@ -1,0 +1,1 @@
+"""Seqlog seqlog package."""

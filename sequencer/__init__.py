@@ -1,0 +1,1 @@
+"""Seqlog sequencer package."""

@@ -1,0 +1,1 @@
+"""Seqlog services package."""

@@ -1,0 +1,1 @@
+"""Seqlog's shared vocabulary: ids, statuses, wire messages, framing and configuration."""

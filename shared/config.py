@@ -1,0 +1,273 @@
+"""Configuration dataclasses: one cluster-wide config that must match on every node, and one
+per role. Every field has its unit last in its name, a default and a range check.
+
+Parsing from a mapping (JSON file, environment) is pure and lives here; only ``services``
+decides where the mapping comes from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shared.limits import COPYSET_SIZE_MAX, PAYLOAD_BYTES_MAX_LIMIT
+from shared.types import NodeId, node_id_valid
+
+Role = Literal["sequencer", "storage"]
+FsyncMode = Literal["always", "interval", "never"]
+ROLES: tuple[Role, ...] = ("sequencer", "storage")
+FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "interval", "never")
+
+
+def _in_range(name: str, value: float, low: float, high: float) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value!r} is outside [{low}, {high}]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """One node of the cluster as every other node sees it."""
+
+    node_id: NodeId
+    roles: tuple[Role, ...]
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    data_port: int = 0
+    """Port of the node-to-node transport (STORE, RELEASE, READ, forwarded APPEND)."""
+    sequencer_weight: float = 1.0
+    storage_capacity: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not node_id_valid(self.node_id):
+            raise ValueError(f"bad node id {self.node_id!r}")
+        if not self.roles or any(r not in ROLES for r in self.roles):
+            raise ValueError(f"node {self.node_id}: roles must be among {ROLES}")
+        _in_range("http_port", self.http_port, 0, 65535)
+        _in_range("data_port", self.data_port, 0, 65535)
+        _in_range("sequencer_weight", self.sequencer_weight, 0.0, 1e6)
+        _in_range("storage_capacity", self.storage_capacity, 0.0, 1e6)
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """Cluster-wide settings; nodes refuse peers whose fingerprint differs."""
+
+    cluster_name: str = "seqlog"
+    nodes: tuple[NodeConfig, ...] = ()
+    replication_factor: int = 3
+    """R for logs provisioned on first append."""
+    nodeset_size: int = 0
+    """Storage nodes in a new log's nodeset; 0 means every storage node."""
+
+    def __post_init__(self) -> None:
+        ids = [n.node_id for n in self.nodes]
+        if len(ids) != len(set(ids)):
+            raise ValueError("node ids must be unique")
+        _in_range("replication_factor", self.replication_factor, 1, COPYSET_SIZE_MAX)
+        _in_range("nodeset_size", self.nodeset_size, 0, COPYSET_SIZE_MAX)
+        storage = self.storage_node_ids
+        if storage and self.replication_factor > len(storage):
+            raise ValueError(
+                f"replication_factor={self.replication_factor} exceeds the "
+                f"{len(storage)} storage nodes"
+            )
+
+    @property
+    def storage_node_ids(self) -> tuple[NodeId, ...]:
+        return tuple(n.node_id for n in self.nodes if "storage" in n.roles)
+
+    @property
+    def sequencer_nodes(self) -> tuple[NodeConfig, ...]:
+        return tuple(n for n in self.nodes if "sequencer" in n.roles)
+
+    def node(self, node_id: NodeId) -> NodeConfig | None:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        return None
+
+    def default_nodeset(self) -> tuple[NodeId, ...]:
+        storage = self.storage_node_ids
+        size = self.nodeset_size or len(storage)
+        return storage[: max(size, self.replication_factor)]
+
+    def fingerprint(self) -> str:
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequencerConfig:
+    """Settings of the sequencer role (LogDevice defaults where LogDevice has one)."""
+
+    window_appends_max: int = 1000
+    store_timeout_ms_min: int = 10
+    store_timeout_ms_max: int = 60_000
+    graylist_nodeset_fraction_max: float = 0.25
+    """The gray list is cleared once it holds this fraction of the nodeset."""
+    graylist_duration_ms: int = 600_000
+    blacklist_nospc_ms: int = 60_000
+    blacklist_disabled_ms: int = 30_000
+    blacklist_overloaded_ms: int = 1_000
+    blacklist_error_ms: int = 1_000
+    """Blacklist time for other error replies (connection failure, shutdown, bad checksum)."""
+    release_broadcast_interval_ms: int = 500
+    activation_appends_queued_max: int = 10_000
+    """Appends that may wait for a log's sequencer to activate; more get SEQNOBUFS."""
+    append_timeout_ms: int = 10_000
+    """After this the client is told TIMEDOUT (outcome unknown); the appender keeps trying."""
+    stores_per_message_max: int = 64
+    """STOREs for one storage node that may share one frame in the same loop iteration."""
+
+    def __post_init__(self) -> None:
+        _in_range("window_appends_max", self.window_appends_max, 2, 1_000_000)
+        _in_range("store_timeout_ms_min", self.store_timeout_ms_min, 1, 60_000)
+        _in_range("store_timeout_ms_max", self.store_timeout_ms_max, self.store_timeout_ms_min,
+                  3_600_000)
+        _in_range("graylist_nodeset_fraction_max", self.graylist_nodeset_fraction_max, 0.0, 1.0)
+        for name in ("graylist_duration_ms", "blacklist_nospc_ms", "blacklist_disabled_ms",
+                     "blacklist_overloaded_ms", "blacklist_error_ms"):
+            _in_range(name, getattr(self, name), 0, 86_400_000)
+        _in_range("release_broadcast_interval_ms", self.release_broadcast_interval_ms, 10,
+                  3_600_000)
+        _in_range("activation_appends_queued_max", self.activation_appends_queued_max, 1,
+                  1_000_000)
+        _in_range("append_timeout_ms", self.append_timeout_ms, 1, 3_600_000)
+        _in_range("stores_per_message_max", self.stores_per_message_max, 1, 10_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageConfig:
+    """Settings of the storage role."""
+
+    fsync: FsyncMode = "always"
+    fsync_interval_ms: int = 100
+    """With ``fsync="interval"``: how often dirty segments are synced."""
+    segment_bytes_max: int = 64 * 1024 * 1024
+    store_queue_records_max: int = 20_000
+    """STOREs waiting for the writer; more get OVERLOADED."""
+    commit_batch_bytes_max: int = 8 * 1024 * 1024
+    """Most bytes one group commit (one write, one fsync) may carry."""
+    disk_free_bytes_min: int = 64 * 1024 * 1024
+    """Below this much free disk, STOREs get NOSPC."""
+    accept_writes: bool = True
+    """False makes every STORE answer DISABLED (for draining a node)."""
+
+    def __post_init__(self) -> None:
+        if self.fsync not in FSYNC_MODES:
+            raise ValueError(f"fsync must be one of {FSYNC_MODES}")
+        _in_range("fsync_interval_ms", self.fsync_interval_ms, 1, 60_000)
+        _in_range("segment_bytes_max", self.segment_bytes_max, 1024 * 1024, 2**40)
+        _in_range("store_queue_records_max", self.store_queue_records_max, 1, 10_000_000)
+        _in_range("commit_batch_bytes_max", self.commit_batch_bytes_max, 64 * 1024, 2**31)
+        _in_range("disk_free_bytes_min", self.disk_free_bytes_min, 0, 2**50)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApiConfig:
+    """Limits of the HTTP API."""
+
+    payload_bytes_max: int = 1024 * 1024
+    request_bytes_max: int = 32 * 1024 * 1024
+    batch_records_max: int = 10_000
+    read_records_max: int = 10_000
+    read_bytes_max: int = 16 * 1024 * 1024
+    long_poll_ms_max: int = 60_000
+    provision_on_append: bool = True
+    retry_after_s: int = 1
+    """Retry-After sent with 429/503 answers."""
+
+    def __post_init__(self) -> None:
+        _in_range("payload_bytes_max", self.payload_bytes_max, 1, PAYLOAD_BYTES_MAX_LIMIT)
+        _in_range("request_bytes_max", self.request_bytes_max, self.payload_bytes_max,
+                  PAYLOAD_BYTES_MAX_LIMIT * 2)
+        _in_range("batch_records_max", self.batch_records_max, 1, 100_000)
+        _in_range("read_records_max", self.read_records_max, 1, 100_000)
+        _in_range("read_bytes_max", self.read_bytes_max, 1024, 2**31)
+        _in_range("long_poll_ms_max", self.long_poll_ms_max, 0, 3_600_000)
+        _in_range("retry_after_s", self.retry_after_s, 0, 3600)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransportConfig:
+    """Node-to-node connections."""
+
+    peer_requests_inflight_max: int = 8192
+    connect_timeout_ms: int = 1_000
+    request_timeout_ms: int = 5_000
+    reconnect_backoff_ms_max: int = 1_000
+
+    def __post_init__(self) -> None:
+        _in_range("peer_requests_inflight_max", self.peer_requests_inflight_max, 1, 1_000_000)
+        _in_range("connect_timeout_ms", self.connect_timeout_ms, 1, 600_000)
+        _in_range("request_timeout_ms", self.request_timeout_ms, 1, 600_000)
+        _in_range("reconnect_backoff_ms_max", self.reconnect_backoff_ms_max, 1, 600_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessConfig:
+    """Everything one node process needs: who it is, where its data lives, and each role's
+    settings."""
+
+    node_id: NodeId
+    cluster: ClusterConfig
+    data_dir: str
+    epoch_store: str = "file"
+    """``file`` (a directory shared by the nodes of one machine) or, later, ``zk://...``."""
+    epoch_store_dir: str = ""
+    sequencer: SequencerConfig = field(default_factory=SequencerConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    transport: TransportConfig = field(default_factory=TransportConfig)
+
+    def __post_init__(self) -> None:
+        if self.cluster.node(self.node_id) is None:
+            raise ValueError(f"node {self.node_id} is not in the cluster config")
+
+    @property
+    def me(self) -> NodeConfig:
+        node = self.cluster.node(self.node_id)
+        assert node is not None
+        return node
+
+
+def _build(cls: type[Any], data: dict[str, Any]) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown settings {sorted(unknown)}")
+    return cls(**data)
+
+
+def cluster_from_dict(data: dict[str, Any]) -> ClusterConfig:
+    nodes = tuple(
+        _build(NodeConfig, {**n, "roles": tuple(n.get("roles", ()))}) for n in data.get("nodes", ())
+    )
+    return _build(ClusterConfig, {**data, "nodes": nodes})
+
+
+def process_from_dict(data: dict[str, Any]) -> ProcessConfig:
+    """Build a ``ProcessConfig`` from plain JSON-like data; raises ValueError on bad input."""
+    sections = {
+        "sequencer": SequencerConfig,
+        "storage": StorageConfig,
+        "api": ApiConfig,
+        "transport": TransportConfig,
+    }
+    built: dict[str, Any] = {k: v for k, v in data.items() if k not in sections and k != "cluster"}
+    built["cluster"] = cluster_from_dict(data.get("cluster", {}))
+    for name, cls in sections.items():
+        built[name] = _build(cls, data.get(name, {}))
+    return _build(ProcessConfig, built)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    result: dict[str, Any] = dataclasses.asdict(config)
+    return result

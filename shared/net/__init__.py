@@ -1,0 +1,1 @@
+"""Node-to-node asyncio transport: the only I/O in shared."""

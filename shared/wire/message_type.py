@@ -1,0 +1,22 @@
+"""Permanent message-type ids. A retired id stays here as ``DEPRECATED_<n>`` and is never reused."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class MessageType(IntEnum):
+    HELLO = 1
+    HELLO_REPLY = 2
+    STORE = 3
+    STORED = 4
+    RELEASE = 5
+    READ = 6
+    READ_REPLY = 7
+    GET_LOG_STATE = 8
+    LOG_STATE = 9
+    APPEND = 10
+    APPENDED = 11
+
+
+RETIRED: frozenset[MessageType] = frozenset()

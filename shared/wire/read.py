@@ -1,0 +1,50 @@
+"""READ of released records from one storage node, and GET_LOG_STATE for activation.
+
+A storage node answers READ with its records in ``[from_lsn, until_lsn]`` that are at or
+below ``max(its own release pointer, release_lsn)``: ``release_lsn`` comes from the log's
+sequencer, which is the authority on what is released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.status import Status
+from shared.types import Epoch, LogId, Lsn
+
+WireRecord = tuple[int, int, str | None, bytes]
+"""(lsn, timestamp_ms, key, payload): one record as it crosses the wire."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Read:
+    log_id: LogId
+    from_lsn: Lsn
+    until_lsn: Lsn
+    release_lsn: Lsn
+    records_max: int
+    bytes_max: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadReply:
+    status: Status
+    log_id: LogId
+    release_lsn: Lsn
+    records: tuple[WireRecord, ...]
+    next_lsn: Lsn
+    """The node has delivered everything it holds below this LSN (within the read's range)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetLogState:
+    log_id: LogId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogState:
+    status: Status
+    log_id: LogId
+    release_lsn: Lsn
+    sealed_epoch: Epoch
+    last_lsn: Lsn

@@ -1,0 +1,1 @@
+"""Seqlog storage_node package."""
