@@ -1,1 +1,1 @@
-"""Seqlog gossip package."""
+"""The gossip failure detector (issue 4); nothing here yet but the package."""

@@ -1,1 +1,31 @@
-"""Seqlog seqlog package."""
+"""Seqlog's public Python client: ``from seqlog import Client``.
+
+Depends only on ``shared`` plus aiohttp and msgpack, never on the node's own packages.
+"""
+
+from seqlog.client import Client
+from seqlog.results import (
+    AppendResult,
+    BatchResult,
+    ClusterInfo,
+    Gap,
+    NodeInfo,
+    ReadResult,
+    Record,
+    TailResult,
+)
+from shared.status import LogError, Status
+
+__all__ = [
+    "AppendResult",
+    "BatchResult",
+    "Client",
+    "ClusterInfo",
+    "Gap",
+    "LogError",
+    "NodeInfo",
+    "ReadResult",
+    "Record",
+    "Status",
+    "TailResult",
+]

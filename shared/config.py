@@ -250,7 +250,8 @@ def cluster_from_dict(data: dict[str, Any]) -> ClusterConfig:
     nodes = tuple(
         _build(NodeConfig, {**n, "roles": tuple(n.get("roles", ()))}) for n in data.get("nodes", ())
     )
-    return _build(ClusterConfig, {**data, "nodes": nodes})
+    cluster: ClusterConfig = _build(ClusterConfig, {**data, "nodes": nodes})
+    return cluster
 
 
 def process_from_dict(data: dict[str, Any]) -> ProcessConfig:
@@ -265,7 +266,8 @@ def process_from_dict(data: dict[str, Any]) -> ProcessConfig:
     built["cluster"] = cluster_from_dict(data.get("cluster", {}))
     for name, cls in sections.items():
         built[name] = _build(cls, data.get(name, {}))
-    return _build(ProcessConfig, built)
+    process: ProcessConfig = _build(ProcessConfig, built)
+    return process
 
 
 def to_dict(config: Any) -> dict[str, Any]:

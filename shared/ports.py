@@ -40,3 +40,11 @@ class EpochStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class Rng(Protocol):
+    """Randomness injected into cores (``random.Random`` satisfies it); seeded in simulation."""
+
+    def random(self) -> float:
+        """A float in [0, 1)."""
+        ...

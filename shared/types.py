@@ -37,7 +37,7 @@ _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
 def compose_lsn(epoch: Epoch, esn: Esn) -> Lsn:
-    """The LSN of ``esn`` in ``epoch``; esn 0 names the slot just before the epoch's first record."""
+    """The LSN of ``esn`` in ``epoch``; esn 0 is the slot just before the epoch's first record."""
     assert 0 <= epoch <= EPOCH_MAX + 1, epoch
     assert 0 <= esn <= _ESN_MASK, esn
     return Lsn((epoch << _ESN_BITS) | esn)

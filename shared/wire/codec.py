@@ -12,7 +12,7 @@ import dataclasses
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any, TypeAlias, Union
 
 import msgpack
 
@@ -25,10 +25,10 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
 
-Message = Union[
-    Hello, HelloReply, Store, Stored, Release, Read, ReadReply, GetLogState, LogState,
-    Append, Appended,
-]
+Message: TypeAlias = (
+    Hello | HelloReply | Store | Stored | Release | Read | ReadReply | GetLogState | LogState
+    | Append | Appended
+)
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.HELLO: Hello,
@@ -114,7 +114,7 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
         converters = _CONVERTERS[cls]
         if type(correlation_id) is not int or len(fields) != len(converters):
             return Status.BADMSG
-        values = [conv(value) for conv, value in zip(converters, fields)]
-        return correlation_id, cls(**dict(zip(_FIELDS[cls], values)))
+        values = [conv(value) for conv, value in zip(converters, fields, strict=True)]
+        return correlation_id, cls(**dict(zip(_FIELDS[cls], values, strict=True)))
     except (ValueError, TypeError, KeyError, _Invalid, msgpack.UnpackException):
         return Status.BADMSG

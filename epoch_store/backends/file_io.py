@@ -1,0 +1,99 @@
+"""Blocking file primitives of the file epoch store: crash-safe replace, an inter-process lock
+with a deadline, bounded reads. Everything here blocks; callers run it on worker threads, never
+on the event loop.
+
+Crash safety: a new object is written to a temp file, fsynced, renamed over the old one and the
+directory is fsynced, so readers (who take no lock) see the old or the new object, never a mix.
+The temp file has a fixed name per object and is only written under the log's lock, so a torn
+temp file left by a crash is simply truncated by the next writer and never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+
+LOCK_POLL_MS_MIN = 0.2
+LOCK_POLL_MS_MAX = 5.0
+"""Polling bounds while another process holds a log's lock (flock has no timeout of its own)."""
+
+
+def fsync_dir(path: str) -> None:
+    """Make a directory's entries (a rename, a new child) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def ensure_dir(path: str) -> None:
+    """Create ``path`` and missing ancestors, fsyncing each parent that gained an entry."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        ensure_dir(parent)
+    try:
+        os.mkdir(path, 0o755)
+    except FileExistsError:
+        return
+    fsync_dir(parent or ".")
+
+
+def read_bytes(path: str, bytes_max: int) -> bytes | None:
+    """Up to ``bytes_max + 1`` bytes of ``path`` (so callers can see it is too big), or None
+    when the file does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(bytes_max + 1)
+    except FileNotFoundError:
+        return None
+
+
+def replace_atomically(path: str, data: bytes, tmp_path: str) -> None:
+    """Replace ``path`` by ``data`` durably. Call only while holding the lock that guards
+    ``tmp_path``."""
+    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp_path, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str, timeout_ms: int) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on ``lock_path`` (created if missing) for the ``with`` body;
+    yields False, without the lock, if it could not be taken within ``timeout_ms``. The lock is
+    per open file description, so it also excludes other threads of this process."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        yield _acquire(fd, timeout_ms)
+    finally:
+        # Closing the descriptor releases the lock.
+        os.close(fd)
+
+
+def _acquire(fd: int, timeout_ms: int) -> bool:
+    deadline_s = time.monotonic() + timeout_ms / 1000
+    poll_ms = LOCK_POLL_MS_MIN
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        remaining_s = deadline_s - time.monotonic()
+        if remaining_s <= 0:
+            return False
+        time.sleep(min(poll_ms / 1000, remaining_s))
+        poll_ms = min(poll_ms * 2, LOCK_POLL_MS_MAX)

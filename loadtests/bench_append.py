@@ -1,0 +1,197 @@
+"""Closed-loop append benchmark for Seqlog over HTTP/msgpack, same semantics as the peer
+benchmarks (shared/peers/common.py) so the numbers can be put side by side.
+
+At most ``--inflight`` requests are outstanding; each carries ``--batch`` records (one
+append, or one append-batch when B > 1). Latency is per request, from just before it is
+issued to its acknowledgement; throughput counts records, MB is 10^6 bytes of payload.
+``--warmup`` records go first, unmeasured; they also teach the client each log's sequencer,
+so measured requests go straight to it. Prints one JSON line.
+
+Run from the repo root: ``.venv/bin/python -m loadtests.bench_append --dir DIR ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import resource
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from seqlog import Client, LogError
+from services.local_cluster import load_state
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--url", action="append", help="node URL (repeatable)")
+    target.add_argument("--dir", type=Path, help="local cluster directory (cluster.json)")
+    p.add_argument("--records", type=int, default=10000, help="measured records (after warmup)")
+    p.add_argument("--size", type=int, default=1024, help="payload bytes per record")
+    p.add_argument("--inflight", type=int, default=1, help="max outstanding requests")
+    p.add_argument("--batch", type=int, default=1, help="records per request (>1: append-batch)")
+    p.add_argument("--logs", type=int, default=1, help="logs written round-robin")
+    p.add_argument("--first-log", type=int, default=1, help="id of the first log written")
+    p.add_argument("--warmup", type=int, default=200, help="unmeasured records sent first")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    p.add_argument("--retries", type=int, default=5, help="client retries on 429/503")
+    p.add_argument("--timeout-ms", type=int, default=30_000, help="client request timeout")
+    p.add_argument("--label", default="", help="free text copied into the JSON output")
+    return p
+
+
+def percentile(sorted_vals: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list (q in [0, 100])."""
+    if not sorted_vals:
+        return float("nan")
+    k = max(0, min(len(sorted_vals) - 1, math.ceil(q / 100.0 * len(sorted_vals)) - 1))
+    return sorted_vals[k]
+
+
+def cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def loadavg() -> str | None:
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return None
+
+
+class Phase:
+    """Latencies, errors and CPU of one closed-loop run."""
+
+    def __init__(self) -> None:
+        self.latencies_s: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self.records_ok = 0
+        self.elapsed_s = 0.0
+        self.cpu_s = 0.0
+
+
+async def closed_loop(
+    op: Callable[[int], Awaitable[int]], requests: int, inflight: int, start_index: int = 0
+) -> Phase:
+    """Run ``await op(i)`` (returns records written) for ``requests`` indices with
+    ``inflight`` workers sharing one iterator."""
+    phase = Phase()
+    indices = iter(range(start_index, start_index + requests))
+    pc = time.perf_counter
+
+    async def worker() -> None:
+        for i in indices:
+            t0 = pc()
+            try:
+                written = await op(i)
+            except LogError as exc:
+                phase.errors[exc.status.name] += 1
+                continue
+            phase.latencies_s.append(pc() - t0)
+            phase.records_ok += written
+
+    c0 = cpu_s()
+    t0 = pc()
+    await asyncio.gather(*(worker() for _ in range(max(1, inflight))))
+    phase.elapsed_s = pc() - t0
+    phase.cpu_s = cpu_s() - c0
+    return phase
+
+
+def report(args: argparse.Namespace, phase: Phase, urls: list[str]) -> dict[str, Any]:
+    lat = sorted(phase.latencies_s)
+    el = phase.elapsed_s
+    n = phase.records_ok
+    out: dict[str, Any] = {
+        "bench": "seqlog_append",
+        "label": args.label,
+        "records": n,
+        "requests": len(lat),
+        "size": args.size,
+        "inflight": args.inflight,
+        "batch": args.batch,
+        "logs": args.logs,
+        "loop": args.loop,
+        "elapsed_s": round(el, 4),
+        "records_per_s": round(n / el, 1) if el > 0 else None,
+        "MB_per_s": round(n * args.size / el / 1e6, 3) if el > 0 else None,
+        "p50_ms": round(percentile(lat, 50) * 1e3, 4),
+        "p99_ms": round(percentile(lat, 99) * 1e3, 4),
+        "p999_ms": round(percentile(lat, 99.9) * 1e3, 4),
+        "max_ms": round(lat[-1] * 1e3, 4) if lat else None,
+        "client_cpu_util": round(phase.cpu_s / el, 3) if el > 0 else None,
+        "loadavg_start": args.loadavg_start,
+        "loadavg_end": loadavg(),
+        "errors": dict(phase.errors),
+        "urls": urls,
+        "ts": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def resolve_urls(args: argparse.Namespace) -> list[str]:
+    if args.dir is not None:
+        state = load_state(args.dir.resolve())
+        if state is None:
+            raise SystemExit(json.dumps({"error": f"no cluster.json in {args.dir}"}))
+        return state.sequencer_urls
+    return list(args.url or ["http://127.0.0.1:7400"])
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    urls = resolve_urls(args)
+    payload = os.urandom(args.size)
+    batch = [payload] * args.batch
+    first_log, logs = args.first_log, args.logs
+    async with Client(
+        urls, connections_max=args.inflight, retries_max=args.retries, timeout_ms=args.timeout_ms
+    ) as client:
+
+        async def one(i: int) -> int:
+            await client.append(first_log + i % logs, payload)
+            return 1
+
+        async def many(i: int) -> int:
+            result = await client.append_batch(first_log + i % logs, batch)
+            return result.count
+
+        op = many if args.batch > 1 else one
+        # Every log gets at least one warmup request, so each log's sequencer is known.
+        warmup_requests = max(math.ceil(args.warmup / args.batch), logs)
+        warm = await closed_loop(op, warmup_requests, args.inflight)
+        if warm.errors and not warm.latencies_s:
+            raise SystemExit(json.dumps({"error": f"warmup failed: {dict(warm.errors)}"}))
+        requests = math.ceil(args.records / args.batch)
+        phase = await closed_loop(op, requests, args.inflight, start_index=warmup_requests)
+    return report(args, phase, urls)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if min(args.records, args.size, args.inflight, args.batch, args.logs, args.first_log) < 1:
+        print(json.dumps({"error": "records, size, inflight, batch, logs must be >= 1"}))
+        return 2
+    args.loadavg_start = loadavg()
+    factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    if args.loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        out = runner.run(bench(args))
+    return 0 if out["records"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The public asyncio client of Seqlog's HTTP API (msgpack on the wire).
+
+One ``aiohttp`` session per client. Appends go straight to the log's sequencer once an answer
+has named it (``X-Seqlog-Sequencer``); node addresses come from ``GET /v1/cluster``. A request
+that could not even connect is tried on the other nodes. Answers that guarantee nothing was
+written (429 SEQNOBUFS, most 503s) are retried with bounded backoff; an append whose outcome is
+unknown (504, 500, connection lost after sending, client timeout) is never retried and raises
+``LogError(TIMEDOUT)`` or ``LogError(INTERNAL)``. Reads are idempotent and retried more freely.
+
+Cancelling an append leaves its outcome unknown, exactly like a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from seqlog import body as wire
+from seqlog.results import (
+    AppendResult,
+    BatchResult,
+    ClusterInfo,
+    Gap,
+    ReadResult,
+    Record,
+    TailResult,
+)
+from seqlog.routing import Router
+from shared.status import LogError, Status
+from shared.types import LSN_OLDEST, LogId, Lsn, log_id_valid, lsn_valid
+
+SEQUENCER_HEADER = "X-Seqlog-Sequencer"
+_HEADERS = {"Content-Type": wire.MSGPACK, "Accept": wire.MSGPACK}
+# Answers after which nothing was written, so trying again cannot duplicate a record.
+_NOTHING_WRITTEN = frozenset(
+    {Status.SEQNOBUFS, Status.NOSEQUENCER, Status.NOTREADY, Status.SHUTDOWN, Status.OVERLOADED}
+)
+# Answers that say this node cannot serve now; another node may.
+_TRY_ELSEWHERE = frozenset({Status.NOTREADY, Status.SHUTDOWN})
+_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+
+
+class Client:
+    """``async with Client(["127.0.0.1:7400", ...]) as client: await client.append(1, b"x")``.
+
+    Every method raises ``shared.status.LogError``: the server's status, ``CONNFAILED`` when
+    no node could be reached (nothing was sent), ``TIMEDOUT`` when an append's outcome is
+    unknown, ``BADMSG`` for an unreadable answer, ``INVALID_PARAM`` for bad arguments.
+    """
+
+    def __init__(
+        self,
+        urls: list[str] | str,
+        *,
+        timeout_ms: int = 30_000,
+        connect_timeout_ms: int = 2_000,
+        retries_max: int = 5,
+        retry_backoff_ms_min: int = 20,
+        retry_backoff_ms_max: int = 1_000,
+        connections_max: int = 100,
+        routes_max: int = 100_000,
+        cluster_refresh_ms_min: int = 1_000,
+        follow_wait_ms: int = 10_000,
+        follow_idle_ms: int = 100,
+    ) -> None:
+        seeds = [urls] if isinstance(urls, str) else list(urls)
+        if not seeds:
+            raise ValueError("at least one URL is required")
+        if timeout_ms <= 0 or connect_timeout_ms <= 0 or connections_max <= 0:
+            raise ValueError("timeouts and connections_max must be positive")
+        if retries_max < 0 or not 0 <= retry_backoff_ms_min <= retry_backoff_ms_max:
+            raise ValueError("retries_max must be >= 0 and backoff min <= max")
+        self._router = Router(seeds, routes_max=routes_max)
+        self._timeout_ms = timeout_ms
+        self._connect_timeout_ms = connect_timeout_ms
+        self._retries_max = retries_max
+        self._backoff_ms_min = retry_backoff_ms_min
+        self._backoff_ms_max = retry_backoff_ms_max
+        self._connections_max = connections_max
+        self._cluster_refresh_ms_min = cluster_refresh_ms_min
+        self._cluster_refreshed_at_ms = -cluster_refresh_ms_min
+        self._follow_wait_ms = follow_wait_ms
+        self._follow_idle_ms = follow_idle_ms
+        self._session: aiohttp.ClientSession | None = None
+        self._default_timeout = self._timeout(0)
+        self._rng = random.Random()
+
+    async def __aenter__(self) -> Client:
+        self._ensure_session()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
+
+    @property
+    def urls(self) -> list[str]:
+        """Known node URLs, the ones to try first first."""
+        return self._router.urls
+
+    # -- public API ---------------------------------------------------------------------
+
+    async def append(
+        self,
+        log_id: int,
+        payload: bytes,
+        key: str | None = None,
+        *,
+        producer_id: str | None = None,
+        producer_seq: int | None = None,
+    ) -> AppendResult:
+        log = _check_log(log_id)
+        request: dict[str, Any] = {"payload": _check_payload(payload)}
+        _add_optional(request, key, producer_id, producer_seq)
+        answer = await self._call("POST", log, f"/v1/logs/{log}/append", request, writes=True)
+        return wire.parse_append(answer)
+
+    async def append_batch(
+        self,
+        log_id: int,
+        payloads: Iterable[bytes],
+        *,
+        key: str | None = None,
+        producer_id: str | None = None,
+        producer_seq: int | None = None,
+    ) -> BatchResult:
+        log = _check_log(log_id)
+        items = [_check_payload(p) for p in payloads]
+        if not items:
+            raise LogError(Status.INVALID_PARAM, "a batch needs at least one payload")
+        request: dict[str, Any] = {"payloads": items}
+        _add_optional(request, key, producer_id, producer_seq)
+        path = f"/v1/logs/{log}/append-batch"
+        return wire.parse_batch(await self._call("POST", log, path, request, writes=True))
+
+    async def read(
+        self,
+        log_id: int,
+        from_lsn: int = LSN_OLDEST,
+        *,
+        limit: int = 1000,
+        max_bytes: int | None = None,
+        wait_ms: int = 0,
+    ) -> ReadResult:
+        log = _check_log(log_id)
+        if not lsn_valid(from_lsn) or limit <= 0 or wait_ms < 0:
+            raise LogError(Status.INVALID_PARAM, "from_lsn, limit or wait_ms out of range")
+        query = f"from={from_lsn}&limit={limit}&wait_ms={wait_ms}"
+        if max_bytes is not None:
+            query += f"&max_bytes={max_bytes}"
+        path = f"/v1/logs/{log}/records?{query}"
+        answer = await self._call("GET", log, path, None, writes=False, extra_ms=wait_ms)
+        result = wire.parse_read(answer)
+        if result.next_lsn < from_lsn:
+            raise LogError(Status.BADMSG, "next_lsn went backwards")
+        return result
+
+    async def follow(
+        self, log_id: int, from_lsn: int = LSN_OLDEST, *, limit: int = 1000
+    ) -> AsyncIterator[Record | Gap]:
+        """Every record and gap from ``from_lsn`` on, in LSN order, forever (long polls)."""
+        next_lsn = from_lsn
+        while True:
+            result = await self.read(log_id, next_lsn, limit=limit, wait_ms=self._follow_wait_ms)
+            for entry in result.entries():
+                yield entry
+            if result.next_lsn > next_lsn:
+                next_lsn = result.next_lsn
+            else:
+                # The node answered before anything new was released (long poll off or cut
+                # short); a short pause keeps this from spinning.
+                await asyncio.sleep(self._follow_idle_ms / 1000)
+
+    async def tail(self, log_id: int) -> TailResult:
+        log = _check_log(log_id)
+        answer = await self._call("GET", log, f"/v1/logs/{log}/tail", None, writes=False)
+        return wire.parse_tail(answer)
+
+    async def find_time(self, log_id: int, timestamp_ms: int) -> Lsn:
+        log = _check_log(log_id)
+        path = f"/v1/logs/{log}/find-time?timestamp_ms={int(timestamp_ms)}"
+        answer = await self._call("GET", log, path, None, writes=False)
+        return wire.parse_lsn_field(answer, "lsn")
+
+    async def trim(self, log_id: int, lsn: int) -> Lsn:
+        log = _check_log(log_id)
+        if not lsn_valid(lsn):
+            raise LogError(Status.INVALID_PARAM, "lsn out of range")
+        path = f"/v1/logs/{log}/trim"
+        answer = await self._call("POST", log, path, {"lsn": lsn}, writes=False)
+        return wire.parse_lsn_field(answer, "trim_lsn")
+
+    async def cluster(self) -> ClusterInfo:
+        info = wire.parse_cluster(await self._call("GET", None, "/v1/cluster", None, writes=False))
+        self._router.learn_cluster(info)
+        self._cluster_refreshed_at_ms = _now_ms()
+        return info
+
+    # -- transport ----------------------------------------------------------------------
+
+    def _ensure_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._connections_max, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._default_timeout
+            )
+        return self._session
+
+    def _timeout(self, extra_ms: int) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=(self._timeout_ms + extra_ms) / 1000, connect=self._connect_timeout_ms / 1000
+        )
+
+    async def _call(
+        self,
+        method: str,
+        log: LogId | None,
+        path: str,
+        request: Mapping[str, Any] | None,
+        *,
+        writes: bool,
+        extra_ms: int = 0,
+    ) -> wire.Decoded:
+        """Send with retries; ``writes`` marks a request whose repetition could duplicate."""
+        data = wire.encode(request) if request is not None else None
+        attempt = 0
+        while True:
+            if self._router.cluster_stale:
+                await self._refresh_cluster()
+            url, status, headers, raw = await self._send(method, log, path, data, writes, extra_ms)
+            content_type = headers.get("Content-Type", wire.JSON)
+            node = headers.get(SEQUENCER_HEADER)
+            if node and log is not None:
+                self._router.learn_route(log, node)
+            if 200 <= status < 300:
+                return wire.decode(raw, content_type)
+            error = wire.error_from(status, raw, content_type)
+            retry = error.status in _NOTHING_WRITTEN or (
+                not writes and error.status is Status.TIMEDOUT
+            )
+            if not retry or attempt >= self._retries_max:
+                raise error
+            if error.status in _TRY_ELSEWHERE:
+                self._router.demote(url)
+            await asyncio.sleep(self._backoff_ms(attempt, headers.get("Retry-After")) / 1000)
+            attempt += 1
+
+    async def _send(
+        self,
+        method: str,
+        log: LogId | None,
+        path: str,
+        data: bytes | None,
+        writes: bool,
+        extra_ms: int,
+    ) -> tuple[str, int, Mapping[str, str], bytes]:
+        session = self._ensure_session()
+        # Passing timeout=None would switch aiohttp's timeout off, so always pass one.
+        timeout = self._timeout(extra_ms) if extra_ms else self._default_timeout
+        failures: list[str] = []
+        for url in self._router.candidates(log):
+            try:
+                async with session.request(
+                    method, url + path, data=data, headers=_HEADERS, timeout=timeout
+                ) as resp:
+                    raw = await resp.read()
+                    return url, resp.status, resp.headers, raw
+            except _CONNECT_ERRORS as exc:
+                failures.append(f"{url}: {exc}")
+                self._router.demote(url)
+                self._router.cluster_stale = True
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                if writes:
+                    raise LogError(
+                        Status.TIMEDOUT, f"{url}: {exc!r} after sending; the outcome is unknown"
+                    ) from None
+                failures.append(f"{url}: {exc!r}")
+                self._router.demote(url)
+        raise LogError(Status.CONNFAILED, "no node reachable: " + "; ".join(failures))
+
+    async def _refresh_cluster(self) -> None:
+        """Re-read the cluster view, at most once per ``cluster_refresh_ms_min``."""
+        if _now_ms() - self._cluster_refreshed_at_ms < self._cluster_refresh_ms_min:
+            return
+        self._cluster_refreshed_at_ms = _now_ms()
+        self._router.cluster_stale = False
+        # On failure routing falls back to the known URLs; the next failure asks again.
+        with contextlib.suppress(LogError):
+            await self.cluster()
+
+    def _backoff_ms(self, attempt: int, retry_after: str | None) -> float:
+        backoff_ms = float(min(self._backoff_ms_max, self._backoff_ms_min * (2**attempt)))
+        backoff_ms *= self._rng.uniform(0.5, 1.0)
+        if retry_after is not None and retry_after.isdigit():
+            backoff_ms = max(backoff_ms, float(min(int(retry_after) * 1000, self._backoff_ms_max)))
+        return backoff_ms
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _check_log(log_id: int) -> LogId:
+    if not log_id_valid(log_id):
+        raise LogError(Status.INVALID_PARAM, f"log id must be an int in 1..2**62-1: {log_id!r}")
+    return LogId(log_id)
+
+
+def _check_payload(payload: bytes) -> bytes:
+    if isinstance(payload, bytes):
+        return payload
+    if isinstance(payload, bytearray | memoryview):
+        return bytes(payload)
+    raise LogError(Status.INVALID_PARAM, f"payload must be bytes, not {type(payload).__name__}")
+
+
+def _add_optional(
+    request: dict[str, Any], key: str | None, producer_id: str | None, producer_seq: int | None
+) -> None:
+    if key is not None:
+        request["key"] = key
+    if producer_id is not None:
+        request["producer_id"] = producer_id
+    if producer_seq is not None:
+        request["producer_seq"] = producer_seq

@@ -1,0 +1,97 @@
+"""Where the client sends each request: the log's sequencer when known, else any live node.
+
+Pure bookkeeping, no I/O: the client feeds it the cluster view (GET /v1/cluster), the
+``X-Seqlog-Sequencer`` header of answers and connection failures, and asks it for the URLs to
+try, best first. Routes are a bounded map; the oldest route is dropped when it is full.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from seqlog.results import ClusterInfo
+from shared.types import LogId, NodeId
+
+
+def normalize_url(url: str) -> str:
+    """``host:port`` or ``http://host:port/`` -> ``http://host:port``."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url
+
+
+class Router:
+    def __init__(self, seed_urls: list[str], *, routes_max: int) -> None:
+        assert seed_urls, "at least one URL is required"
+        assert routes_max >= 1
+        self._urls: list[str] = list(dict.fromkeys(normalize_url(u) for u in seed_urls))
+        """Every URL that can serve appends and reads, healthiest first."""
+        self._node_urls: dict[NodeId, str] = {}
+        self._routes: dict[LogId, NodeId] = {}
+        self._routes_max = routes_max
+        self.cluster_stale = False
+        """Set when an answer named a node the cluster view does not know yet."""
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    def learn_cluster(self, info: ClusterInfo) -> None:
+        """Adopt the cluster's sequencer-role nodes; dead ones go last but are kept as a last
+        resort, since a node's view of its peers may lag."""
+        live: list[str] = []
+        dead: list[str] = []
+        node_urls: dict[NodeId, str] = {}
+        for node in info.nodes:
+            if "sequencer" not in node.roles:
+                continue
+            url = normalize_url(node.http)
+            node_urls[node.node_id] = url
+            (dead if node.state == "DEAD" else live).append(url)
+        if not node_urls:
+            return
+        self._node_urls = node_urls
+        # Seed URLs stay as a fallback: they may be a load balancer rather than a node.
+        self._urls = list(dict.fromkeys([*live, *self._urls, *dead]))
+        self.cluster_stale = False
+
+    def learn_route(self, log_id: LogId, node_id: str) -> None:
+        node = NodeId(node_id)
+        if self._routes.get(log_id) == node:
+            return
+        if node not in self._node_urls:
+            self.cluster_stale = True
+        self._routes.pop(log_id, None)
+        if len(self._routes) >= self._routes_max:
+            del self._routes[next(iter(self._routes))]
+        self._routes[log_id] = node
+
+    def forget_route(self, log_id: LogId) -> None:
+        self._routes.pop(log_id, None)
+
+    def demote(self, url: str) -> None:
+        """``url`` failed: try it last from now on and stop routing logs to it."""
+        if url in self._urls:
+            self._urls.remove(url)
+            self._urls.append(url)
+        dead_nodes = {node for node, u in self._node_urls.items() if u == url}
+        if dead_nodes:
+            self._routes = {log: n for log, n in self._routes.items() if n not in dead_nodes}
+
+    def primary(self, log_id: LogId | None) -> str:
+        if log_id is not None:
+            node = self._routes.get(log_id)
+            if node is not None:
+                url = self._node_urls.get(node)
+                if url is not None:
+                    return url
+        return self._urls[0]
+
+    def candidates(self, log_id: LogId | None) -> Iterator[str]:
+        """The primary URL, then every other known URL once."""
+        first = self.primary(log_id)
+        yield first
+        for url in list(self._urls):
+            if url != first:
+                yield url

@@ -1,0 +1,119 @@
+"""One append in flight: replicates its records to a copyset of R storage nodes, in waves.
+
+Done when every recipient of the *current* wave answered STORED OK. A wave's store timeout
+starts at ``store_timeout_ms_min`` and doubles per wave up to ``store_timeout_ms_max``. On a
+timeout the first outstanding recipient is graylisted (unless every recipient timed out, to
+avoid a retry death spiral) and a new wave goes out. An error answer blacklists the node; the
+first two waves are retried at once, later ones at the timeout. PREEMPTED ends the appender:
+its outcome is unknown to the client.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from sequencer.core.nodeset_state import NodesetState
+from shared.config import SequencerConfig
+from shared.effects import Send
+from shared.ports import Rng
+from shared.status import Status
+from shared.types import Esn, LogId, Lsn, NodeId
+from shared.wire.store import Store, payloads_checksum
+
+
+class AppenderResult(Enum):
+    PENDING = "pending"
+    DONE = "done"
+    PREEMPTED = "preempted"
+
+
+class Appender:
+    __slots__ = (
+        "checksum", "deadline_ms", "first_esn", "key", "log_id", "lsn", "payloads",
+        "recipients", "replication", "request_id", "timestamp_ms", "wave",
+    )
+
+    def __init__(
+        self,
+        *,
+        log_id: LogId,
+        lsn: Lsn,
+        first_esn: Esn,
+        payloads: tuple[bytes, ...],
+        key: str | None,
+        timestamp_ms: int,
+        request_id: int,
+        replication: int,
+    ) -> None:
+        self.log_id = log_id
+        self.lsn = lsn
+        self.first_esn = first_esn
+        self.payloads = payloads
+        self.key = key
+        self.timestamp_ms = timestamp_ms
+        self.request_id = request_id
+        self.replication = replication
+        self.checksum = payloads_checksum(payloads)
+        self.wave = 0
+        self.deadline_ms = 0
+        self.recipients: dict[NodeId, Status | None] = {}
+        """Current wave's recipients and their answers (None while outstanding)."""
+
+    @property
+    def last_lsn(self) -> Lsn:
+        return Lsn(self.lsn + len(self.payloads) - 1)
+
+    def store_timeout_ms(self, config: SequencerConfig) -> int:
+        shift = min(self.wave - 1, 20)
+        return min(config.store_timeout_ms_min << shift, config.store_timeout_ms_max)
+
+    def send_wave(
+        self,
+        *,
+        nodeset: NodesetState,
+        config: SequencerConfig,
+        rng: Rng,
+        sequencer_node: NodeId,
+        last_known_good: Esn,
+        release_lsn: Lsn,
+        now_ms: int,
+    ) -> list[Send]:
+        self.wave += 1
+        timeout_ms = self.store_timeout_ms(config)
+        self.deadline_ms = now_ms + timeout_ms
+        copyset = nodeset.pick_copyset(self.replication, rng, now_ms)
+        if copyset is None:
+            # Not enough available nodes: try again when this wave's timer fires.
+            self.recipients = {}
+            return []
+        self.recipients = dict.fromkeys(copyset)
+        store = Store(
+            log_id=self.log_id, lsn=self.lsn, wave=self.wave, sequencer_node=sequencer_node,
+            copyset=copyset, timestamp_ms=self.timestamp_ms, last_known_good=last_known_good,
+            release_lsn=release_lsn, timeout_ms=timeout_ms, key=self.key,
+            payloads=self.payloads, checksum=self.checksum,
+        )
+        return [Send(node, store) for node in copyset]
+
+    def on_reply(
+        self, node: NodeId, wave: int, status: Status, nodeset: NodesetState, now_ms: int
+    ) -> tuple[AppenderResult, bool]:
+        """Account for one STORED (or a transport failure reported as a status).
+
+        Returns the result and whether a new wave should go out now."""
+        if status is Status.PREEMPTED:
+            return AppenderResult.PREEMPTED, False
+        if wave != self.wave or node not in self.recipients or self.recipients[node] is not None:
+            return AppenderResult.PENDING, False
+        self.recipients[node] = status
+        if status is Status.OK:
+            done = all(s is Status.OK for s in self.recipients.values())
+            return (AppenderResult.DONE if done else AppenderResult.PENDING), False
+        nodeset.blacklist(node, status, now_ms)
+        return AppenderResult.PENDING, self.wave <= 2
+
+    def on_timeout(self, nodeset: NodesetState, now_ms: int) -> None:
+        """Graylist the first outstanding recipient unless nobody answered at all."""
+        outstanding = [n for n, s in self.recipients.items() if s is None]
+        if outstanding and len(outstanding) < len(self.recipients):
+            nodeset.graylist(outstanding[0], now_ms)

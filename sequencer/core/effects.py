@@ -1,0 +1,46 @@
+"""Effects the sequencer core returns to its driver (besides ``shared.effects.Send``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.status import Status
+from shared.types import LogId, Lsn, NodeId
+
+
+@dataclass(frozen=True, slots=True)
+class AppendReply:
+    """Answer the client's append ``request_id``."""
+
+    request_id: int
+    status: Status
+    first_lsn: Lsn = Lsn(0)
+    last_lsn: Lsn = Lsn(0)
+    timestamp_ms: int = 0
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ActivateEpoch:
+    """Take the log's next epoch from the epoch store (provisioning it if needed), read its last
+    clean epoch, and report back with ``Sequencer.on_activated``."""
+
+    log_id: LogId
+
+
+@dataclass(frozen=True, slots=True)
+class FetchLogState:
+    """Ask ``nodes`` for their release pointer of the log; report each answer with
+    ``Sequencer.on_release_hint``. Used when earlier epochs are unclean and this process does
+    not know how far they were released."""
+
+    log_id: LogId
+    nodes: tuple[NodeId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseAdvanced:
+    """The log's release pointer moved (wakes long-polling readers)."""
+
+    log_id: LogId
+    release_lsn: Lsn

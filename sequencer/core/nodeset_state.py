@@ -1,0 +1,99 @@
+"""Which storage nodes of a log's nodeset an appender may use now, and copyset selection.
+
+Blacklisting (a node answered with an error) and graylisting (a node did not answer in time)
+both make a node unavailable until a deadline. The gray list is cleared when it reaches
+``graylist_nodeset_fraction_max`` of the nodeset, or when no copyset can be picked without
+its members (LogDevice's NodeSetState).
+"""
+
+from __future__ import annotations
+
+from shared.config import SequencerConfig
+from shared.ports import Rng
+from shared.status import Status
+from shared.types import NodeId
+
+
+class NodesetState:
+    __slots__ = ("_blacklist_until_ms", "_config", "_graylist_until_ms", "_weights", "nodeset")
+
+    def __init__(
+        self,
+        nodeset: tuple[NodeId, ...],
+        config: SequencerConfig,
+        weights: dict[NodeId, float] | None = None,
+    ) -> None:
+        assert nodeset
+        self.nodeset = nodeset
+        self._config = config
+        self._weights = weights or {}
+        self._blacklist_until_ms: dict[NodeId, int] = {}
+        self._graylist_until_ms: dict[NodeId, int] = {}
+
+    def blacklist(self, node: NodeId, status: Status, now_ms: int) -> None:
+        config = self._config
+        duration_ms = {
+            Status.NOSPC: config.blacklist_nospc_ms,
+            Status.DISABLED: config.blacklist_disabled_ms,
+            Status.OVERLOADED: config.blacklist_overloaded_ms,
+        }.get(status, config.blacklist_error_ms)
+        self._blacklist_until_ms[node] = now_ms + duration_ms
+
+    def graylist(self, node: NodeId, now_ms: int) -> None:
+        self._expire(now_ms)
+        self._graylist_until_ms[node] = now_ms + self._config.graylist_duration_ms
+        threshold = self._config.graylist_nodeset_fraction_max * len(self.nodeset)
+        if len(self._graylist_until_ms) >= threshold:
+            self._graylist_until_ms.clear()
+
+    def blacklisted(self, now_ms: int) -> set[NodeId]:
+        self._expire(now_ms)
+        return set(self._blacklist_until_ms)
+
+    def graylisted(self, now_ms: int) -> set[NodeId]:
+        self._expire(now_ms)
+        return set(self._graylist_until_ms)
+
+    def pick_copyset(self, replication: int, rng: Rng, now_ms: int) -> tuple[NodeId, ...] | None:
+        """``replication`` distinct available nodes, drawn in proportion to storage capacity;
+        None when not enough nodes are available."""
+        self._expire(now_ms)
+        candidates = [n for n in self.nodeset if n not in self._blacklist_until_ms]
+        usable = [n for n in candidates if n not in self._graylist_until_ms]
+        if len(usable) < replication:
+            self._graylist_until_ms.clear()
+            usable = candidates
+        if len(usable) < replication:
+            return None
+        return self._weighted_sample(usable, replication, rng)
+
+    def _weighted_sample(
+        self, nodes: list[NodeId], count: int, rng: Rng
+    ) -> tuple[NodeId, ...]:
+        if count == len(nodes):
+            # Every node is needed; rotate so that "first outstanding" varies between appends.
+            start = int(rng.random() * len(nodes))
+            return tuple(nodes[start:] + nodes[:start])
+        pool = list(nodes)
+        chosen: list[NodeId] = []
+        for _ in range(count):
+            weights = [max(self._weights.get(n, 1.0), 0.0) for n in pool]
+            total = sum(weights)
+            if total <= 0.0:
+                index = int(rng.random() * len(pool))
+            else:
+                point = rng.random() * total
+                index = len(pool) - 1
+                for i, weight in enumerate(weights):
+                    point -= weight
+                    if point < 0.0:
+                        index = i
+                        break
+            chosen.append(pool.pop(index))
+        return tuple(chosen)
+
+    def _expire(self, now_ms: int) -> None:
+        for table in (self._blacklist_until_ms, self._graylist_until_ms):
+            if table:
+                for node in [n for n, until in table.items() if until <= now_ms]:
+                    del table[node]

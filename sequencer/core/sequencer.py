@@ -1,0 +1,318 @@
+"""The sequencer of one log: activation, the current epoch's window and appenders, the release
+pointer, and preemption.
+
+States (forward-only within one activation; PREEMPTED or a failed activation leads to a new
+one):
+- UNAVAILABLE: no epoch yet. The first append asks the driver to activate.
+- ACTIVATING: waiting for the epoch store. Appends wait in a bounded queue.
+- ACTIVE: running ``epoch``; appends get LSNs from its sliding window.
+- PREEMPTED: a storage node reported a seal of our epoch by a newer sequencer. In-flight
+  appends end with TIMEDOUT (outcome unknown); the next append reactivates in a new epoch.
+
+Release: records of the current epoch are released only when every earlier epoch is clean
+(the epoch store's last clean epoch is ``epoch - 1``). Until epoch recovery exists, a newer
+epoch over an unclean one never releases anything: reads stall rather than lie.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from sequencer.core.appender import Appender, AppenderResult
+from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
+from sequencer.core.nodeset_state import NodesetState
+from sequencer.core.sliding_window import SlidingWindow
+from shared.config import SequencerConfig
+from shared.effects import Send
+from shared.epoch_metadata import LastCleanEpoch, LogMetadata
+from shared.ports import Rng
+from shared.status import Status
+from shared.types import (
+    ESN_MAX,
+    Epoch,
+    Esn,
+    LogId,
+    Lsn,
+    NodeId,
+    compose_lsn,
+    lsn_to_epoch,
+    lsn_to_esn,
+)
+from shared.wire.release import Release
+
+Effect = Any
+
+
+class SequencerState(Enum):
+    UNAVAILABLE = "UNAVAILABLE"
+    ACTIVATING = "ACTIVATING"
+    ACTIVE = "ACTIVE"
+    PREEMPTED = "PREEMPTED"
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    request_id: int
+    payloads: tuple[bytes, ...]
+    key: str | None
+    timestamp_ms: int
+
+
+class Sequencer:
+    def __init__(
+        self,
+        *,
+        log_id: LogId,
+        node_id: NodeId,
+        config: SequencerConfig,
+        rng: Rng,
+        weights: dict[NodeId, float] | None = None,
+        esn_max: Esn = ESN_MAX,
+    ) -> None:
+        self.log_id = log_id
+        self.node_id = node_id
+        self.config = config
+        self.rng = rng
+        self.weights = weights
+        self.esn_max = esn_max
+        self.state = SequencerState.UNAVAILABLE
+        self.epoch = Epoch(0)
+        self.metadata: LogMetadata | None = None
+        self.release_lsn = Lsn(0)
+        self.releasable = False
+        """True when every epoch before ``epoch`` is clean, so this epoch may release."""
+        self.sealed_epoch = Epoch(0)
+        self.sealed_by: NodeId | None = None
+        self.window: SlidingWindow | None = None
+        self.nodeset: NodesetState | None = None
+        self.appenders: dict[Esn, Appender] = {}
+        self._timers: list[tuple[int, int, int]] = []  # (deadline_ms, first_esn, wave)
+        self._pending: deque[PendingAppend] = deque()
+
+    # ---- appends ------------------------------------------------------------------------
+
+    def on_append(
+        self, request_id: int, payloads: tuple[bytes, ...], key: str | None, wall_ms: int,
+        now_ms: int,
+    ) -> list[Effect]:
+        assert payloads
+        pending = PendingAppend(request_id, payloads, key, wall_ms)
+        if self.state is SequencerState.ACTIVE:
+            return self._start_append(pending, now_ms)
+        if len(self._pending) >= self.config.activation_appends_queued_max:
+            return [AppendReply(request_id, Status.SEQNOBUFS, message="activation queue full")]
+        self._pending.append(pending)
+        if self.state is SequencerState.ACTIVATING:
+            return []
+        return self._begin_activation(now_ms)
+
+    def _begin_activation(self, now_ms: int) -> list[Effect]:
+        effects = self._abort_epoch("sequencer is reactivating in a new epoch")
+        self.state = SequencerState.ACTIVATING
+        effects.append(ActivateEpoch(self.log_id))
+        return effects
+
+    def _start_append(self, pending: PendingAppend, now_ms: int) -> list[Effect]:
+        window, nodeset, metadata = self.window, self.nodeset, self.metadata
+        assert window is not None and nodeset is not None and metadata is not None
+        esn_count = len(pending.payloads)
+        if esn_count > window.esns_left():
+            # The epoch ran out of ESNs: continue in a new one. Its earlier epoch is ours and
+            # unclean until recovery exists, so this log stops releasing.
+            self._pending.appendleft(pending)
+            return self._begin_activation(now_ms)
+        first_esn = window.grow(esn_count)
+        if first_esn is None:
+            return [AppendReply(pending.request_id, Status.SEQNOBUFS, message="window full")]
+        appender = Appender(
+            log_id=self.log_id, lsn=compose_lsn(self.epoch, first_esn), first_esn=first_esn,
+            payloads=pending.payloads, key=pending.key, timestamp_ms=pending.timestamp_ms,
+            request_id=pending.request_id, replication=metadata.replication_factor,
+        )
+        self.appenders[first_esn] = appender
+        return self._send_wave(appender, now_ms)
+
+    def _send_wave(self, appender: Appender, now_ms: int) -> list[Effect]:
+        assert self.nodeset is not None and self.window is not None
+        sends = appender.send_wave(
+            nodeset=self.nodeset, config=self.config, rng=self.rng,
+            sequencer_node=self.node_id, last_known_good=self.window.lng,
+            release_lsn=self.release_lsn, now_ms=now_ms,
+        )
+        heapq.heappush(self._timers, (appender.deadline_ms, appender.first_esn, appender.wave))
+        return list(sends)
+
+    # ---- activation ---------------------------------------------------------------------
+
+    def on_activated(
+        self,
+        status: Status,
+        epoch: Epoch,
+        metadata: LogMetadata | None,
+        lce: LastCleanEpoch | None,
+        now_ms: int,
+    ) -> list[Effect]:
+        assert self.state is SequencerState.ACTIVATING
+        if status is not Status.OK or metadata is None or lce is None:
+            self.state = SequencerState.UNAVAILABLE
+            failed = status if status is not Status.OK else Status.NOSEQUENCER
+            replies: list[Effect] = [
+                AppendReply(p.request_id, _activation_failure(failed),
+                            message=f"sequencer activation failed: {failed.name}")
+                for p in self._pending
+            ]
+            self._pending.clear()
+            return replies
+        assert epoch > self.epoch, (epoch, self.epoch)
+        self.state = SequencerState.ACTIVE
+        self.epoch = epoch
+        self.metadata = metadata
+        self.window = SlidingWindow(
+            window_appends_max=self.config.window_appends_max, esn_max=self.esn_max
+        )
+        self.nodeset = NodesetState(metadata.nodeset, self.config, self.weights)
+        self.releasable = lce.epoch >= epoch - 1
+        effects: list[Effect] = []
+        if self.releasable:
+            self._advance_release(max(lce.tail_lsn, self.release_lsn), effects)
+        else:
+            effects.append(FetchLogState(self.log_id, metadata.nodeset))
+        pending, self._pending = self._pending, deque()
+        for item in pending:
+            effects.extend(self.on_append(item.request_id, item.payloads, item.key,
+                                          item.timestamp_ms, now_ms))
+        return effects
+
+    def on_release_hint(self, release_lsn: Lsn) -> list[Effect]:
+        """A storage node reported how far the log was released (by an earlier sequencer)."""
+        if lsn_to_epoch(release_lsn) >= self.epoch and self.state is SequencerState.ACTIVE:
+            return []  # only the current epoch's own reaping may release in it
+        effects: list[Effect] = []
+        self._advance_release(release_lsn, effects)
+        return effects
+
+    # ---- STORED --------------------------------------------------------------------------
+
+    def on_stored(
+        self, node: NodeId, lsn: Lsn, wave: int, status: Status, sealed_epoch: Epoch,
+        sealed_by: NodeId | None, now_ms: int,
+    ) -> list[Effect]:
+        if lsn_to_epoch(lsn) != self.epoch or self.state is not SequencerState.ACTIVE:
+            return []
+        assert self.window is not None and self.nodeset is not None
+        appender = self.appenders.get(lsn_to_esn(lsn))
+        if appender is None:
+            return []
+        result, resend = appender.on_reply(node, wave, status, self.nodeset, now_ms)
+        if result is AppenderResult.PREEMPTED:
+            return self._on_preempted(sealed_epoch, sealed_by)
+        if result is AppenderResult.DONE:
+            return self._complete(appender)
+        if resend:
+            return self._send_wave(appender, now_ms)
+        return []
+
+    def _complete(self, appender: Appender) -> list[Effect]:
+        assert self.window is not None
+        del self.appenders[appender.first_esn]
+        effects: list[Effect] = [
+            AppendReply(appender.request_id, Status.OK, appender.lsn, appender.last_lsn,
+                        appender.timestamp_ms)
+        ]
+        self.window.retire(appender.first_esn, fully_replicated=True)
+        reaped = self.window.reap()
+        if reaped and self.releasable:
+            before = self.release_lsn
+            self._advance_release(compose_lsn(self.epoch, self.window.lng), effects)
+            if self.release_lsn > before:
+                # Tell the copyset of the append that completed; the periodic broadcast and
+                # the pointer piggybacked on STOREs reach everyone else.
+                release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+                effects.extend(Send(n, release) for n in appender.recipients)
+        return effects
+
+    def _advance_release(self, release_lsn: Lsn, effects: list[Effect]) -> None:
+        if release_lsn > self.release_lsn:
+            self.release_lsn = release_lsn
+            effects.append(ReleaseAdvanced(self.log_id, release_lsn))
+
+    def _on_preempted(self, sealed_epoch: Epoch, sealed_by: NodeId | None) -> list[Effect]:
+        if sealed_epoch > self.sealed_epoch:
+            self.sealed_epoch, self.sealed_by = sealed_epoch, sealed_by
+        self.state = SequencerState.PREEMPTED
+        return self._abort_epoch(f"epoch {self.epoch} preempted by {sealed_by}")
+
+    def _abort_epoch(self, why: str) -> list[Effect]:
+        """End every in-flight append of the current epoch: their outcome is unknown."""
+        effects: list[Effect] = [
+            AppendReply(a.request_id, Status.TIMEDOUT, message=f"{why}; outcome unknown")
+            for a in self.appenders.values()
+        ]
+        self.appenders.clear()
+        self._timers.clear()
+        self.window = None
+        return effects
+
+    # ---- timers --------------------------------------------------------------------------
+
+    def deadline_ms(self) -> int | None:
+        """The earliest store timeout of a live appender wave (stale entries are dropped)."""
+        timers = self._timers
+        while timers:
+            _, first_esn, wave = timers[0]
+            appender = self.appenders.get(Esn(first_esn))
+            if appender is not None and appender.wave == wave:
+                return timers[0][0]
+            heapq.heappop(timers)
+        return None
+
+    def on_timer(self, now_ms: int) -> list[Effect]:
+        effects: list[Effect] = []
+        timers = self._timers
+        while timers and timers[0][0] <= now_ms:
+            _, first_esn, wave = heapq.heappop(timers)
+            appender = self.appenders.get(Esn(first_esn))
+            if appender is None or appender.wave != wave:
+                continue  # completed, or superseded by a newer wave
+            assert self.nodeset is not None
+            appender.on_timeout(self.nodeset, now_ms)
+            effects.extend(self._send_wave(appender, now_ms))
+        return effects
+
+    # ---- release broadcast and draining -------------------------------------------------
+
+    def release_broadcast(self) -> list[Effect]:
+        if self.metadata is None or self.release_lsn == 0:
+            return []
+        release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+        return [Send(node, release) for node in self.metadata.nodeset]
+
+    def drained_clean_tail(self) -> Lsn | None:
+        """When the current epoch is fully drained (nothing in flight, every record released),
+        the LSN that ends it: the epoch can be marked clean in the epoch store with that tail."""
+        window = self.window
+        if (
+            self.state is not SequencerState.ACTIVE or window is None or not self.releasable
+            or window.appends_in_flight or self.appenders
+        ):
+            return None
+        return compose_lsn(self.epoch, window.lng) if window.lng else self.release_lsn
+
+    def check_invariants(self) -> None:
+        if self.window is not None:
+            assert len(self.appenders) <= self.window.appends_in_flight
+            if self.releasable:
+                assert self.release_lsn <= compose_lsn(self.epoch, self.window.lng) or (
+                    lsn_to_epoch(self.release_lsn) < self.epoch
+                )
+        if not self.releasable:
+            assert lsn_to_epoch(self.release_lsn) < max(self.epoch, 1) or self.epoch == 0
+
+
+def _activation_failure(status: Status) -> Status:
+    # Appends that never got an LSN wrote nothing: report a "nothing written" status.
+    return status if status in (Status.NOTFOUND, Status.TOOBIG) else Status.NOSEQUENCER

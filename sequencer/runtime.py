@@ -1,0 +1,305 @@
+"""The asyncio driver of the sequencer role: feeds the pure per-log ``Sequencer`` cores with
+appends, STORED replies, epoch-store answers and timer ticks, and carries out their effects.
+
+It makes no decisions of its own. One timer is armed for the earliest deadline over all logs;
+a periodic task broadcasts release pointers so that every storage node learns them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
+from sequencer.core.sequencer import Sequencer, SequencerState
+from shared.clock import Clock
+from shared.config import ClusterConfig, SequencerConfig
+from shared.effects import Send
+from shared.epoch_metadata import ProvisionSpec
+from shared.ports import EpochStore, Rng
+from shared.status import Status
+from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.wire.read import GetLogState, LogState
+from shared.wire.release import Release
+from shared.wire.store import Store, Stored
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    """What the driver needs from ``shared.net.PeerPool``."""
+
+    def request(self, node: NodeId, message: Any, callback: Callable[[Any], None]) -> None: ...
+
+    def send(self, node: NodeId, message: Any) -> bool: ...
+
+    async def call(self, node: NodeId, message: Any, timeout_ms: int) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    status: Status
+    first_lsn: Lsn
+    last_lsn: Lsn
+    timestamp_ms: int
+    message: str
+
+
+class SequencerRuntime:
+    def __init__(
+        self,
+        *,
+        node_id: NodeId,
+        config: SequencerConfig,
+        cluster: ClusterConfig,
+        transport: Transport,
+        epoch_store: EpochStore,
+        clock: Clock,
+        rng: Rng,
+        provision_on_append: bool = True,
+    ) -> None:
+        self.node_id = node_id
+        self.config = config
+        self.cluster = cluster
+        self.transport = transport
+        self.epoch_store = epoch_store
+        self.clock = clock
+        self.rng = rng
+        self.provision_on_append = provision_on_append
+        self.sequencers: dict[LogId, Sequencer] = {}
+        self._waiters: dict[int, asyncio.Future[AppendReply]] = {}
+        self._next_request_id = 1
+        self._timers: list[tuple[int, LogId]] = []
+        self._timer_handle: asyncio.TimerHandle | None = None
+        self._armed_ms: int | None = None
+        self._release_events: dict[LogId, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._broadcast_task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+
+    async def start(self) -> None:
+        self._broadcast_task = asyncio.create_task(self._broadcast_loop())
+
+    # ---- public API ----------------------------------------------------------------------
+
+    async def append(
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None
+    ) -> AppendResult:
+        """Statuses: OK, SEQNOBUFS, NOSEQUENCER, NOTFOUND, TOOBIG, TIMEDOUT, SHUTDOWN."""
+        if self._closing:
+            return AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        future: asyncio.Future[AppendReply] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = future
+        sequencer = self._sequencer(log_id)
+        self._apply(sequencer, sequencer.on_append(
+            request_id, payloads, key, self.clock.wall_ms(), self.clock.now_ms()))
+        try:
+            async with asyncio.timeout(self.config.append_timeout_ms / 1000):
+                reply = await future
+        except TimeoutError:
+            return AppendResult(Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
+                                "append not confirmed in time; outcome unknown")
+        finally:
+            self._waiters.pop(request_id, None)
+        return AppendResult(reply.status, reply.first_lsn, reply.last_lsn, reply.timestamp_ms,
+                            reply.message)
+
+    def release_lsn(self, log_id: LogId) -> Lsn:
+        sequencer = self.sequencers.get(log_id)
+        return sequencer.release_lsn if sequencer is not None else Lsn(0)
+
+    def epoch(self, log_id: LogId) -> Epoch:
+        sequencer = self.sequencers.get(log_id)
+        return sequencer.epoch if sequencer is not None else Epoch(0)
+
+    def is_active(self, log_id: LogId) -> bool:
+        sequencer = self.sequencers.get(log_id)
+        return sequencer is not None and sequencer.state is SequencerState.ACTIVE
+
+    async def wait_release_above(self, log_id: LogId, lsn: Lsn, timeout_s: float) -> None:
+        """Return once this node's release pointer of the log passes ``lsn``, or at timeout."""
+        if self.release_lsn(log_id) > lsn or timeout_s <= 0:
+            return
+        event = self._release_events.setdefault(log_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.release_lsn(log_id) <= lsn:
+                    await event.wait()
+
+    # ---- effects -------------------------------------------------------------------------
+
+    def _sequencer(self, log_id: LogId) -> Sequencer:
+        sequencer = self.sequencers.get(log_id)
+        if sequencer is None:
+            sequencer = Sequencer(log_id=log_id, node_id=self.node_id, config=self.config,
+                                  rng=self.rng, weights=self._weights)
+            self.sequencers[log_id] = sequencer
+        return sequencer
+
+    def _apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
+        for effect in effects:
+            if type(effect) is Send:
+                self._send(sequencer, effect)
+            elif type(effect) is AppendReply:
+                future = self._waiters.get(effect.request_id)
+                if future is not None and not future.done():
+                    future.set_result(effect)
+            elif type(effect) is ReleaseAdvanced:
+                event = self._release_events.pop(effect.log_id, None)
+                if event is not None:
+                    event.set()
+            elif type(effect) is ActivateEpoch:
+                self._spawn(self._activate(sequencer))
+            elif type(effect) is FetchLogState:
+                self._fetch_log_state(sequencer, effect)
+            else:
+                raise AssertionError(f"unknown effect {effect!r}")
+        self._rearm(sequencer)
+
+    def _send(self, sequencer: Sequencer, effect: Send) -> None:
+        message = effect.message
+        if type(message) is Release:
+            self.transport.send(effect.node, message)
+            return
+        assert type(message) is Store
+        node = effect.node
+
+        def on_reply(reply: Any) -> None:
+            now_ms = self.clock.now_ms()
+            if type(reply) is Stored:
+                effects = sequencer.on_stored(node, reply.lsn, reply.wave, reply.status,
+                                              reply.sealed_epoch, reply.sealed_by, now_ms)
+            else:
+                status = reply if isinstance(reply, Status) else Status.BADMSG
+                effects = sequencer.on_stored(node, message.lsn, message.wave, status,
+                                              Epoch(0), None, now_ms)
+            self._apply(sequencer, effects)
+
+        self.transport.request(node, message, on_reply)
+
+    async def _activate(self, sequencer: Sequencer) -> None:
+        log_id = sequencer.log_id
+        provision = None
+        if self.provision_on_append:
+            provision = ProvisionSpec(nodeset=self.cluster.default_nodeset(),
+                                      replication_factor=self.cluster.replication_factor)
+        try:
+            status, epoch, metadata = await self.epoch_store.activate(
+                log_id, writer=self.node_id, provision=provision)
+            lce = None
+            if status is Status.OK:
+                status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+        except Exception:
+            log.exception("activation of log %d failed", log_id)
+            status, epoch, metadata, lce = Status.INTERNAL, Epoch(0), None, None
+        if status is Status.OK:
+            log.info("log %d: sequencer active in epoch %d (last clean epoch %d)",
+                     log_id, epoch, lce.epoch if lce else -1)
+        self._apply(sequencer, sequencer.on_activated(status, epoch, metadata, lce,
+                                                      self.clock.now_ms()))
+
+    def _fetch_log_state(self, sequencer: Sequencer, effect: FetchLogState) -> None:
+        def on_reply(reply: Any) -> None:
+            if type(reply) is LogState and reply.status is Status.OK:
+                self._apply(sequencer, sequencer.on_release_hint(reply.release_lsn))
+
+        for node in effect.nodes:
+            self.transport.request(node, GetLogState(log_id=effect.log_id), on_reply)
+
+    # ---- timers --------------------------------------------------------------------------
+
+    def _rearm(self, sequencer: Sequencer) -> None:
+        deadline_ms = sequencer.deadline_ms()
+        if deadline_ms is None:
+            return
+        heapq.heappush(self._timers, (deadline_ms, sequencer.log_id))
+        if self._armed_ms is None or deadline_ms < self._armed_ms:
+            self._arm(deadline_ms)
+
+    def _arm(self, deadline_ms: int) -> None:
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+        self._armed_ms = deadline_ms
+        delay_s = max(deadline_ms - self.clock.now_ms(), 0) / 1000
+        self._timer_handle = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer_handle, self._armed_ms = None, None
+        now_ms = self.clock.now_ms()
+        due: set[LogId] = set()
+        while self._timers and self._timers[0][0] <= now_ms:
+            due.add(heapq.heappop(self._timers)[1])
+        for log_id in due:
+            sequencer = self.sequencers[log_id]
+            self._apply(sequencer, sequencer.on_timer(now_ms))
+        if self._timers and self._armed_ms is None:
+            self._arm(self._timers[0][0])
+
+    # ---- background ----------------------------------------------------------------------
+
+    async def _broadcast_loop(self) -> None:
+        interval_s = self.config.release_broadcast_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            for sequencer in list(self.sequencers.values()):
+                self._apply(sequencer, sequencer.release_broadcast())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop taking appends, let in-flight ones finish, make sure the storage nodes know the
+        final release pointers, then mark every fully drained epoch clean in the epoch store,
+        so that the next sequencer of those logs can release at once."""
+        self._closing = True
+        deadline_s = asyncio.get_running_loop().time() + timeout_s
+        while any(s.appenders for s in self.sequencers.values()):
+            if asyncio.get_running_loop().time() >= deadline_s:
+                return
+            await asyncio.sleep(0.01)
+        for sequencer in self.sequencers.values():
+            tail = sequencer.drained_clean_tail()
+            if tail is None or sequencer.metadata is None:
+                continue
+            if not await self._confirm_release(sequencer, deadline_s):
+                continue
+            status = await self.epoch_store.set_last_clean_epoch(
+                sequencer.log_id, sequencer.epoch, tail)
+            log.info("log %d: epoch %d drained, marked clean with tail %d: %s",
+                     sequencer.log_id, sequencer.epoch, tail, status.name)
+
+    async def _confirm_release(self, sequencer: Sequencer, deadline_s: float) -> bool:
+        """Send RELEASE to every node of the nodeset and confirm each got it: a GET_LOG_STATE
+        on the same ordered connection answers only after the RELEASE was applied."""
+        assert sequencer.metadata is not None
+        self._apply(sequencer, sequencer.release_broadcast())
+        remaining_ms = int((deadline_s - asyncio.get_running_loop().time()) * 1000)
+        if remaining_ms <= 0:
+            return False
+        replies = await asyncio.gather(*(
+            self.transport.call(node, GetLogState(log_id=sequencer.log_id), remaining_ms)
+            for node in sequencer.metadata.nodeset))
+        return all(type(r) is LogState and r.release_lsn >= sequencer.release_lsn
+                   for r in replies)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+        tasks = [t for t in (self._broadcast_task, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_result(AppendReply(0, Status.SHUTDOWN, message="shutting down"))

@@ -1,0 +1,139 @@
+"""The composition root of one node: ``create_app(config)`` builds the node's roles (storage,
+sequencer), the node-to-node transport and the HTTP API, and starts and stops them through the
+aiohttp application's ``cleanup_ctx``."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from epoch_store import open_epoch_store
+from sequencer.runtime import SequencerRuntime
+from services.http_api import create_api_app
+from services.node_service import NodeService
+from shared.clock import SystemClock
+from shared.config import ProcessConfig
+from shared.net.pool import PeerPool
+from shared.net.server import start_server
+from shared.net.types import ReplyFn
+from shared.types import NodeId
+from shared.wire.append import Append
+from shared.wire.codec import Message
+from storage_node.runtime import StorageNode
+
+log = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 5.0
+
+
+class _Dispatcher:
+    """Routes node-to-node messages to the role that handles them."""
+
+    def __init__(self, service: NodeService, storage: StorageNode | None) -> None:
+        self.service = service
+        self.storage = storage
+
+    def on_message(self, peer: NodeId, message: Message, reply: ReplyFn) -> None:
+        if type(message) is Append:
+            self.service.on_forwarded_append(message, reply)
+        elif self.storage is not None:
+            self.storage.on_message(peer, message, reply)
+
+
+class _RoleCollector(Collector):
+    """Exposes the roles' counters to Prometheus at scrape time."""
+
+    def __init__(self, storage: StorageNode | None, sequencer: SequencerRuntime | None,
+                 pool: PeerPool) -> None:
+        self.storage, self.sequencer, self.pool = storage, sequencer, pool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.storage is not None:
+            for name, value in self.storage.stats().items():
+                yield GaugeMetricFamily(f"seqlog_storage_{name}", f"storage node {name}",
+                                        value=value)
+        if self.sequencer is not None:
+            sequencers = self.sequencer.sequencers.values()
+            yield GaugeMetricFamily("seqlog_sequencer_logs", "logs with a sequencer here",
+                                    value=len(sequencers))
+            yield GaugeMetricFamily("seqlog_sequencer_appends_in_flight",
+                                    "appends waiting for their copies",
+                                    value=sum(len(s.appenders) for s in sequencers))
+        counters = self.pool.counters
+        for name in ("frames_sent", "writes", "frames_received", "connect_failures"):
+            yield GaugeMetricFamily(f"seqlog_transport_{name}", f"node-to-node {name}",
+                                    value=getattr(counters, name))
+
+
+def create_app(config: ProcessConfig) -> web.Application:
+    me = config.me
+    cluster = config.cluster
+    fingerprint = cluster.fingerprint()
+    epoch_store = open_epoch_store(_epoch_store_url(config))
+
+    def address(node_id: NodeId) -> tuple[str, int] | None:
+        node = cluster.node(node_id)
+        return (node.host, node.data_port) if node is not None else None
+
+    pool = PeerPool(node_id=config.node_id, cluster_fingerprint=fingerprint,
+                    config=config.transport, addresses=address)
+    storage = None
+    if "storage" in me.roles:
+        storage = StorageNode(node_id=config.node_id, data_dir=config.data_dir,
+                              config=config.storage)
+    sequencer = None
+    if "sequencer" in me.roles:
+        sequencer = SequencerRuntime(
+            node_id=config.node_id, config=config.sequencer, cluster=cluster, transport=pool,
+            epoch_store=epoch_store, clock=SystemClock(), rng=random.Random(),
+            provision_on_append=config.api.provision_on_append)
+    service = NodeService(config=config, pool=pool, sequencer=sequencer,
+                          epoch_store=epoch_store)
+    registry = CollectorRegistry()
+    registry.register(_RoleCollector(storage, sequencer, pool))
+    app = create_api_app(service, config.api, registry)
+
+    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
+        if storage is not None:
+            await storage.start()
+        server = await start_server(me.host, me.data_port, node_id=config.node_id,
+                                    cluster_fingerprint=fingerprint,
+                                    handler=_Dispatcher(service, storage),
+                                    config=config.transport)
+        if sequencer is not None:
+            await sequencer.start()
+        service.started = True
+        log.info("node %s ready: roles %s, http %s, data port %d", config.node_id,
+                 ",".join(me.roles), me.http_address, me.data_port)
+        yield
+        service.started = False
+        if sequencer is not None:
+            await sequencer.drain(DRAIN_TIMEOUT_S)
+            await sequencer.close()
+        await service.close()
+        await server.close()
+        await pool.close()
+        if storage is not None:
+            await storage.close()
+        await epoch_store.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    return app
+
+
+def _epoch_store_url(config: ProcessConfig) -> str:
+    if config.epoch_store == "file":
+        return f"file://{config.epoch_store_dir}"
+    return config.epoch_store
+
+
+def describe(config: ProcessConfig) -> dict[str, Any]:
+    return {"node_id": config.node_id, "roles": list(config.me.roles),
+            "http": config.me.http_address}

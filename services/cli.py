@@ -1,0 +1,263 @@
+"""The ``seqlog`` command: local cluster control plus append/read/tail/demo through the client.
+
+Exit codes: 0 success, 1 the operation failed (a ``LogError``, a launcher error or a demo
+mismatch), 2 bad usage (argparse), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from seqlog import Client, Gap, LogError, Record
+from seqlog.demo import run_demo
+from services import local_cluster as lc
+from shared.config import FSYNC_MODES
+from shared.types import LOG_ID_MAX, LOG_ID_MIN, format_lsn, parse_lsn
+
+DEFAULT_URL = f"http://127.0.0.1:{lc.DEFAULT_BASE_PORT}"
+_BATCH_RECORDS_MAX = 1000
+"""Payloads per append-batch request when ``append --batch`` reads many lines."""
+
+
+def _log_id(text: str) -> int:
+    if not text.isdigit() or not LOG_ID_MIN <= int(text) <= LOG_ID_MAX:
+        raise argparse.ArgumentTypeError(f"log id must be an integer in 1..2**62-1: {text!r}")
+    return int(text)
+
+
+def _lsn(text: str) -> int:
+    lsn = parse_lsn(text)
+    if lsn is None:
+        raise argparse.ArgumentTypeError(f"not an LSN (decimal or e5n8): {text!r}")
+    return lsn
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer: {text!r}")
+    return int(text)
+
+
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--url", action="append", help="node URL (repeatable or comma-separated)")
+    group.add_argument("--dir", type=Path, help="local cluster directory (reads cluster.json)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="seqlog", description="Seqlog replicated log")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    local = commands.add_parser("local", help="run a cluster of local processes")
+    actions = local.add_subparsers(dest="action", required=True)
+    up = actions.add_parser("up", help="start a local cluster")
+    up.add_argument("--dir", type=Path, required=True)
+    up.add_argument("--storage-nodes", type=_positive, default=3)
+    up.add_argument("--sequencers", type=_positive, default=2)
+    up.add_argument("--replication", type=_positive, default=3)
+    up.add_argument("--base-port", type=_positive, default=lc.DEFAULT_BASE_PORT)
+    up.add_argument("--epoch-store", default="file", help="file or zk://host:port/path")
+    up.add_argument("--fsync", choices=FSYNC_MODES, default="always")
+    up.add_argument("--ready-timeout-ms", type=_positive, default=30_000)
+    down = actions.add_parser("down", help="stop a local cluster")
+    down.add_argument("--dir", type=Path, required=True)
+    restart = actions.add_parser("restart", help="restart one node on its data")
+    restart.add_argument("--dir", type=Path, required=True)
+    restart.add_argument("node_id")
+    status = actions.add_parser("status", help="show the nodes of a local cluster")
+    status.add_argument("--dir", type=Path, required=True)
+
+    append = commands.add_parser("append", help="append payloads (arguments or stdin lines)")
+    append.add_argument("log_id", type=_log_id, metavar="LOG")
+    append.add_argument("--batch", action="store_true", help="one atomic append-batch")
+    append.add_argument("--key")
+    append.add_argument("payloads", nargs="*", metavar="PAYLOAD")
+    _add_target(append)
+
+    read = commands.add_parser("read", help="print records and gaps")
+    read.add_argument("log_id", type=_log_id, metavar="LOG")
+    read.add_argument("--from", dest="from_lsn", type=_lsn, default=1)
+    read.add_argument("--limit", type=_positive, default=1000, help="records per request")
+    read.add_argument("--follow", action="store_true", help="keep waiting for new records")
+    _add_target(read)
+
+    tail = commands.add_parser("tail", help="show a log's release point and sequencer")
+    tail.add_argument("log_id", type=_log_id, metavar="LOG")
+    _add_target(tail)
+
+    cluster = commands.add_parser("cluster", help="show the cluster's nodes")
+    _add_target(cluster)
+
+    demo = commands.add_parser("demo", help="write, read back and check a small workload")
+    _add_target(demo)
+    demo.add_argument("--logs", type=_positive, default=3)
+    demo.add_argument("--seed", type=int)
+    return parser
+
+
+def target_urls(args: argparse.Namespace) -> list[str]:
+    if getattr(args, "dir", None) is not None:
+        state = lc.load_state(args.dir.resolve())
+        if state is None:
+            raise lc.LocalClusterError(f"no {lc.STATE_FILE} in {args.dir}")
+        return state.sequencer_urls
+    if getattr(args, "url", None):
+        return [u for item in args.url for u in item.split(",") if u.strip()]
+    return [os.environ.get("SEQLOG_URL", DEFAULT_URL)]
+
+
+def _print(*parts: object) -> None:
+    print(*parts, flush=True)
+
+
+def format_entry(entry: Record | Gap) -> str:
+    if isinstance(entry, Gap):
+        span = f"{format_lsn(entry.lo)}..{format_lsn(entry.hi)}"
+        return f"GAP\t{entry.type}\t{span}\t{entry.lo}..{entry.hi}"
+    payload = entry.payload.decode("utf-8", "backslashreplace")
+    key = "-" if entry.key is None else entry.key
+    return f"{format_lsn(entry.lsn)}\t{entry.lsn}\t{entry.timestamp_ms}\t{key}\t{payload}"
+
+
+async def _append(client: Client, args: argparse.Namespace, payloads: list[bytes]) -> int:
+    if args.batch:
+        for start in range(0, len(payloads), _BATCH_RECORDS_MAX):
+            chunk = payloads[start : start + _BATCH_RECORDS_MAX]
+            result = await client.append_batch(args.log_id, chunk, key=args.key)
+            first, last = format_lsn(result.first_lsn), format_lsn(result.last_lsn)
+            _print(f"{first}..{last}\t{result.first_lsn}..{result.last_lsn}\t{result.count}")
+        return 0
+    for payload in payloads:
+        single = await client.append(args.log_id, payload, key=args.key)
+        _print(f"{format_lsn(single.lsn)}\t{single.lsn}\t{single.timestamp_ms}")
+    return 0
+
+
+async def _read(client: Client, args: argparse.Namespace) -> int:
+    if args.follow:
+        async for entry in client.follow(args.log_id, args.from_lsn, limit=args.limit):
+            _print(format_entry(entry))
+        return 0
+    next_lsn = args.from_lsn
+    while True:
+        result = await client.read(args.log_id, next_lsn, limit=args.limit)
+        for entry in result.entries():
+            _print(format_entry(entry))
+        if result.next_lsn <= next_lsn or result.next_lsn > result.release_lsn:
+            return 0
+        next_lsn = result.next_lsn
+
+
+async def _tail(client: Client, args: argparse.Namespace) -> int:
+    tail = await client.tail(args.log_id)
+    _print(
+        f"release_lsn {format_lsn(tail.release_lsn)} ({tail.release_lsn})  "
+        f"trim_lsn {format_lsn(tail.trim_lsn)} ({tail.trim_lsn})  "
+        f"epoch {tail.epoch}  sequencer {tail.sequencer}"
+    )
+    return 0
+
+
+async def _cluster(client: Client, args: argparse.Namespace) -> int:
+    info = await client.cluster()
+    _print(f"cluster {info.cluster}")
+    for n in info.nodes:
+        _print(f"{n.node_id}\t{','.join(n.roles)}\t{n.http}\t{n.state}")
+    return 0
+
+
+async def _demo(client: Client, args: argparse.Namespace) -> int:
+    report = await run_demo(client, logs_count=args.logs, seed=args.seed)
+    _print(
+        f"demo: logs {report.log_ids}: appended {report.records_appended} records "
+        f"({report.batches_appended} batches), read back {report.records_read} records and "
+        f"{report.gaps_read} gaps in {report.elapsed_ms} ms"
+    )
+    for problem in report.problems:
+        print(f"MISMATCH {problem}", file=sys.stderr)
+    _print("demo: OK" if report.ok else f"demo: FAILED ({len(report.problems)} problems)")
+    return 0 if report.ok else 1
+
+
+Handler = Callable[[Client, argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+async def _with_client(urls: list[str], handler: Handler, args: argparse.Namespace) -> int:
+    async with Client(urls) as client:
+        return await handler(client, args)
+
+
+def _local(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        spec = lc.LocalClusterSpec(
+            dir=args.dir, storage_nodes=args.storage_nodes, sequencers=args.sequencers,
+            replication=args.replication, base_port=args.base_port,
+            epoch_store=args.epoch_store, fsync=args.fsync,
+        )
+        started_s = time.monotonic()
+        state = lc.up(spec, ready_timeout_ms=args.ready_timeout_ms)
+        _print(lc.format_table(state, args.dir.resolve()))
+        _print(f"ready in {int((time.monotonic() - started_s) * 1000)} ms; "
+               f"state in {args.dir.resolve() / lc.STATE_FILE}")
+    elif args.action == "down":
+        stopped = lc.down(args.dir)
+        _print(f"stopped {', '.join(stopped) if stopped else 'nothing (no node was running)'}")
+    elif args.action == "restart":
+        node = lc.restart(args.dir, args.node_id)
+        _print(f"restarted {node.node_id} as pid {node.pid}")
+    else:
+        recorded = lc.load_state(args.dir.resolve())
+        if recorded is None:
+            raise lc.LocalClusterError(f"no {lc.STATE_FILE} in {args.dir}")
+        _print(lc.format_table(recorded, args.dir.resolve()))
+    return 0
+
+
+_HANDLERS: dict[str, Handler] = {
+    "read": _read, "tail": _tail, "cluster": _cluster, "demo": _demo,
+}
+
+
+def _read_payloads(args: argparse.Namespace) -> list[bytes]:
+    if args.payloads:
+        return [p.encode() for p in args.payloads]
+    return [line.rstrip("\n").encode() for line in sys.stdin]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "local":
+        return _local(args)
+    urls = target_urls(args)
+    if args.command == "append":
+        payloads = _read_payloads(args)
+
+        async def handler(client: Client, ns: argparse.Namespace) -> int:
+            return await _append(client, ns, payloads)
+
+        return asyncio.run(_with_client(urls, handler, args))
+    return asyncio.run(_with_client(urls, _HANDLERS[args.command], args))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except LogError as exc:
+        print(f"seqlog: {exc}", file=sys.stderr)
+        return 1
+    except lc.LocalClusterError as exc:
+        print(f"seqlog: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""The public HTTP API (API.md) as an aiohttp application over a ``LogService``.
+
+Handlers parse (``services.http_parse``), call the service once, map the returned ``Status``
+through ``services.http_status`` and answer; they make no other decision. Two middlewares
+wrap every request: the outer one counts and times it (``services.metrics``), the inner one
+turns router errors (404, 405) into JSON error bodies and any unexpected exception into a
+logged 500 ``INTERNAL``.
+
+Request bodies are capped at ``ApiConfig.request_bytes_max``: a larger Content-Length is
+refused before reading, and a chunked body is refused as soon as it grows past the cap. A body
+that does not arrive within ``body_read_timeout_ms`` is refused too, so a stalled client
+cannot hold a handler forever. Either way the connection is closed after the answer.
+
+Lifecycle: ``create_api_app`` builds the app; the caller runs it (``AppRunner``) and owns the
+service's lifetime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from services.http_parse import (
+    AppendRequest,
+    MediaType,
+    Rejection,
+    body_media_type,
+    decode_body,
+    encode_body,
+    parse_append,
+    parse_append_batch,
+    parse_log_id,
+    parse_read_query,
+    response_media_type,
+)
+from services.http_status import http_code, wants_retry_after
+from services.log_service import AppendOutcome, LogService, ReadOutcome, TailOutcome
+from services.metrics import UNMATCHED_ROUTE, HttpMetrics
+from services.openapi import build_openapi
+from shared.config import ApiConfig
+from shared.status import Status
+from shared.types import LogId, NodeId
+
+logger = logging.getLogger(__name__)
+
+SEQUENCER_HEADER = "X-Seqlog-Sequencer"
+BODY_READ_TIMEOUT_MS_DEFAULT = 30_000
+_CLIENT_CLOSED_CODE = 499
+"""Recorded in metrics for requests whose client went away before the answer (nginx's code)."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+BodyParser = Callable[[dict[str, Any], MediaType, ApiConfig], AppendRequest | Rejection]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Edge:
+    """Everything a handler needs besides the service."""
+
+    api: ApiConfig
+    registry: CollectorRegistry
+    metrics: HttpMetrics
+    openapi_json: bytes
+    body_read_timeout_ms: int
+
+
+SERVICE_KEY = web.AppKey[LogService]("log_service")
+_EDGE_KEY = web.AppKey("http_edge", _Edge)
+
+
+def _media(request: web.Request) -> MediaType:
+    return response_media_type(request.headers.get("Accept"), request.headers.get("Content-Type"))
+
+
+def _answer(
+    request: web.Request, doc: object, *, code: int = 200, sequencer: NodeId | None = None
+) -> web.Response:
+    media = _media(request)
+    response = web.Response(body=encode_body(doc, media), status=code, content_type=media)
+    if sequencer is not None:
+        response.headers[SEQUENCER_HEADER] = sequencer
+    return response
+
+
+def _error(
+    request: web.Request,
+    status: Status,
+    message: str = "",
+    *,
+    code: int | None = None,
+    sequencer: NodeId | None = None,
+) -> web.Response:
+    assert status is not Status.OK
+    body = {"status": status.name, "message": message or status.description}
+    response = _answer(request, body, code=code or http_code(status), sequencer=sequencer)
+    if wants_retry_after(status):
+        response.headers["Retry-After"] = str(request.app[_EDGE_KEY].api.retry_after_s)
+    return response
+
+
+def _rejected(request: web.Request, rejection: Rejection) -> web.Response:
+    return _error(request, rejection.status, rejection.message)
+
+
+async def _read_body(request: web.Request, edge: _Edge) -> bytes | Rejection:
+    size_max = edge.api.request_bytes_max
+    too_big = Rejection(Status.TOOBIG, f"request body over request_bytes_max={size_max}")
+    if request.content_length is not None and request.content_length > size_max:
+        return too_big
+    try:
+        async with asyncio.timeout(edge.body_read_timeout_ms / 1000):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return too_big
+    except TimeoutError:
+        return Rejection(
+            Status.BADMSG, f"request body not received within {edge.body_read_timeout_ms} ms"
+        )
+
+
+async def _append_request(
+    request: web.Request, parse: BodyParser
+) -> tuple[LogId, AppendRequest] | web.Response:
+    edge = request.app[_EDGE_KEY]
+    log_id = parse_log_id(request.match_info["log_id"])
+    if isinstance(log_id, Rejection):
+        return _rejected(request, log_id)
+    media = body_media_type(request.headers.get("Content-Type"))
+    if isinstance(media, Rejection):
+        return _rejected(request, media)
+    body = await _read_body(request, edge)
+    if isinstance(body, Rejection):
+        response = _rejected(request, body)
+        # The rest of the body is unread: the connection cannot carry another request.
+        response.force_close()
+        return response
+    doc = decode_body(body, media)
+    if isinstance(doc, Rejection):
+        return _rejected(request, doc)
+    parsed = parse(doc, media, edge.api)
+    if isinstance(parsed, Rejection):
+        return _rejected(request, parsed)
+    return log_id, parsed
+
+
+def _append_failed(request: web.Request, outcome: AppendOutcome) -> web.Response:
+    return _error(request, outcome.status, outcome.message, sequencer=outcome.sequencer_node)
+
+
+async def on_append(request: web.Request) -> web.StreamResponse:
+    parsed = await _append_request(request, parse_append)
+    if isinstance(parsed, web.StreamResponse):
+        return parsed
+    log_id, append = parsed
+    outcome = await request.app[SERVICE_KEY].append(log_id, append.payloads, append.key)
+    if outcome.status is not Status.OK:
+        return _append_failed(request, outcome)
+    assert outcome.first_lsn == outcome.last_lsn > 0, outcome
+    doc = {"lsn": outcome.first_lsn, "timestamp_ms": outcome.timestamp_ms}
+    return _answer(request, doc, sequencer=outcome.sequencer_node)
+
+
+async def on_append_batch(request: web.Request) -> web.StreamResponse:
+    parsed = await _append_request(request, parse_append_batch)
+    if isinstance(parsed, web.StreamResponse):
+        return parsed
+    log_id, append = parsed
+    outcome = await request.app[SERVICE_KEY].append(log_id, append.payloads, append.key)
+    if outcome.status is not Status.OK:
+        return _append_failed(request, outcome)
+    count = len(append.payloads)
+    assert outcome.first_lsn > 0 and outcome.last_lsn - outcome.first_lsn + 1 == count, outcome
+    doc = {
+        "first_lsn": outcome.first_lsn,
+        "last_lsn": outcome.last_lsn,
+        "count": count,
+        "timestamp_ms": outcome.timestamp_ms,
+    }
+    return _answer(request, doc, sequencer=outcome.sequencer_node)
+
+
+def _read_doc(outcome: ReadOutcome) -> dict[str, Any]:
+    return {
+        "records": [
+            {"lsn": r.lsn, "timestamp_ms": r.timestamp_ms, "payload": r.payload, "key": r.key}
+            for r in outcome.records
+        ],
+        "gaps": [{"type": g.type, "lo": g.lo, "hi": g.hi} for g in outcome.gaps],
+        "next_lsn": outcome.next_lsn,
+        "release_lsn": outcome.release_lsn,
+    }
+
+
+async def on_records(request: web.Request) -> web.StreamResponse:
+    edge = request.app[_EDGE_KEY]
+    log_id = parse_log_id(request.match_info["log_id"])
+    if isinstance(log_id, Rejection):
+        return _rejected(request, log_id)
+    params = parse_read_query(request.query.items(), edge.api)
+    if isinstance(params, Rejection):
+        return _rejected(request, params)
+    outcome = await request.app[SERVICE_KEY].read(
+        log_id, params.from_lsn, params.records_max, params.bytes_max, params.wait_ms
+    )
+    if outcome.status is not Status.OK:
+        return _error(request, outcome.status, outcome.message)
+    assert outcome.next_lsn >= params.from_lsn, outcome
+    return _answer(request, _read_doc(outcome))
+
+
+def _tail_doc(outcome: TailOutcome) -> dict[str, Any]:
+    return {
+        "release_lsn": outcome.release_lsn,
+        "trim_lsn": outcome.trim_lsn,
+        "epoch": outcome.epoch,
+        "sequencer": outcome.sequencer_node or "",
+    }
+
+
+async def on_tail(request: web.Request) -> web.StreamResponse:
+    log_id = parse_log_id(request.match_info["log_id"])
+    if isinstance(log_id, Rejection):
+        return _rejected(request, log_id)
+    outcome = await request.app[SERVICE_KEY].tail(log_id)
+    if outcome.status is not Status.OK:
+        return _error(request, outcome.status, outcome.message, sequencer=outcome.sequencer_node)
+    return _answer(request, _tail_doc(outcome), sequencer=outcome.sequencer_node)
+
+
+async def on_cluster(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE_KEY]
+    nodes = [
+        {
+            "node_id": n.node_id,
+            "roles": list(n.roles),
+            "http": n.http,
+            "state": n.state,
+            "sequencer_weight": n.sequencer_weight,
+            "storage_capacity": n.storage_capacity,
+        }
+        for n in service.cluster_nodes()
+    ]
+    return _answer(request, {"cluster": service.cluster_name, "nodes": nodes})
+
+
+async def on_healthz(request: web.Request) -> web.StreamResponse:
+    return _answer(request, {"status": "OK"})
+
+
+async def on_readyz(request: web.Request) -> web.StreamResponse:
+    if not request.app[SERVICE_KEY].ready():
+        return _error(request, Status.NOTREADY)
+    return _answer(request, {"status": "OK"})
+
+
+async def on_metrics(request: web.Request) -> web.StreamResponse:
+    text = generate_latest(request.app[_EDGE_KEY].registry)
+    return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def on_openapi(request: web.Request) -> web.StreamResponse:
+    body = request.app[_EDGE_KEY].openapi_json
+    return web.Response(body=body, content_type="application/json")
+
+
+def _http_exception_status(exc: web.HTTPException) -> Status:
+    return {404: Status.NOTFOUND, 413: Status.TOOBIG}.get(
+        exc.status, Status.BADMSG if exc.status < 500 else Status.INTERNAL
+    )
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _error(
+            request, _http_exception_status(exc), exc.reason or exc.text or "", code=exc.status
+        )
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except Exception:
+        logger.exception("unhandled error answering %s %s", request.method, request.path)
+        return _error(request, Status.INTERNAL, "internal error; the outcome is unknown")
+
+
+@web.middleware
+async def _metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    metrics = request.app[_EDGE_KEY].metrics
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else UNMATCHED_ROUTE
+    started_s = time.perf_counter()
+    code = 500
+    metrics.in_flight.inc()
+    try:
+        response = await handler(request)
+        code = response.status
+        return response
+    except asyncio.CancelledError:
+        code = _CLIENT_CLOSED_CODE
+        raise
+    finally:
+        metrics.in_flight.dec()
+        metrics.observe(route, request.method, code, time.perf_counter() - started_s)
+
+
+def create_api_app(
+    service: LogService,
+    api: ApiConfig,
+    registry: CollectorRegistry,
+    *,
+    body_read_timeout_ms: int = BODY_READ_TIMEOUT_MS_DEFAULT,
+) -> web.Application:
+    """The API app over ``service``; registers its HTTP metrics in ``registry`` (so one
+    registry serves one app)."""
+    assert body_read_timeout_ms > 0
+    app = web.Application(
+        middlewares=[_metrics_middleware, _errors_middleware],
+        client_max_size=api.request_bytes_max,
+    )
+    app[SERVICE_KEY] = service
+    app[_EDGE_KEY] = _Edge(
+        api=api,
+        registry=registry,
+        metrics=HttpMetrics(registry),
+        openapi_json=encode_body(build_openapi(api), "application/json"),
+        body_read_timeout_ms=body_read_timeout_ms,
+    )
+    app.router.add_post("/v1/logs/{log_id}/append", on_append)
+    app.router.add_post("/v1/logs/{log_id}/append-batch", on_append_batch)
+    app.router.add_get("/v1/logs/{log_id}/records", on_records)
+    app.router.add_get("/v1/logs/{log_id}/tail", on_tail)
+    app.router.add_get("/v1/cluster", on_cluster)
+    app.router.add_get("/healthz", on_healthz)
+    app.router.add_get("/readyz", on_readyz)
+    app.router.add_get("/metrics", on_metrics)
+    app.router.add_get("/openapi.json", on_openapi)
+    return app

@@ -1,0 +1,297 @@
+"""Untrusted HTTP input to typed requests, and typed answers to JSON or msgpack bodies.
+
+Pure and framework-free so that every rejection rule is testable on its own. A parser returns
+its result or a ``Rejection`` (a ``Status`` plus a human message); it never raises on bad input.
+
+Rules (API.md): bodies are ``application/json`` or ``application/msgpack`` (an absent
+Content-Type is read as JSON; any other type is ``BADMSG``). Bytes fields are ``bin`` in msgpack
+and padded standard base64 strings in JSON. Type errors are ``BADMSG``; values out of range are
+``INVALID_PARAM``; sizes over the configured maximum are ``TOOBIG``. Unknown body fields and
+query parameters are ignored so that clients may send newer fields to older nodes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgpack
+import orjson
+
+from shared.config import ApiConfig
+from shared.limits import KEY_BYTES_MAX
+from shared.status import Status
+from shared.types import LSN_MAX, LSN_OLDEST, LogId, Lsn, log_id_valid
+
+MediaType = Literal["application/json", "application/msgpack"]
+JSON: MediaType = "application/json"
+MSGPACK: MediaType = "application/msgpack"
+_MEDIA_ALIASES: dict[str, MediaType] = {
+    "application/json": JSON,
+    "application/msgpack": MSGPACK,
+    "application/x-msgpack": MSGPACK,
+    "application/vnd.msgpack": MSGPACK,
+}
+
+PRODUCER_ID_BYTES_MAX = 256
+"""Longest ``producer_id``; it names a writer, not data."""
+READ_LIMIT_DEFAULT = 1000
+"""``limit`` of a read that names none (API.md), before clamping to ``read_records_max``."""
+UINT64_MAX = 2**64 - 1
+assert UINT64_MAX == LSN_MAX
+
+_UINT_TEXT = re.compile(r"[0-9]{1,20}")
+_LOG_ID_TEXT = re.compile(r"[0-9]{1,19}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a request was refused; becomes the error body."""
+
+    status: Status
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendRequest:
+    payloads: tuple[bytes, ...]
+    key: str | None
+    producer_id: str | None
+    producer_seq: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadParams:
+    from_lsn: Lsn
+    records_max: int
+    bytes_max: int
+    wait_ms: int
+
+
+def _mime(header: str) -> str:
+    return header.split(";", 1)[0].strip().lower()
+
+
+def body_media_type(content_type: str | None) -> MediaType | Rejection:
+    """The encoding of a request body, from its Content-Type header."""
+    if content_type is None or not content_type.strip():
+        return JSON
+    media = _MEDIA_ALIASES.get(_mime(content_type))
+    if media is None:
+        return Rejection(
+            Status.BADMSG,
+            f"unsupported Content-Type {content_type[:100]!r}: "
+            "send application/json or application/msgpack",
+        )
+    return media
+
+
+def _accept_q(params: list[str]) -> float:
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                q = float(value.strip())
+            except ValueError:
+                return 0.0
+            return q if 0.0 <= q <= 1.0 else 0.0
+    return 1.0
+
+
+def response_media_type(accept: str | None, content_type: str | None) -> MediaType:
+    """Accept's preferred supported type, else the request's Content-Type, else JSON.
+
+    Wildcards name no type, so ``*/*`` falls through to the Content-Type rule."""
+    best: tuple[float, MediaType] | None = None
+    for item in (accept or "").split(","):
+        mime, *params = item.split(";")
+        media = _MEDIA_ALIASES.get(mime.strip().lower())
+        q = _accept_q(params)
+        if media is not None and q > 0.0 and (best is None or q > best[0]):
+            best = (q, media)
+    if best is not None:
+        return best[1]
+    if content_type is not None:
+        media = _MEDIA_ALIASES.get(_mime(content_type))
+        if media is not None:
+            return media
+    return JSON
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def encode_body(doc: object, media: MediaType) -> bytes:
+    """Encode an answer; ``bytes`` values become bin (msgpack) or base64 strings (JSON)."""
+    if media == MSGPACK:
+        packed: bytes = msgpack.packb(doc, use_bin_type=True)
+        return packed
+    return orjson.dumps(doc, default=_json_default)
+
+
+def decode_body(body: bytes, media: MediaType) -> dict[str, Any] | Rejection:
+    """The body's top-level map."""
+    doc: object
+    if media == MSGPACK:
+        try:
+            doc = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        # The msgpack decoder signals hostile input with several unrelated exception types.
+        except Exception as exc:
+            return Rejection(Status.BADMSG, f"body is not valid msgpack: {type(exc).__name__}")
+    else:
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            return Rejection(Status.BADMSG, f"body is not valid JSON: {exc}")
+    if not isinstance(doc, dict):
+        return Rejection(Status.BADMSG, "body must be a map")
+    return doc
+
+
+def _bytes_field(value: object, name: str, media: MediaType) -> bytes | Rejection:
+    if media == MSGPACK:
+        if isinstance(value, bytes):
+            return value
+        return Rejection(Status.BADMSG, f"{name} must be msgpack bin")
+    if not isinstance(value, str):
+        return Rejection(Status.BADMSG, f"{name} must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return Rejection(Status.BADMSG, f"{name} is not padded standard base64")
+
+
+def _payload(value: object, name: str, media: MediaType, api: ApiConfig) -> bytes | Rejection:
+    payload = _bytes_field(value, name, media)
+    if isinstance(payload, bytes) and len(payload) > api.payload_bytes_max:
+        return Rejection(
+            Status.TOOBIG,
+            f"{name} has {len(payload)} bytes, over payload_bytes_max={api.payload_bytes_max}",
+        )
+    return payload
+
+
+def _text_field(doc: dict[str, Any], name: str, bytes_max: int) -> str | Rejection | None:
+    value = doc.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return Rejection(Status.BADMSG, f"{name} must be a string")
+    try:
+        size_bytes = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return Rejection(Status.BADMSG, f"{name} is not valid UTF-8")
+    if size_bytes > bytes_max:
+        return Rejection(Status.INVALID_PARAM, f"{name} is longer than {bytes_max} bytes")
+    return value
+
+
+def _append_options(
+    doc: dict[str, Any], payloads: tuple[bytes, ...]
+) -> AppendRequest | Rejection:
+    key = _text_field(doc, "key", KEY_BYTES_MAX)
+    if isinstance(key, Rejection):
+        return key
+    producer_id = _text_field(doc, "producer_id", PRODUCER_ID_BYTES_MAX)
+    if isinstance(producer_id, Rejection):
+        return producer_id
+    producer_seq = doc.get("producer_seq")
+    if producer_seq is not None and type(producer_seq) is not int:
+        return Rejection(Status.BADMSG, "producer_seq must be an integer")
+    if producer_seq is not None and not 0 <= producer_seq <= UINT64_MAX:
+        return Rejection(Status.INVALID_PARAM, "producer_seq must be in 0..2**64-1")
+    if (producer_id is None) != (producer_seq is None):
+        return Rejection(Status.INVALID_PARAM, "producer_id and producer_seq go together")
+    return AppendRequest(
+        payloads=payloads, key=key, producer_id=producer_id, producer_seq=producer_seq
+    )
+
+
+def parse_append(
+    doc: dict[str, Any], media: MediaType, api: ApiConfig
+) -> AppendRequest | Rejection:
+    """``{"payload": bytes, "key"?, "producer_id"?, "producer_seq"?}``."""
+    if "payload" not in doc:
+        return Rejection(Status.BADMSG, "payload is missing")
+    payload = _payload(doc["payload"], "payload", media, api)
+    if isinstance(payload, Rejection):
+        return payload
+    return _append_options(doc, (payload,))
+
+
+def parse_append_batch(
+    doc: dict[str, Any], media: MediaType, api: ApiConfig
+) -> AppendRequest | Rejection:
+    """``{"payloads": [bytes, ...], ...}``: 1..``batch_records_max`` payloads."""
+    items = doc.get("payloads")
+    if not isinstance(items, list):
+        return Rejection(Status.BADMSG, "payloads must be a list")
+    if not items:
+        return Rejection(Status.INVALID_PARAM, "payloads is empty")
+    if len(items) > api.batch_records_max:
+        return Rejection(
+            Status.TOOBIG,
+            f"{len(items)} payloads, over batch_records_max={api.batch_records_max}",
+        )
+    payloads: list[bytes] = []
+    for index, item in enumerate(items):
+        payload = _payload(item, f"payloads[{index}]", media, api)
+        if isinstance(payload, Rejection):
+            return payload
+        payloads.append(payload)
+    return _append_options(doc, tuple(payloads))
+
+
+def parse_log_id(text: str) -> LogId | Rejection:
+    """A decimal log id in ``1 .. 2**62 - 1``."""
+    if _LOG_ID_TEXT.fullmatch(text) is None or not log_id_valid(int(text)):
+        return Rejection(
+            Status.INVALID_PARAM, f"log id {text[:40]!r} is not an integer in 1..2**62-1"
+        )
+    return LogId(int(text))
+
+
+def _uint_param(params: dict[str, str], name: str, default: int, low: int) -> int | Rejection:
+    text = params.get(name)
+    if text is None:
+        return default
+    if _UINT_TEXT.fullmatch(text) is None or not low <= int(text) <= UINT64_MAX:
+        return Rejection(
+            Status.INVALID_PARAM, f"{name}={text[:40]!r} is not an integer in {low}..2**64-1"
+        )
+    return int(text)
+
+
+def parse_read_query(pairs: Iterable[tuple[str, str]], api: ApiConfig) -> ReadParams | Rejection:
+    """``from`` (>= 1, default 1), ``limit`` (>= 1, default 1000), ``max_bytes`` (>= 1) and
+    ``wait_ms`` (>= 0, default 0). Values over the configured maxima are clamped to them."""
+    params: dict[str, str] = {}
+    for name, value in pairs:
+        if name in params:
+            return Rejection(Status.INVALID_PARAM, f"query parameter {name[:40]!r} is repeated")
+        params[name] = value
+    from_lsn = _uint_param(params, "from", LSN_OLDEST, LSN_OLDEST)
+    if isinstance(from_lsn, Rejection):
+        return from_lsn
+    limit = _uint_param(params, "limit", READ_LIMIT_DEFAULT, 1)
+    if isinstance(limit, Rejection):
+        return limit
+    bytes_max = _uint_param(params, "max_bytes", api.read_bytes_max, 1)
+    if isinstance(bytes_max, Rejection):
+        return bytes_max
+    wait_ms = _uint_param(params, "wait_ms", 0, 0)
+    if isinstance(wait_ms, Rejection):
+        return wait_ms
+    return ReadParams(
+        from_lsn=Lsn(from_lsn),
+        records_max=min(limit, api.read_records_max),
+        bytes_max=min(bytes_max, api.read_bytes_max),
+        wait_ms=min(wait_ms, api.long_poll_ms_max),
+    )

@@ -1,0 +1,416 @@
+"""Local cluster launcher: one OS process per node on this machine, file epoch store.
+
+``up`` writes one ``config.json`` per node (``shared.config.to_dict(ProcessConfig)``), starts
+``python -m services.node --config ...`` for each in its own session with output in
+``node.log``, waits until every ``/readyz`` answers 200 and writes ``DIR/cluster.json``.
+``down`` and ``restart`` find the processes again through ``cluster.json``. A pid is only
+signalled after its command line was checked to be that node's, so a reused pid is never hit.
+
+Everything here blocks (subprocess, files, urllib polling): it is meant for the CLI and for
+test fixtures; async callers must use ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.config import (
+    ClusterConfig,
+    FsyncMode,
+    NodeConfig,
+    ProcessConfig,
+    Role,
+    StorageConfig,
+    to_dict,
+)
+from shared.types import NodeId
+
+DEFAULT_BASE_PORT = 7400
+STATE_FILE = "cluster.json"
+_STARTING_FILE = "cluster.starting.json"
+"""Written as soon as processes exist, so ``down`` can clean up an interrupted ``up``."""
+_LOG_TAIL_LINES = 30
+_POLL_S = 0.05
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+NODE_MODULE = "services.node"
+"""What ``python -m`` runs for each node; tests point it at a stand-in."""
+# Popen objects of nodes started by this process, so their exit is reaped (no zombies
+# mistaken for live nodes, no ResourceWarning).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class LocalClusterError(Exception):
+    """The local cluster could not be started, found or stopped; the message says why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalClusterSpec:
+    dir: Path
+    storage_nodes: int = 3
+    sequencers: int = 2
+    replication: int = 3
+    base_port: int = DEFAULT_BASE_PORT
+    epoch_store: str = "file"
+    """``file`` or a ``zk://host:port/path`` URL, passed through to the nodes."""
+    fsync: FsyncMode = "always"
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeEntry:
+    node_id: NodeId
+    pid: int
+    roles: tuple[Role, ...]
+    http: str
+    data_dir: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterState:
+    nodes: tuple[NodeEntry, ...]
+    epoch_store: str
+
+    @property
+    def sequencer_urls(self) -> list[str]:
+        return [f"http://{n.http}" for n in self.nodes if "sequencer" in n.roles]
+
+    def to_json(self) -> dict[str, Any]:
+        nodes = [
+            {"node_id": n.node_id, "pid": n.pid, "roles": list(n.roles), "http": n.http,
+             "data_dir": n.data_dir}
+            for n in self.nodes
+        ]
+        return {"nodes": nodes, "epoch_store": self.epoch_store}
+
+
+# -- plan -------------------------------------------------------------------------------
+
+
+def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
+    """Node configs for ``spec``; raises ``LocalClusterError`` on impossible settings."""
+    if spec.sequencers < 1 or spec.storage_nodes < 1:
+        raise LocalClusterError("need at least one sequencer and one storage node")
+    count = spec.sequencers + spec.storage_nodes
+    if spec.base_port < 1 or spec.base_port + 2 * count - 1 > 65535:
+        raise LocalClusterError(f"ports {spec.base_port}..+{2 * count - 1} do not fit")
+    root = spec.dir.resolve()
+    ids = [f"seq{i + 1}" for i in range(spec.sequencers)]
+    ids += [f"st{i + 1}" for i in range(spec.storage_nodes)]
+    nodes = tuple(
+        NodeConfig(
+            node_id=NodeId(node_id),
+            roles=("sequencer",) if node_id.startswith("seq") else ("storage",),
+            host=spec.host,
+            http_port=spec.base_port + 2 * index,
+            data_port=spec.base_port + 2 * index + 1,
+        )
+        for index, node_id in enumerate(ids)
+    )
+    try:
+        cluster = ClusterConfig(
+            cluster_name="seqlog-local", nodes=nodes, replication_factor=spec.replication
+        )
+        file_store = spec.epoch_store == "file"
+        return [
+            ProcessConfig(
+                node_id=node.node_id,
+                cluster=cluster,
+                data_dir=str(root / node.node_id),
+                epoch_store=spec.epoch_store,
+                epoch_store_dir=str(root / "epochs") if file_store else "",
+                storage=StorageConfig(fsync=spec.fsync),
+            )
+            for node in nodes
+        ]
+    except ValueError as exc:
+        raise LocalClusterError(str(exc)) from None
+
+
+def epoch_store_url(spec: LocalClusterSpec) -> str:
+    if spec.epoch_store == "file":
+        return f"file://{spec.dir.resolve() / 'epochs'}"
+    return spec.epoch_store
+
+
+def config_path(root: Path, node_id: str) -> Path:
+    return root.resolve() / node_id / "config.json"
+
+
+def write_configs(spec: LocalClusterSpec, configs: list[ProcessConfig]) -> None:
+    if spec.epoch_store == "file":
+        (spec.dir / "epochs").mkdir(parents=True, exist_ok=True)
+    for config in configs:
+        Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+        path = config_path(spec.dir, config.node_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(to_dict(config), indent=2) + "\n")
+        tmp.replace(path)
+
+
+# -- state file -------------------------------------------------------------------------
+
+
+def load_state(root: Path) -> ClusterState | None:
+    """The cluster recorded in ``root`` (or the one an interrupted ``up`` left), if any."""
+    for name in (STATE_FILE, _STARTING_FILE):
+        path = root / name
+        if path.exists():
+            try:
+                return _state_from_json(json.loads(path.read_text()))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise LocalClusterError(f"{path} is unreadable: {exc}") from None
+    return None
+
+
+def _state_from_json(data: dict[str, Any]) -> ClusterState:
+    nodes = tuple(
+        NodeEntry(
+            node_id=NodeId(str(n["node_id"])),
+            pid=int(n["pid"]),
+            roles=tuple(n["roles"]),
+            http=str(n["http"]),
+            data_dir=str(n["data_dir"]),
+        )
+        for n in data["nodes"]
+    )
+    return ClusterState(nodes=nodes, epoch_store=str(data["epoch_store"]))
+
+
+def _save_state(root: Path, state: ClusterState, name: str = STATE_FILE) -> None:
+    tmp = root / (name + ".tmp")
+    tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
+    tmp.replace(root / name)
+
+
+# -- processes --------------------------------------------------------------------------
+
+
+def node_alive(root: Path, node: NodeEntry) -> bool:
+    """True if ``node.pid`` is still that node's process (not a zombie, not a reused pid)."""
+    child = _children.get(node.pid)
+    if child is not None and child.poll() is not None:
+        del _children[node.pid]
+        return False
+    try:
+        cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    # A zombie has an empty command line.
+    return str(config_path(root, node.node_id)).encode() in cmdline
+
+
+def _start(root: Path, node_id: str) -> int:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    command = [sys.executable, "-m", NODE_MODULE, "--config", str(config_path(root, node_id))]
+    with open(root / node_id / "node.log", "ab") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )
+    _children[process.pid] = process
+    return process.pid
+
+
+def _signal(root: Path, node: NodeEntry, signum: signal.Signals) -> None:
+    if node_alive(root, node):
+        # The node leads its own session and process group, so this also reaches any
+        # helper process it started.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signum)
+
+
+def _wait_gone(root: Path, nodes: list[NodeEntry], timeout_ms: int) -> list[NodeEntry]:
+    deadline_s = time.monotonic() + timeout_ms / 1000
+    remaining = [n for n in nodes if node_alive(root, n)]
+    while remaining and time.monotonic() < deadline_s:
+        time.sleep(_POLL_S)
+        remaining = [n for n in remaining if node_alive(root, n)]
+    return remaining
+
+
+def stop_nodes(root: Path, nodes: list[NodeEntry], *, stop_timeout_ms: int = 10_000) -> None:
+    """SIGTERM, wait up to ``stop_timeout_ms``, then SIGKILL whatever is left."""
+    for node in nodes:
+        _signal(root, node, signal.SIGTERM)
+    stubborn = _wait_gone(root, nodes, stop_timeout_ms)
+    for node in stubborn:
+        _signal(root, node, signal.SIGKILL)
+    left = _wait_gone(root, stubborn, 5_000)
+    if left:
+        raise LocalClusterError(f"could not stop {[n.node_id for n in left]}")
+
+
+def _ready(http: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{http}/readyz", timeout=1.0) as resp:
+            return int(resp.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_ready(root: Path, nodes: list[NodeEntry], *, ready_timeout_ms: int) -> None:
+    """Poll every node's ``/readyz``; raise with the failing node's log tail on timeout or
+    early exit."""
+    deadline_s = time.monotonic() + ready_timeout_ms / 1000
+    pending = list(nodes)
+    while pending:
+        for node in list(pending):
+            if not node_alive(root, node):
+                raise LocalClusterError(f"{node.node_id} exited\n{log_tail(root, node.node_id)}")
+            if _ready(node.http):
+                pending.remove(node)
+        if pending and time.monotonic() >= deadline_s:
+            first = pending[0].node_id
+            raise LocalClusterError(
+                f"not ready after {ready_timeout_ms} ms: {[n.node_id for n in pending]}\n"
+                f"{log_tail(root, first)}"
+            )
+        if pending:
+            time.sleep(_POLL_S * 2)
+
+
+def log_tail(root: Path, node_id: str, lines: int = _LOG_TAIL_LINES) -> str:
+    path = root / node_id / "node.log"
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    tail = "\n".join(text.splitlines()[-lines:])
+    return f"--- last lines of {path} ---\n{tail}"
+
+
+def free_base_port(nodes_count: int, *, host: str = "127.0.0.1", seed: int | None = None) -> int:
+    """A base port whose ``2 * nodes_count`` ports are free right now (for tests)."""
+    rng = random.Random(seed)
+    for _ in range(100):
+        base = rng.randrange(20_000, 60_000, 2)
+        if not _busy_ports(host, list(range(base, base + 2 * nodes_count))):
+            return base
+    raise LocalClusterError(f"no {2 * nodes_count} consecutive free ports found")
+
+
+def _busy_ports(host: str, ports: list[int]) -> list[int]:
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # The nodes' servers set SO_REUSEADDR too, so TIME_WAIT leftovers do not count.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def running_nodes(root: Path) -> list[NodeEntry]:
+    state = load_state(root)
+    return [] if state is None else [n for n in state.nodes if node_alive(root, n)]
+
+
+def up(spec: LocalClusterSpec, *, ready_timeout_ms: int = 30_000) -> ClusterState:
+    """Start every node and return once all are ready; on failure stop what was started and
+    raise ``LocalClusterError`` carrying the failing node's log tail."""
+    root = spec.dir.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    alive = running_nodes(root)
+    if alive:
+        raise LocalClusterError(
+            f"{root} already has a running cluster ({', '.join(n.node_id for n in alive)}); "
+            "run `seqlog local down` first"
+        )
+    configs = plan(spec)
+    ports = [p for c in configs for p in (c.me.http_port, c.me.data_port)]
+    busy = _busy_ports(spec.host, ports)
+    if busy:
+        raise LocalClusterError(f"ports already in use on {spec.host}: {busy}")
+    write_configs(spec, configs)
+    (root / STATE_FILE).unlink(missing_ok=True)
+    started: list[NodeEntry] = []
+    try:
+        for config in configs:
+            started.append(_entry(config, _start(root, config.node_id)))
+            _save_state(root, _state(spec, started), _STARTING_FILE)
+        wait_ready(root, started, ready_timeout_ms=ready_timeout_ms)
+    except BaseException:
+        stop_nodes(root, started)
+        (root / _STARTING_FILE).unlink(missing_ok=True)
+        raise
+    state = _state(spec, started)
+    _save_state(root, state)
+    (root / _STARTING_FILE).unlink(missing_ok=True)
+    return state
+
+
+def down(root: Path, *, stop_timeout_ms: int = 10_000) -> list[NodeId]:
+    """Stop every node recorded in ``root``; returns the ids that were still running."""
+    root = root.resolve()
+    state = load_state(root)
+    if state is None:
+        raise LocalClusterError(f"no {STATE_FILE} in {root}")
+    alive = [n for n in state.nodes if node_alive(root, n)]
+    stop_nodes(root, alive, stop_timeout_ms=stop_timeout_ms)
+    (root / _STARTING_FILE).unlink(missing_ok=True)
+    return [n.node_id for n in alive]
+
+
+def restart(
+    root: Path, node_id: str, *, stop_timeout_ms: int = 10_000, ready_timeout_ms: int = 30_000
+) -> NodeEntry:
+    """Stop ``node_id`` (if running), start it again on the same config and data, wait until
+    it is ready and record its new pid."""
+    root = root.resolve()
+    state = load_state(root)
+    if state is None:
+        raise LocalClusterError(f"no {STATE_FILE} in {root}")
+    old = next((n for n in state.nodes if n.node_id == node_id), None)
+    if old is None:
+        raise LocalClusterError(f"no node {node_id!r} in {root / STATE_FILE}")
+    stop_nodes(root, [old], stop_timeout_ms=stop_timeout_ms)
+    new = NodeEntry(
+        node_id=old.node_id, pid=_start(root, old.node_id), roles=old.roles, http=old.http,
+        data_dir=old.data_dir,
+    )
+    nodes = tuple(new if n.node_id == node_id else n for n in state.nodes)
+    _save_state(root, ClusterState(nodes=nodes, epoch_store=state.epoch_store))
+    wait_ready(root, [new], ready_timeout_ms=ready_timeout_ms)
+    return new
+
+
+def _entry(config: ProcessConfig, pid: int) -> NodeEntry:
+    return NodeEntry(
+        node_id=config.node_id, pid=pid, roles=config.me.roles, http=config.me.http_address,
+        data_dir=config.data_dir,
+    )
+
+
+def _state(spec: LocalClusterSpec, nodes: list[NodeEntry]) -> ClusterState:
+    return ClusterState(nodes=tuple(nodes), epoch_store=epoch_store_url(spec))
+
+
+def format_table(state: ClusterState, root: Path) -> str:
+    rows = [("NODE", "PID", "ROLES", "HTTP", "STATE")]
+    for n in state.nodes:
+        status = "running" if node_alive(root, n) else "stopped"
+        rows.append((n.node_id, str(n.pid), ",".join(n.roles), n.http, status))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    return "\n".join([*lines, f"epoch store: {state.epoch_store}"])

@@ -1,0 +1,105 @@
+"""The seam between the HTTP API and the node's roles: what a request handler may ask for.
+
+The HTTP layer parses and validates a request, calls one method here, and maps the returned
+``Status`` to an HTTP answer. Implemented by ``services.node_service.NodeService``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from shared.status import Status
+from shared.types import Epoch, LogId, Lsn, NodeId
+
+GapType = Literal["HOLE", "BRIDGE", "TRIM", "DATALOSS"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendOutcome:
+    status: Status
+    first_lsn: Lsn = Lsn(0)
+    last_lsn: Lsn = Lsn(0)
+    timestamp_ms: int = 0
+    sequencer_node: NodeId | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordOut:
+    lsn: Lsn
+    timestamp_ms: int
+    key: str | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GapOut:
+    type: GapType
+    lo: Lsn
+    hi: Lsn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadOutcome:
+    status: Status
+    records: list[RecordOut] = field(default_factory=list)
+    gaps: list[GapOut] = field(default_factory=list)
+    next_lsn: Lsn = Lsn(0)
+    release_lsn: Lsn = Lsn(0)
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TailOutcome:
+    status: Status
+    release_lsn: Lsn = Lsn(0)
+    trim_lsn: Lsn = Lsn(0)
+    epoch: Epoch = Epoch(0)
+    sequencer_node: NodeId | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeOut:
+    node_id: NodeId
+    roles: tuple[str, ...]
+    http: str
+    state: Literal["ALIVE", "SUSPECT", "DEAD"]
+    sequencer_weight: float
+    storage_capacity: float
+
+
+class LogService(Protocol):
+    """Statuses: every method may return ``NOTREADY``, ``SHUTDOWN`` or ``INTERNAL``.
+
+    ``append``: ``OK``, ``SEQNOBUFS`` (window full, nothing written), ``NOSEQUENCER``,
+    ``NOTFOUND`` (log not provisioned and provisioning off), ``TIMEDOUT`` (outcome unknown),
+    ``OVERLOADED``, ``NOSPC``, ``TOOBIG``.
+    ``read``/``tail``: ``OK``, ``NOTFOUND``, ``NOSEQUENCER``, ``TIMEDOUT``.
+    """
+
+    node_id: NodeId
+    cluster_name: str
+
+    async def append(
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None
+    ) -> AppendOutcome:
+        """Append one record (one payload) or an atomic batch (several payloads, consecutive
+        LSNs in one epoch, request order)."""
+        ...
+
+    async def read(
+        self, log_id: LogId, from_lsn: Lsn, records_max: int, bytes_max: int, wait_ms: int
+    ) -> ReadOutcome:
+        """Released records and gaps from ``from_lsn`` on; long-polls up to ``wait_ms`` when
+        nothing at or after ``from_lsn`` is released yet. Obeys API.md's coverage rule."""
+        ...
+
+    async def tail(self, log_id: LogId) -> TailOutcome: ...
+
+    def cluster_nodes(self) -> list[NodeOut]: ...
+
+    def ready(self) -> bool:
+        """True once every role of this node can serve."""
+        ...

@@ -1,0 +1,227 @@
+"""``NodeService``: the node's implementation of ``LogService`` behind the HTTP API.
+
+It routes each append to the log's sequencer node (weighted rendezvous hashing over the
+configured sequencer nodes until the gossip failure detector exists), runs it on the local
+sequencer runtime or forwards it over the node-to-node transport, and serves reads by asking
+the log's storage nodes for released records and merging their answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from sequencer.runtime import SequencerRuntime
+from services.log_service import (
+    AppendOutcome,
+    GapOut,
+    NodeOut,
+    ReadOutcome,
+    RecordOut,
+    TailOutcome,
+)
+from shared.config import ProcessConfig
+from shared.epoch_metadata import LogMetadata
+from shared.net.pool import PeerPool
+from shared.net.types import ReplyFn
+from shared.ports import EpochStore
+from shared.read_merge import NodeAnswer, f_majority, merge
+from shared.routing import sequencer_for
+from shared.status import Status
+from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId
+from shared.wire.append import Append, Appended
+from shared.wire.read import GetLogState, LogState, Read, ReadReply
+
+log = logging.getLogger(__name__)
+
+FORWARD_HOPS_MAX = 1
+READ_POLL_INTERVAL_S = 0.02
+STORAGE_CALL_TIMEOUT_MS = 2_000
+
+
+class NodeService:
+    def __init__(
+        self,
+        *,
+        config: ProcessConfig,
+        pool: PeerPool,
+        sequencer: SequencerRuntime | None,
+        epoch_store: EpochStore,
+    ) -> None:
+        self.config = config
+        self.node_id = config.node_id
+        self.cluster_name = config.cluster.cluster_name
+        self.pool = pool
+        self.sequencer = sequencer
+        self.epoch_store = epoch_store
+        self.started = False
+        self._metadata: dict[LogId, LogMetadata] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sequencer_weights = [
+            (n.node_id, n.sequencer_weight) for n in config.cluster.sequencer_nodes
+        ]
+
+    def owner(self, log_id: LogId) -> NodeId | None:
+        return sequencer_for(log_id, self._sequencer_weights)
+
+    # ---- appends -------------------------------------------------------------------------
+
+    async def append(
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None
+    ) -> AppendOutcome:
+        return await self._append(log_id, payloads, key, hops=0)
+
+    async def _append(
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, hops: int
+    ) -> AppendOutcome:
+        owner = self.owner(log_id)
+        if owner is None:
+            return AppendOutcome(status=Status.NOSEQUENCER, message="no sequencer nodes")
+        if owner == self.node_id or hops >= FORWARD_HOPS_MAX:
+            if self.sequencer is None:
+                return AppendOutcome(status=Status.NOSEQUENCER,
+                                     message=f"node {self.node_id} has no sequencer role")
+            r = await self.sequencer.append(log_id, payloads, key)
+            return AppendOutcome(status=r.status, first_lsn=r.first_lsn, last_lsn=r.last_lsn,
+                                 timestamp_ms=r.timestamp_ms, sequencer_node=self.node_id,
+                                 message=r.message)
+        return await self._forward(owner, log_id, payloads, key, hops)
+
+    async def _forward(
+        self, owner: NodeId, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
+        hops: int,
+    ) -> AppendOutcome:
+        was_connected = self.pool.connected(owner)
+        timeout_ms = self.config.sequencer.append_timeout_ms + 1_000
+        reply = await self.pool.call(
+            owner, Append(log_id=log_id, payloads=payloads, key=key, hops=hops + 1), timeout_ms)
+        if type(reply) is Appended:
+            return AppendOutcome(status=reply.status, first_lsn=reply.first_lsn,
+                                 last_lsn=reply.last_lsn, timestamp_ms=reply.timestamp_ms,
+                                 sequencer_node=reply.sequencer_node, message=reply.message)
+        status = reply if isinstance(reply, Status) else Status.BADMSG
+        if status in (Status.CONNFAILED, Status.SHUTDOWN) and not was_connected:
+            # The append never left this node: nothing was written.
+            return AppendOutcome(status=Status.NOSEQUENCER, sequencer_node=owner,
+                                 message=f"sequencer node {owner} is unreachable")
+        if status is Status.OVERLOADED:
+            return AppendOutcome(status=status, sequencer_node=owner,
+                                 message=f"too many appends in flight to {owner}")
+        return AppendOutcome(status=Status.TIMEDOUT, sequencer_node=owner,
+                             message=f"forwarding to {owner} failed ({status.name}); "
+                                     "outcome unknown")
+
+    def on_forwarded_append(self, message: Append, reply: ReplyFn) -> None:
+        async def run() -> None:
+            r = await self._append(message.log_id, message.payloads, message.key, message.hops)
+            reply(Appended(status=r.status, log_id=message.log_id, first_lsn=r.first_lsn,
+                           last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
+                           sequencer_node=r.sequencer_node, message=r.message))
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    async def _log_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
+        cached = self._metadata.get(log_id)
+        if cached is not None:
+            return Status.OK, cached
+        status, metadata = await self.epoch_store.get_metadata(log_id)
+        if status is Status.OK and metadata is not None:
+            self._metadata[log_id] = metadata
+        return status, metadata
+
+    def _local_release(self, log_id: LogId) -> Lsn:
+        return self.sequencer.release_lsn(log_id) if self.sequencer is not None else Lsn(0)
+
+    async def read(
+        self, log_id: LogId, from_lsn: Lsn, records_max: int, bytes_max: int, wait_ms: int
+    ) -> ReadOutcome:
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None:
+            return ReadOutcome(status=status, message=f"log {log_id}: {status.description}")
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + wait_ms / 1000
+        while True:
+            outcome = await self._read_once(log_id, metadata, from_lsn, records_max, bytes_max)
+            remaining_s = deadline_s - loop.time()
+            if outcome.status is not Status.OK or outcome.records or outcome.gaps:
+                return outcome
+            if remaining_s <= 0:
+                return outcome
+            if self.sequencer is not None and self.sequencer.is_active(log_id):
+                await self.sequencer.wait_release_above(
+                    log_id, Lsn(max(from_lsn - 1, outcome.release_lsn)), remaining_s)
+            else:
+                await asyncio.sleep(min(READ_POLL_INTERVAL_S, remaining_s))
+
+    async def _read_once(
+        self, log_id: LogId, metadata: LogMetadata, from_lsn: Lsn, records_max: int,
+        bytes_max: int,
+    ) -> ReadOutcome:
+        release = self._local_release(log_id)
+        request = Read(log_id=log_id, from_lsn=from_lsn, until_lsn=LSN_MAX, release_lsn=release,
+                       records_max=records_max, bytes_max=bytes_max)
+        replies = await asyncio.gather(*(
+            self.pool.call(node, request, STORAGE_CALL_TIMEOUT_MS) for node in metadata.nodeset))
+        answers = [
+            NodeAnswer(records=r.records, next_lsn=r.next_lsn, release_lsn=r.release_lsn)
+            for r in replies if type(r) is ReadReply and r.status is Status.OK
+        ]
+        needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
+        if len(answers) < needed:
+            return ReadOutcome(
+                status=Status.NOTREADY, next_lsn=from_lsn, release_lsn=release,
+                message=f"{len(answers)} of {len(metadata.nodeset)} storage nodes answered; "
+                        f"{needed} are needed to read without skipping records")
+        release = Lsn(max([release, *(a.release_lsn for a in answers)]))
+        merged = merge(answers, from_lsn, release, records_max, bytes_max)
+        return ReadOutcome(
+            status=Status.OK,
+            records=[RecordOut(lsn=Lsn(r[0]), timestamp_ms=r[1], key=r[2], payload=r[3])
+                     for r in merged.records],
+            gaps=[GapOut(type=g.kind, lo=g.lo, hi=g.hi) for g in merged.gaps],
+            next_lsn=merged.next_lsn, release_lsn=release)
+
+    async def tail(self, log_id: LogId) -> TailOutcome:
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None:
+            return TailOutcome(status=status, message=f"log {log_id}: {status.description}")
+        owner = self.owner(log_id)
+        release = self._local_release(log_id)
+        epoch = self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0)
+        replies: list[Any] = await asyncio.gather(*(
+            self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
+            for node in metadata.nodeset))
+        for reply in replies:
+            if type(reply) is LogState and reply.status is Status.OK:
+                release = max(release, reply.release_lsn)
+        if epoch == 0:
+            _, fresh = await self.epoch_store.get_metadata(log_id)
+            if fresh is not None:
+                epoch = Epoch(max(fresh.next_epoch - 1, 0))
+        return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=Lsn(0),
+                           epoch=epoch, sequencer_node=owner)
+
+    # ---- cluster -------------------------------------------------------------------------
+
+    def cluster_nodes(self) -> list[NodeOut]:
+        # Until the gossip failure detector exists, every configured node is reported ALIVE
+        # unless this node saw its connection fail.
+        return [
+            NodeOut(node_id=n.node_id, roles=tuple(n.roles), http=n.http_address,
+                    state="ALIVE", sequencer_weight=n.sequencer_weight,
+                    storage_capacity=n.storage_capacity)
+            for n in self.config.cluster.nodes
+        ]
+
+    def ready(self) -> bool:
+        return self.started
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,222 @@
+"""The OpenAPI 3.1 document of the public HTTP API, built from the same limits the handlers use.
+
+Schemas describe the JSON encoding (bytes as padded standard base64 strings); the msgpack
+encoding has the same shape with bytes as ``bin``. Answer schemas forbid unknown properties so
+that the test which validates real answers against them catches any drift; extending an answer
+means extending its schema here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.http_parse import JSON, MSGPACK, PRODUCER_ID_BYTES_MAX, READ_LIMIT_DEFAULT
+from shared.config import ApiConfig
+from shared.limits import KEY_BYTES_MAX
+from shared.status import Status
+from shared.types import LOG_ID_MAX, LOG_ID_MIN, LSN_MAX
+
+Schema = dict[str, Any]
+
+_BASE64_PADDED = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+_UINT64_MAX = 2**64 - 1
+
+
+def _ref(name: str) -> Schema:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _object(properties: dict[str, Schema], required: tuple[str, ...] | None = None) -> Schema:
+    """An answer object: every property required unless told otherwise, nothing else allowed."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties if required is None else required),
+        "additionalProperties": False,
+    }
+
+
+def _uint(maximum: int = _UINT64_MAX, minimum: int = 0) -> Schema:
+    return {"type": "integer", "minimum": minimum, "maximum": maximum}
+
+
+def _schemas(api: ApiConfig) -> dict[str, Schema]:
+    node_state = {"type": "string", "enum": ["ALIVE", "SUSPECT", "DEAD"]}
+    return {
+        "Bytes": {"type": "string", "contentEncoding": "base64", "pattern": _BASE64_PADDED},
+        "Lsn": _uint(LSN_MAX),
+        "Error": _object({
+            "status": {"type": "string", "enum": [s.name for s in Status if s is not Status.OK]},
+            "message": {"type": "string"},
+        }),
+        "Health": _object({"status": {"const": "OK"}}),
+        "AppendOptions": {
+            "type": "object",
+            "properties": {
+                "key": {"type": ["string", "null"], "maxLength": KEY_BYTES_MAX},
+                "producer_id": {"type": ["string", "null"], "maxLength": PRODUCER_ID_BYTES_MAX},
+                "producer_seq": {**_uint(), "type": ["integer", "null"]},
+            },
+            "dependentRequired": {
+                "producer_id": ["producer_seq"], "producer_seq": ["producer_id"],
+            },
+        },
+        "AppendRequest": {
+            "allOf": [_ref("AppendOptions")],
+            "type": "object",
+            "properties": {"payload": _ref("Bytes")},
+            "required": ["payload"],
+            "description": f"payload: at most {api.payload_bytes_max} bytes",
+        },
+        "AppendBatchRequest": {
+            "allOf": [_ref("AppendOptions")],
+            "type": "object",
+            "properties": {
+                "payloads": {
+                    "type": "array", "items": _ref("Bytes"),
+                    "minItems": 1, "maxItems": api.batch_records_max,
+                },
+            },
+            "required": ["payloads"],
+        },
+        "AppendResponse": _object({"lsn": _ref("Lsn"), "timestamp_ms": _uint()}),
+        "AppendBatchResponse": _object({
+            "first_lsn": _ref("Lsn"), "last_lsn": _ref("Lsn"),
+            "count": _uint(api.batch_records_max, 1), "timestamp_ms": _uint(),
+        }),
+        "Record": _object({
+            "lsn": _ref("Lsn"), "timestamp_ms": _uint(), "payload": _ref("Bytes"),
+            "key": {"type": ["string", "null"]},
+        }),
+        "Gap": _object({
+            "type": {"type": "string", "enum": ["HOLE", "BRIDGE", "TRIM", "DATALOSS"]},
+            "lo": _ref("Lsn"), "hi": _ref("Lsn"),
+        }),
+        "ReadResponse": _object({
+            "records": {"type": "array", "items": _ref("Record")},
+            "gaps": {"type": "array", "items": _ref("Gap")},
+            "next_lsn": _ref("Lsn"), "release_lsn": _ref("Lsn"),
+        }),
+        "TailResponse": _object({
+            "release_lsn": _ref("Lsn"), "trim_lsn": _ref("Lsn"),
+            "epoch": _uint(2**32 - 1), "sequencer": {"type": "string"},
+        }),
+        "Node": _object({
+            "node_id": {"type": "string"},
+            "roles": {"type": "array", "items": {"enum": ["sequencer", "storage"]}},
+            "http": {"type": "string"}, "state": node_state,
+            "sequencer_weight": {"type": "number"}, "storage_capacity": {"type": "number"},
+        }),
+        "ClusterResponse": _object({
+            "cluster": {"type": "string"}, "nodes": {"type": "array", "items": _ref("Node")},
+        }),
+    }
+
+
+_HEADERS: dict[str, Schema] = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying (429 and 503 answers)",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    "X-Seqlog-Sequencer": {
+        "description": "The log's current sequencer node, for sending the next request direct",
+        "schema": {"type": "string"},
+    },
+}
+
+
+def _body(schema: str) -> Schema:
+    return {media: {"schema": _ref(schema)} for media in (JSON, MSGPACK)}
+
+
+def _answer(description: str, schema: str, headers: tuple[str, ...] = ()) -> Schema:
+    answer: Schema = {"description": description, "content": _body(schema)}
+    if headers:
+        answer["headers"] = {h: {"$ref": f"#/components/headers/{h}"} for h in headers}
+    return answer
+
+
+def _errors(codes: tuple[int, ...], sequencer: bool = False) -> dict[str, Schema]:
+    answers: dict[str, Schema] = {}
+    for code in codes:
+        headers: tuple[str, ...] = ("Retry-After",) if code in (429, 503) else ()
+        if sequencer:
+            headers += ("X-Seqlog-Sequencer",)
+        answers[str(code)] = _answer(f"error {code}", "Error", headers)
+    answers["default"] = _answer("any other error", "Error")
+    return answers
+
+
+_LOG_ID_PARAM: Schema = {
+    "name": "log_id", "in": "path", "required": True,
+    "schema": _uint(LOG_ID_MAX, LOG_ID_MIN),
+}
+
+
+def _read_params(api: ApiConfig) -> list[Schema]:
+    def query(name: str, schema: Schema, text: str) -> Schema:
+        return {"name": name, "in": "query", "required": False, "schema": schema,
+                "description": text}
+
+    return [
+        _LOG_ID_PARAM,
+        query("from", {**_uint(LSN_MAX, 1), "default": 1}, "first LSN wanted"),
+        query("limit", {**_uint(minimum=1), "default": READ_LIMIT_DEFAULT},
+              f"records wanted; clamped to {api.read_records_max}"),
+        query("max_bytes", {**_uint(minimum=1), "default": api.read_bytes_max},
+              f"payload bytes wanted; clamped to {api.read_bytes_max}"),
+        query("wait_ms", {**_uint(), "default": 0},
+              f"long-poll time when nothing is released; clamped to {api.long_poll_ms_max}"),
+    ]
+
+
+def _append_op(summary: str, request: str, answer: str) -> Schema:
+    return {
+        "summary": summary,
+        "parameters": [_LOG_ID_PARAM],
+        "requestBody": {"required": True, "content": _body(request)},
+        "responses": {
+            "200": _answer("durable on R storage nodes", answer, ("X-Seqlog-Sequencer",)),
+            **_errors((400, 404, 413, 429, 500, 503, 504), sequencer=True),
+        },
+    }
+
+
+def _get_op(summary: str, answer: str, errors: tuple[int, ...], **extra: Any) -> Schema:
+    return {
+        "summary": summary,
+        "responses": {"200": _answer("success", answer), **_errors(errors)},
+        **extra,
+    }
+
+
+def build_openapi(api: ApiConfig) -> dict[str, Any]:
+    """The document served at ``/openapi.json``."""
+    tail = _get_op("the log's release and trim points and sequencer", "TailResponse",
+                   (400, 404, 500, 503, 504), parameters=[_LOG_ID_PARAM])
+    tail["responses"]["200"] = _answer("success", "TailResponse", ("X-Seqlog-Sequencer",))
+    metrics = {"200": {"description": "Prometheus text format",
+                       "content": {"text/plain": {"schema": {"type": "string"}}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Seqlog", "version": "1"},
+        "paths": {
+            "/v1/logs/{log_id}/append": {"post": _append_op(
+                "append one record", "AppendRequest", "AppendResponse")},
+            "/v1/logs/{log_id}/append-batch": {"post": _append_op(
+                "append records atomically with consecutive LSNs", "AppendBatchRequest",
+                "AppendBatchResponse")},
+            "/v1/logs/{log_id}/records": {"get": _get_op(
+                "released records and gaps from an LSN on", "ReadResponse",
+                (400, 404, 500, 503, 504), parameters=_read_params(api))},
+            "/v1/logs/{log_id}/tail": {"get": tail},
+            "/v1/cluster": {"get": _get_op("the cluster's nodes", "ClusterResponse", (500,))},
+            "/healthz": {"get": _get_op("the process is up", "Health", (500,))},
+            "/readyz": {"get": _get_op("every role can serve", "Health", (500, 503))},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": metrics}},
+            "/openapi.json": {"get": {"summary": "this document", "responses": {
+                "200": {"description": "OpenAPI 3.1",
+                        "content": {JSON: {"schema": {"type": "object"}}}}}}},
+        },
+        "components": {"schemas": _schemas(api), "headers": _HEADERS},
+    }

@@ -1,0 +1,215 @@
+"""Pure per-log decision logic of a storage node (no I/O, no clock).
+
+For every log the node knows it keeps the durable seal (written by recovery's SEAL), the soft
+seal (inferred from STOREs of newer epochs, LogDevice's ``SoftSealStorageTask``), the release
+pointer and the highest LSN stored. ``on_store`` decides whether a STORE is persisted or
+answered at once with an error; the runtime executes the decision with the record store and
+reports back through ``on_persisted``. Decisions are plain values so they can be tested
+without a disk.
+
+Lifecycle: built empty, ``restore``d from what the record store found on disk, then driven by
+messages until the node closes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shared.limits import BATCH_RECORDS_MAX, COPYSET_SIZE_MAX, KEY_BYTES_MAX, READ_RECORDS_MAX
+from shared.status import Status
+from shared.types import (
+    EPOCH_INVALID,
+    ESN_MAX,
+    LSN_INVALID,
+    LSN_MAX,
+    Epoch,
+    LogId,
+    Lsn,
+    NodeId,
+    epoch_valid,
+    log_id_valid,
+    lsn_to_epoch,
+    lsn_to_esn,
+    lsn_valid,
+    node_id_valid,
+)
+from shared.wire.read import GetLogState, LogState, Read
+from shared.wire.release import Release
+from shared.wire.store import Store, Stored
+
+LSN_READABLE_MAX = Lsn(LSN_MAX - 1)
+"""Highest LSN a read may reach, so that ``next_lsn = last + 1`` still fits in 64 bits."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogStorageState:
+    """What a storage node knows about one log. Every field only ever increases, except that
+    the soft seal is forgotten by a restart (it is rebuilt from the newest stored record)."""
+
+    sealed_epoch: Epoch = EPOCH_INVALID
+    sealed_by: NodeId | None = None
+    soft_sealed_epoch: Epoch = EPOCH_INVALID
+    soft_sealed_by: NodeId | None = None
+    release_lsn: Lsn = LSN_INVALID
+    last_lsn: Lsn = LSN_INVALID
+    """Highest LSN durably stored on this node."""
+
+    @property
+    def effective_seal(self) -> tuple[Epoch, NodeId | None]:
+        """The seal that STOREs are checked against: the higher of durable and soft."""
+        if self.soft_sealed_epoch > self.sealed_epoch:
+            return self.soft_sealed_epoch, self.soft_sealed_by
+        return self.sealed_epoch, self.sealed_by
+
+
+_EMPTY = LogStorageState()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreDecision:
+    """What to do with one STORE.
+
+    ``status`` OK: persist the STORE, then reply ``Stored(OK)``. Any other status: send
+    ``reply`` at once. ``release_lsn``, when set, is a release pointer that advanced and must be
+    persisted whatever the status.
+    """
+
+    status: Status
+    reply: Stored | None
+    release_lsn: Lsn | None
+
+
+def store_fields_status(store: Store) -> Status:
+    """BADMSG when a STORE's fields are out of range. The codec checks the top-level types but
+    not the elements of tuples, so those are checked here before anything hashes them."""
+    if not log_id_valid(store.log_id) or not lsn_valid(store.release_lsn):
+        return Status.BADMSG
+    if not epoch_valid(lsn_to_epoch(store.lsn)) or lsn_to_esn(store.lsn) < 1:
+        return Status.BADMSG
+    if not 1 <= len(store.payloads) <= BATCH_RECORDS_MAX:
+        return Status.BADMSG
+    # A batch lives in one epoch: its last ESN must still be a valid ESN.
+    if lsn_to_esn(store.lsn) + len(store.payloads) - 1 > ESN_MAX:
+        return Status.BADMSG
+    if not 0 <= store.last_known_good <= ESN_MAX or store.timestamp_ms < 0:
+        return Status.BADMSG
+    if not node_id_valid(store.sequencer_node) or len(store.copyset) > COPYSET_SIZE_MAX:
+        return Status.BADMSG
+    if any(type(p) is not bytes for p in store.payloads):
+        return Status.BADMSG
+    if any(not node_id_valid(n) for n in store.copyset):
+        return Status.BADMSG
+    if store.key is not None and len(store.key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
+        return Status.BADMSG
+    return store.validate()
+
+
+def read_fields_status(read: Read) -> Status:
+    if not log_id_valid(read.log_id):
+        return Status.BADMSG
+    if not (lsn_valid(read.from_lsn) and lsn_valid(read.until_lsn) and lsn_valid(read.release_lsn)):
+        return Status.BADMSG
+    if not 1 <= read.records_max <= READ_RECORDS_MAX or read.bytes_max < 1:
+        return Status.BADMSG
+    return Status.OK
+
+
+class StoreMachine:
+    """Per-log seals and release pointers; decides the fate of STOREs."""
+
+    def __init__(self, *, accept_writes: bool) -> None:
+        self._accept_writes = accept_writes
+        self._logs: dict[LogId, LogStorageState] = {}
+
+    def restore(self, log_id: LogId, state: LogStorageState) -> None:
+        """Load what the record store recovered for ``log_id`` (only at start)."""
+        assert log_id not in self._logs, log_id
+        self._logs[log_id] = state
+
+    def state(self, log_id: LogId) -> LogStorageState:
+        return self._logs.get(log_id, _EMPTY)
+
+    def log_ids(self) -> list[LogId]:
+        return list(self._logs)
+
+    def on_store(self, store: Store, *, disk_low: bool) -> StoreDecision:
+        status = store_fields_status(store)
+        if status != Status.OK:
+            return StoreDecision(status=status, reply=stored_reply(store, status), release_lsn=None)
+        release_lsn = self._advance_release(store.log_id, store.release_lsn)
+        state = self.state(store.log_id)
+        epoch = lsn_to_epoch(store.lsn)
+        seal_epoch, seal_by = state.effective_seal
+        if epoch <= seal_epoch:
+            reply = stored_reply(store, Status.PREEMPTED, seal_epoch, seal_by)
+            return StoreDecision(status=Status.PREEMPTED, reply=reply, release_lsn=release_lsn)
+        if epoch - 1 > state.soft_sealed_epoch:
+            # A sequencer of epoch e exists, so no STORE of an epoch below e may be accepted
+            # any more: that stops zombie sequencers before recovery seals durably.
+            state = replace(state, soft_sealed_epoch=Epoch(epoch - 1),
+                            soft_sealed_by=store.sequencer_node)
+            self._logs[store.log_id] = state
+        if not self._accept_writes:
+            status = Status.DISABLED
+        elif disk_low:
+            status = Status.NOSPC
+        if status != Status.OK:
+            return StoreDecision(status=status, reply=stored_reply(store, status),
+                                 release_lsn=release_lsn)
+        return StoreDecision(status=Status.OK, reply=None, release_lsn=release_lsn)
+
+    def on_persisted(self, store: Store) -> Stored:
+        """The STORE is durable (per the fsync mode): note it and build the reply."""
+        state = self.state(store.log_id)
+        if store.last_lsn > state.last_lsn:
+            self._logs[store.log_id] = replace(state, last_lsn=store.last_lsn)
+        return stored_reply(store, Status.OK)
+
+    def on_release(self, release: Release) -> Lsn | None:
+        """The new release pointer to persist, or None when the RELEASE is stale or invalid."""
+        if not log_id_valid(release.log_id) or not lsn_valid(release.release_lsn):
+            return None
+        return self._advance_release(release.log_id, release.release_lsn)
+
+    def seal(self, log_id: LogId, epoch: Epoch, sealed_by: NodeId) -> Status:
+        """Raise the durable seal to ``epoch``. OK when raised (the caller must persist it);
+        UPTODATE when it already is at ``epoch``; PREEMPTED when a higher seal exists;
+        INVALID_PARAM for an invalid log id or epoch."""
+        if not log_id_valid(log_id) or not epoch_valid(epoch) or not node_id_valid(sealed_by):
+            return Status.INVALID_PARAM
+        state = self.state(log_id)
+        if epoch < state.sealed_epoch:
+            return Status.PREEMPTED
+        if epoch == state.sealed_epoch:
+            return Status.UPTODATE
+        self._logs[log_id] = replace(state, sealed_epoch=epoch, sealed_by=sealed_by)
+        return Status.OK
+
+    def on_get_log_state(self, message: GetLogState) -> LogState:
+        """``sealed_epoch`` is the effective seal: STOREs of that epoch or below are refused."""
+        if not log_id_valid(message.log_id):
+            return LogState(status=Status.BADMSG, log_id=message.log_id,
+                            release_lsn=LSN_INVALID, sealed_epoch=EPOCH_INVALID,
+                            last_lsn=LSN_INVALID)
+        state = self.state(message.log_id)
+        return LogState(status=Status.OK, log_id=message.log_id, release_lsn=state.release_lsn,
+                        sealed_epoch=state.effective_seal[0], last_lsn=state.last_lsn)
+
+    def readable_until(self, read: Read) -> Lsn:
+        """Highest LSN the READ may return: released per this node or per the sequencer that
+        the reader asked (the authority), and within the read's range."""
+        released = max(self.state(read.log_id).release_lsn, read.release_lsn)
+        return Lsn(min(read.until_lsn, released, LSN_READABLE_MAX))
+
+    def _advance_release(self, log_id: LogId, release_lsn: Lsn) -> Lsn | None:
+        state = self.state(log_id)
+        if release_lsn <= state.release_lsn:
+            return None
+        self._logs[log_id] = replace(state, release_lsn=release_lsn)
+        return release_lsn
+
+
+def stored_reply(store: Store, status: Status, sealed_epoch: Epoch = EPOCH_INVALID,
+                 sealed_by: NodeId | None = None) -> Stored:
+    return Stored(log_id=store.log_id, lsn=store.lsn, wave=store.wave, status=status,
+                  sealed_epoch=sealed_epoch, sealed_by=sealed_by)

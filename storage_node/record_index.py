@@ -1,0 +1,102 @@
+"""In-memory index of the record store: per log, the STORE entries sorted by first LSN.
+
+Each entry maps a batch ``[first_lsn, last_lsn]`` to where its bytes are in the segment files.
+Entries of one log never overlap: a STORE of LSNs that are already stored (a later wave of the
+same append, whose payload is the same by protocol) replaces the entries it overlaps.
+Rebuilt from the segments at open; lives on the event loop only.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from shared.types import LogId, Lsn
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    segment_id: int
+    offset: int
+    length: int
+    """Header plus body bytes of the entry."""
+    first_lsn: Lsn
+    last_lsn: Lsn
+
+
+class LogIndex:
+    """One log's entries; ``_firsts`` is sorted and parallel to ``_locations``."""
+
+    __slots__ = ("_firsts", "_locations")
+
+    def __init__(self) -> None:
+        self._firsts: list[int] = []
+        self._locations: list[Location] = []
+
+    def __len__(self) -> int:
+        return len(self._firsts)
+
+    @property
+    def last_lsn(self) -> Lsn:
+        return self._locations[-1].last_lsn if self._locations else Lsn(0)
+
+    def insert(self, location: Location) -> int:
+        """Add ``location``; returns how many overlapping entries it replaced."""
+        firsts = self._firsts
+        if not firsts or (location.first_lsn > firsts[-1]
+                          and location.first_lsn > self._locations[-1].last_lsn):
+            firsts.append(location.first_lsn)
+            self._locations.append(location)
+            return 0
+        start = bisect.bisect_left(firsts, location.first_lsn)
+        if start > 0 and self._locations[start - 1].last_lsn >= location.first_lsn:
+            start -= 1
+        end = bisect.bisect_right(firsts, location.last_lsn, lo=start)
+        replaced = end - start
+        firsts[start:end] = [location.first_lsn]
+        self._locations[start:end] = [location]
+        return replaced
+
+    def locate(self, from_lsn: Lsn, until_lsn: Lsn, records_max: int) -> list[Location]:
+        """Entries holding LSNs in ``[from_lsn, until_lsn]``, in LSN order, enough to cover
+        ``records_max`` records."""
+        firsts = self._firsts
+        index = bisect.bisect_right(firsts, from_lsn) - 1
+        if index < 0 or self._locations[index].last_lsn < from_lsn:
+            index += 1
+        found: list[Location] = []
+        records_count = 0
+        while index < len(firsts) and firsts[index] <= until_lsn and records_count < records_max:
+            location = self._locations[index]
+            records_count += (min(location.last_lsn, until_lsn)
+                              - max(location.first_lsn, from_lsn) + 1)
+            found.append(location)
+            index += 1
+        return found
+
+
+class RecordIndex:
+    """Every log's ``LogIndex``."""
+
+    __slots__ = ("_logs", "entries_count")
+
+    def __init__(self) -> None:
+        self._logs: dict[LogId, LogIndex] = {}
+        self.entries_count = 0
+
+    def insert(self, log_id: LogId, location: Location) -> None:
+        log = self._logs.get(log_id)
+        if log is None:
+            log = self._logs[log_id] = LogIndex()
+        self.entries_count += 1 - log.insert(location)
+
+    def locate(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn,
+               records_max: int) -> list[Location]:
+        log = self._logs.get(log_id)
+        if log is None or from_lsn > until_lsn:
+            return []
+        return log.locate(from_lsn, until_lsn, records_max)
+
+    def last_lsn(self, log_id: LogId) -> Lsn:
+        log = self._logs.get(log_id)
+        return log.last_lsn if log is not None else Lsn(0)

@@ -1,0 +1,456 @@
+"""Durable record store on append-only segment files, with group commit.
+
+STOREs and SEALs wait in one bounded FIFO (``StorageConfig.store_queue_records_max``; a full
+queue answers OVERLOADED). A single writer task takes everything queued (up to
+``commit_batch_bytes_max``), has the writer thread append it with one write call and at most
+one fsync, then completes every waiter. Release pointers are coalesced per log and ride along
+with the next batch. Durability per ``StorageConfig.fsync``: ``always`` fsyncs before
+answering; ``interval`` answers after the write and fsyncs every ``fsync_interval_ms``;
+``never`` leaves it to the kernel (a close still fsyncs). SEAL entries are fsynced unless the
+mode is ``never``, since recovery relies on them.
+
+Reads look the entries up in the in-memory index on the event loop, then pread and
+CRC-check them in a read thread.
+
+Lifecycle: ``open()`` (scan, cut a torn tail, rebuild the index and per-log state) ->
+``submit_*``/``note_release``/``read`` -> ``close()`` (drain, fsync, close files).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from shared.config import StorageConfig
+from shared.status import LogError, Status
+from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
+from shared.wire.read import WireRecord
+from shared.wire.store import Store
+from storage_node.core.store_machine import LogStorageState
+from storage_node.record_index import Location, RecordIndex
+from storage_node.segment_files import AppendResult, RecoveryReport, SegmentReader, SegmentWriter
+from storage_node.segment_format import (
+    HEADER_BYTES,
+    EntryType,
+    ReleaseEntry,
+    ScannedEntry,
+    SealEntry,
+    StoreMeta,
+    check_entry,
+    decode_store_records,
+    encode_release,
+    encode_seal,
+    encode_store,
+)
+
+log = logging.getLogger(__name__)
+
+DoneFn = Callable[[Status], None]
+RELEASE_LOGS_PENDING_MAX = 100_000
+"""Logs whose release pointer may wait for the writer; past it a pointer is only kept in
+memory (it is re-learned from the sequencer's periodic RELEASE after a restart)."""
+READ_THREADS_COUNT = 4
+COUNTERS = (
+    "stores", "store_records", "commit_batches", "fsyncs", "bytes_written", "overloaded",
+    "release_entries", "releases_dropped", "reads", "read_records", "read_checksum_failures",
+    "torn_tail_bytes", "corrupt_segments",
+)
+"""Always present in ``stats()`` (monotonic totals)."""
+_ENTRY_OVERHEAD_BYTES = 96
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    status: Status
+    """OK; CHECKSUM_MISMATCH when the first entry to return is corrupt; INTERNAL on an I/O
+    error; SHUTDOWN/NOTREADY when the store is not open."""
+    records: tuple[WireRecord, ...]
+    next_lsn: Lsn
+    """Everything this store holds in the range below this LSN was returned."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    chunk_source: Store | SealEntry
+    done: DoneFn
+    records_count: int
+    bytes_estimate: int
+
+
+class RecordStore:
+    def __init__(self, *, data_dir: str, config: StorageConfig) -> None:
+        self._data_dir = data_dir
+        self._config = config
+        segments_dir = os.path.join(data_dir, "segments")
+        self._writer = SegmentWriter(
+            segments_dir, segment_bytes_max=config.segment_bytes_max, fsync=config.fsync,
+            disk_free_bytes_min=config.disk_free_bytes_min)
+        self._reader = SegmentReader(segments_dir)
+        self._index = RecordIndex()
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._queued_records_count = 0
+        self._inflight: list[_Pending] = []
+        self._releases: dict[LogId, Lsn] = {}
+        self._wakeup = asyncio.Event()
+        self._writer_thread = ThreadPoolExecutor(1, thread_name_prefix="seqlog-writer")
+        self._read_threads = ThreadPoolExecutor(READ_THREADS_COUNT,
+                                                thread_name_prefix="seqlog-read")
+        self._writer_task: asyncio.Task[None] | None = None
+        self._lock_fd = -1
+        self._opened = self._closing = self._broken = False
+        self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
+
+    async def open(self) -> dict[LogId, LogStorageState]:
+        """Recover from the segments; returns what each log's state was. Raises LogError when
+        the data directory is held by another process."""
+        assert not self._opened
+        loop = asyncio.get_running_loop()
+        states, report = await loop.run_in_executor(self._writer_thread, self._open_sync)
+        self._counts.update(torn_tail_bytes=report.torn_tail_bytes,
+                            corrupt_segments=report.corrupt_segments_count)
+        self._opened = True
+        self._writer_task = asyncio.create_task(self._run_writer(), name="seqlog-writer")
+        return states
+
+    @property
+    def disk_low(self) -> bool:
+        return self._writer.disk_low
+
+    def submit_store(self, store: Store, done: DoneFn) -> Status:
+        """Queue a (validated) STORE; ``done(status)`` is called once it is durable per the
+        fsync mode (OK) or failed (NOSPC, DISABLED, SHUTDOWN, INTERNAL). Returns OK when
+        queued, else the reason it was not (OVERLOADED, SHUTDOWN, NOTREADY, DISABLED) and
+        ``done`` is never called."""
+        estimate = sum(map(len, store.payloads)) + _ENTRY_OVERHEAD_BYTES * len(store.payloads)
+        return self._enqueue(_Pending(store, done, len(store.payloads), estimate))
+
+    def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
+        """Queue a durable seal; same contract as ``submit_store``."""
+        return self._enqueue(_Pending(seal, done, 1, _ENTRY_OVERHEAD_BYTES))
+
+    def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
+        """Persist a release pointer with the next batch (coalesced; never waited for)."""
+        if self._closing or self._broken:
+            return
+        current = self._releases.get(log_id)
+        if current is None and len(self._releases) >= RELEASE_LOGS_PENDING_MAX:
+            self._counts["releases_dropped"] += 1
+            return
+        if current is None or release_lsn > current:
+            self._releases[log_id] = release_lsn
+            self._wakeup.set()
+
+    async def read(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
+                   bytes_max: int) -> ReadResult:
+        """Records of ``log_id`` in ``[from_lsn, until_lsn]``, at most ``records_max`` and,
+        past the first, at most ``bytes_max`` payload bytes; a batch entry is split into its
+        records and may be entered in the middle."""
+        assert until_lsn < 2**64 - 1 and records_max >= 1
+        if not self._opened or self._closing:
+            status = Status.SHUTDOWN if self._closing else Status.NOTREADY
+            return ReadResult(status, (), from_lsn)
+        locations = self._index.locate(log_id, from_lsn, until_lsn, records_max)
+        if not locations:
+            return ReadResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
+        loop = asyncio.get_running_loop()
+        result, corrupt = await loop.run_in_executor(
+            self._read_threads, self._read_sync, log_id, locations, from_lsn, until_lsn,
+            records_max, bytes_max)
+        self._counts.update(reads=1, read_records=len(result.records),
+                            read_checksum_failures=int(corrupt))
+        return result
+
+    def stats(self) -> dict[str, int]:
+        counts = dict(self._counts)
+        counts.update(queued_records=self._queued_records_count,
+                      index_entries=self._index.entries_count,
+                      segment_id=self._writer.segment_id,
+                      write_calls=self._writer.write_calls_count,
+                      disk_low=int(self._writer.disk_low), broken=int(self._broken))
+        return counts
+
+    async def close(self) -> None:
+        """Drain queued work, fsync and close. Later submissions get SHUTDOWN."""
+        if self._closing:
+            return
+        self._closing = True
+        self._wakeup.set()
+        if self._writer_task is not None:
+            await self._writer_task
+        loop = asyncio.get_running_loop()
+        # Waits for reads already running so that no descriptor is closed under them.
+        await asyncio.to_thread(self._read_threads.shutdown, True)
+        await loop.run_in_executor(self._writer_thread, self._close_sync)
+        self._writer_thread.shutdown(wait=False)
+
+    # ---- queue and writer task (event loop) ----
+
+    def _enqueue(self, pending: _Pending) -> Status:
+        if self._closing:
+            return Status.SHUTDOWN
+        if not self._opened:
+            return Status.NOTREADY
+        if self._broken:
+            return Status.DISABLED
+        queued = self._queued_records_count
+        # An empty queue admits anything, so one batch bigger than the limit still passes.
+        if queued and queued + pending.records_count > self._config.store_queue_records_max:
+            self._counts["overloaded"] += 1
+            return Status.OVERLOADED
+        self._queued_records_count += pending.records_count
+        self._queue.append(pending)
+        self._wakeup.set()
+        return Status.OK
+
+    async def _run_writer(self) -> None:
+        try:
+            while await self._wait_for_work():
+                if self._queue or self._releases:
+                    await self._commit_batch()
+                else:
+                    await self._background_sync()
+        except asyncio.CancelledError:
+            self._fail_all(Status.SHUTDOWN)
+            raise
+        except Exception:
+            log.exception("record store writer failed; refusing further writes")
+            self._broken = True
+            self._fail_all(Status.INTERNAL)
+
+    async def _wait_for_work(self) -> bool:
+        """False once closing with nothing left to write; True when there is work or a
+        background sync or disk check is due."""
+        while not (self._queue or self._releases):
+            if self._closing:
+                return False
+            timeout_s = self._idle_timeout_s()
+            if timeout_s is not None and timeout_s <= 0:
+                return True
+            self._wakeup.clear()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                return True
+        return True
+
+    def _interval_sync_due_ms(self) -> int:
+        """Milliseconds until unsynced writes are due for an fsync (interval mode)."""
+        dirty_since_ms = self._writer.dirty_since_ms
+        if self._config.fsync != "interval" or dirty_since_ms is None:
+            return 2**31
+        now_ms = time.monotonic_ns() // 1_000_000
+        return dirty_since_ms + self._config.fsync_interval_ms - now_ms
+
+    def _idle_timeout_s(self) -> float | None:
+        timeouts_ms: list[int] = []
+        if self._config.fsync == "interval" and self._writer.dirty_since_ms is not None:
+            timeouts_ms.append(self._interval_sync_due_ms())
+        if self._writer.disk_low:
+            timeouts_ms.append(100)
+        return min(timeouts_ms) / 1000 if timeouts_ms else None
+
+    async def _background_sync(self) -> None:
+        loop = asyncio.get_running_loop()
+        fsync = self._config.fsync == "interval"
+        fsyncs = await loop.run_in_executor(self._writer_thread, self._sync_sync, fsync)
+        self._counts["fsyncs"] += fsyncs
+
+    async def _commit_batch(self) -> None:
+        batch = self._take_batch()
+        releases = list(self._releases.items())
+        self._releases = {}
+        mode = self._config.fsync
+        has_seal = any(isinstance(p.chunk_source, SealEntry) for p in batch)
+        fsync = (mode == "always" and bool(batch)) or (mode != "never" and has_seal) or (
+            mode == "interval" and self._interval_sync_due_ms() <= 0)
+        self._inflight = batch
+        loop = asyncio.get_running_loop()
+        result, lengths = await loop.run_in_executor(
+            self._writer_thread, self._append_sync, batch, releases, fsync)
+        self._inflight = []
+        self._queued_records_count -= sum(p.records_count for p in batch)
+        self._counts.update(commit_batches=1, fsyncs=result.fsyncs_count,
+                            bytes_written=sum(lengths) if result.status == Status.OK else 0)
+        if result.status != Status.OK:
+            self._broken = self._broken or result.broken
+            for log_id, lsn in releases:
+                self.note_release(log_id, lsn)
+            self._complete(batch, result.status)
+            return
+        offset = result.offset
+        for pending, length in zip(batch, lengths, strict=True):
+            source = pending.chunk_source
+            if isinstance(source, Store):
+                self._index.insert(source.log_id, Location(
+                    result.segment_id, offset, length, source.lsn, source.last_lsn))
+                self._counts.update(stores=1, store_records=pending.records_count)
+            offset += length
+        self._counts["release_entries"] += len(releases)
+        self._complete(batch, Status.OK)
+
+    def _take_batch(self) -> list[_Pending]:
+        bytes_cap = min(self._config.commit_batch_bytes_max, self._config.segment_bytes_max)
+        batch: list[_Pending] = []
+        total_bytes = 0
+        while self._queue:
+            pending = self._queue[0]
+            if batch and total_bytes + pending.bytes_estimate > bytes_cap:
+                break
+            batch.append(self._queue.popleft())
+            total_bytes += pending.bytes_estimate
+        return batch
+
+    def _complete(self, batch: list[_Pending], status: Status) -> None:
+        for pending in batch:
+            try:
+                pending.done(status)
+            except Exception:
+                # One faulty continuation must not stop the writer or the other waiters.
+                log.exception("record store completion callback failed")
+
+    def _fail_all(self, status: Status) -> None:
+        failed = self._inflight + list(self._queue)
+        self._inflight = []
+        self._queue.clear()
+        self._queued_records_count = 0
+        self._complete(failed, status)
+
+    # ---- blocking parts (writer thread / read threads) ----
+
+    def _open_sync(self) -> tuple[dict[LogId, LogStorageState], RecoveryReport]:
+        os.makedirs(self._data_dir, exist_ok=True)
+        self._lock_fd = os.open(os.path.join(self._data_dir, "LOCK"), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise LogError(Status.EXISTS, f"{self._data_dir} is used by another process") from None
+        recovery = _Recovery(self._index)
+        report = self._writer.recover(recovery.on_entry)
+        return recovery.states(), report
+
+    def _append_sync(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
+                     fsync: bool) -> tuple[AppendResult, list[int]]:
+        chunks = [encode_store(p.chunk_source) if isinstance(p.chunk_source, Store)
+                  else encode_seal(p.chunk_source.log_id, p.chunk_source.epoch,
+                                   p.chunk_source.sealed_by)
+                  for p in batch]
+        chunks += [encode_release(log_id, lsn) for log_id, lsn in releases]
+        result = self._writer.append(chunks, fsync=fsync)
+        return result, [len(c) for c in chunks[: len(batch)]]
+
+    def _sync_sync(self, fsync: bool) -> int:
+        if not fsync:
+            self._writer.check_disk(force=False)
+            return 0
+        return self._writer.sync()
+
+    def _close_sync(self) -> None:
+        try:
+            self._writer.close()
+        finally:
+            self._reader.close()
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1
+
+    def _read_sync(self, log_id: LogId, locations: list[Location], from_lsn: Lsn,
+                   until_lsn: Lsn, records_max: int, bytes_max: int) -> tuple[ReadResult, bool]:
+        """The result, and whether a corrupt entry was met."""
+        records: list[WireRecord] = []
+        payload_bytes = 0
+        for location in locations:
+            try:
+                data = self._reader.pread(location.segment_id, location.offset, location.length)
+            except OSError as error:
+                log.error("read of segment %d failed: %s", location.segment_id, error)
+                return _partial(records, Status.INTERNAL, from_lsn), False
+            decoded = _decode_entry(data, log_id, location)
+            if decoded is None:
+                log.error("log %d: corrupt entry for LSNs %d..%d in segment %d at %d", log_id,
+                          location.first_lsn, location.last_lsn, location.segment_id,
+                          location.offset)
+                return _partial(records, Status.CHECKSUM_MISMATCH, from_lsn), True
+            for record in decoded:
+                lsn = record[0]
+                if lsn < from_lsn:
+                    continue
+                if lsn > until_lsn:
+                    break
+                if len(records) >= records_max or (
+                        records and payload_bytes + len(record[3]) > bytes_max):
+                    return ReadResult(Status.OK, tuple(records), Lsn(lsn)), False
+                records.append(record)
+                payload_bytes += len(record[3])
+        if len(records) >= records_max:
+            return ReadResult(Status.OK, tuple(records), Lsn(records[-1][0] + 1)), False
+        return ReadResult(Status.OK, tuple(records), Lsn(until_lsn + 1)), False
+
+
+def _partial(records: list[WireRecord], status: Status, from_lsn: Lsn) -> ReadResult:
+    """Records before a failed entry are still good; without any, report the failure."""
+    if records:
+        return ReadResult(Status.OK, tuple(records), Lsn(records[-1][0] + 1))
+    return ReadResult(status, (), from_lsn)
+
+
+def _decode_entry(data: bytes, log_id: LogId, location: Location) -> list[WireRecord] | None:
+    checked = check_entry(data, 0)
+    if checked is None or checked[0] != EntryType.STORE or len(data) != location.length:
+        return None
+    decoded = decode_store_records(memoryview(data)[HEADER_BYTES:])
+    if decoded is None:
+        return None
+    entry_log_id, first_lsn, records = decoded
+    # The index and the bytes must agree; a mismatch is corruption, never data to serve.
+    if entry_log_id != log_id or first_lsn != location.first_lsn or (
+            first_lsn + len(records) - 1 != location.last_lsn):
+        return None
+    return records
+
+
+class _Recovery:
+    """Accumulates per-log state and the index from the entries found at open."""
+
+    def __init__(self, index: RecordIndex) -> None:
+        self._index = index
+        self._logs: dict[LogId, LogStorageState] = {}
+        self._newest_sequencer: dict[LogId, NodeId] = {}
+
+    def on_entry(self, segment_id: int, scanned: ScannedEntry) -> None:
+        entry = scanned.entry
+        state = self._logs.get(entry.log_id, LogStorageState())
+        if isinstance(entry, StoreMeta):
+            self._index.insert(entry.log_id, Location(
+                segment_id, scanned.offset, scanned.length, entry.first_lsn, entry.last_lsn))
+            if entry.last_lsn > state.last_lsn:
+                state = replace(state, last_lsn=entry.last_lsn)
+                self._newest_sequencer[entry.log_id] = entry.sequencer_node
+        elif isinstance(entry, ReleaseEntry):
+            if entry.release_lsn > state.release_lsn:
+                state = replace(state, release_lsn=entry.release_lsn)
+        elif entry.epoch > state.sealed_epoch:
+            state = replace(state, sealed_epoch=entry.epoch, sealed_by=entry.sealed_by)
+        self._logs[entry.log_id] = state
+
+    def states(self) -> dict[LogId, LogStorageState]:
+        """The soft seal is not written by itself: the newest STORE proves its sequencer's
+        epoch exists, which rebuilds the soft seal it caused."""
+        result: dict[LogId, LogStorageState] = {}
+        for log_id, state in self._logs.items():
+            node = self._newest_sequencer.get(log_id)
+            epoch = lsn_to_epoch(state.last_lsn)
+            if node is not None and epoch > 1:
+                state = replace(state, soft_sealed_epoch=Epoch(epoch - 1), soft_sealed_by=node)
+            result[log_id] = state
+        return result
+
+

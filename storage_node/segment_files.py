@@ -1,0 +1,277 @@
+"""Blocking file I/O on the segment files: recovery scan, appends with fsync, rolling, preads.
+
+``SegmentWriter`` is confined to the record store's single writer thread (every method runs
+there, one at a time), so it needs no locks. ``SegmentReader`` is used from the read threads
+and keeps one read-only descriptor per segment behind a lock. Nothing here runs on the event
+loop.
+
+Layout: ``<segments_dir>/000000001.seg``, ``000000002.seg``, ...; only the newest segment is
+ever written to.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shared.config import FsyncMode
+from shared.status import Status
+from storage_node.segment_format import ScannedEntry, scan_segment
+
+log = logging.getLogger(__name__)
+
+SEGMENT_SUFFIX = ".seg"
+DISK_CHECK_INTERVAL_MS = 100
+"""statvfs is asked at most this often; ENOSPC from a write is noticed at once anyway."""
+
+EntrySink = Callable[[int, ScannedEntry], None]
+
+
+def segment_name(segment_id: int) -> str:
+    return f"{segment_id:09d}{SEGMENT_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    segments_count: int
+    torn_tail_bytes: int
+    """Bytes cut off the end of the newest segment (a write torn by a crash)."""
+    corrupt_segments_count: int
+    """Segments with a bad entry in the middle; their entries after it are not indexed."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    status: Status
+    segment_id: int
+    offset: int
+    """Where the first byte of the appended chunks landed."""
+    fsyncs_count: int
+    broken: bool
+    """The store can no longer be trusted to write (an fsync or truncate failed)."""
+
+
+class SegmentWriter:
+    """Appends to the newest segment; thread-confined (see the module docstring)."""
+
+    def __init__(self, segments_dir: str, *, segment_bytes_max: int, fsync: FsyncMode,
+                 disk_free_bytes_min: int) -> None:
+        self._dir = segments_dir
+        self._segment_bytes_max = segment_bytes_max
+        self._fsync = fsync
+        self._disk_free_bytes_min = disk_free_bytes_min
+        self._segment_id = 0
+        self._fd = -1
+        self._segment_bytes = 0
+        self._disk_checked_ms = -DISK_CHECK_INTERVAL_MS
+        self.disk_low = False
+        self.dirty_since_ms: int | None = None
+        """Monotonic ms of the first write not yet fsynced; None when everything is synced."""
+        self.write_calls_count = 0
+
+    def recover(self, sink: EntrySink) -> RecoveryReport:
+        """Scan every segment in order, feeding good entries to ``sink``; cut a torn tail off
+        the newest segment; open the segment that new entries go to."""
+        os.makedirs(self._dir, exist_ok=True)
+        ids = sorted(int(n[: -len(SEGMENT_SUFFIX)]) for n in os.listdir(self._dir)
+                     if n.endswith(SEGMENT_SUFFIX) and n[: -len(SEGMENT_SUFFIX)].isdigit())
+        torn_bytes = corrupt_count = 0
+        roll = False
+        for position, segment_id in enumerate(ids):
+            path = os.path.join(self._dir, segment_name(segment_id))
+            with open(path, "rb") as file:
+                data = file.read()
+            scan = scan_segment(data)
+            for entry in scan.entries:
+                sink(segment_id, entry)
+            newest = position == len(ids) - 1
+            if scan.bad_offset is None:
+                continue
+            if newest and not scan.good_after_bad:
+                torn_bytes = len(data) - scan.bad_offset
+                log.warning("segment %s: cutting a torn tail of %d bytes at offset %d",
+                            path, torn_bytes, scan.bad_offset)
+                _truncate(path, scan.bad_offset)
+            else:
+                # Entry boundaries after a bad entry cannot be trusted; keep the bytes (never
+                # destroy what may be acknowledged data) but index nothing past it.
+                corrupt_count += 1
+                roll = roll or newest
+                log.error("segment %s: bad entry at offset %d; skipping the rest of the segment",
+                          path, scan.bad_offset)
+        if ids and not roll:
+            self._segment_id = ids[-1]
+            path = os.path.join(self._dir, segment_name(self._segment_id))
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            self._segment_bytes = os.fstat(self._fd).st_size
+        else:
+            self._segment_id = (ids[-1] if ids else 0) + 1
+            self._fd = self._open_segment(self._segment_id)
+            self._segment_bytes = 0
+        self.check_disk(force=True)
+        return RecoveryReport(len(ids) + (1 if roll or not ids else 0), torn_bytes,
+                              corrupt_count)
+
+    @property
+    def segment_id(self) -> int:
+        return self._segment_id
+
+    def append(self, chunks: list[bytes], *, fsync: bool) -> AppendResult:
+        """Write ``chunks`` contiguously with one write call (rolling first if they do not fit
+        the current segment), then fsync once if asked. On failure nothing of the batch stays
+        in the file."""
+        self.check_disk(force=False)
+        data = b"".join(chunks)
+        fsyncs = 0
+        start = self._segment_bytes
+        try:
+            if start > 0 and start + len(data) > self._segment_bytes_max:
+                fsyncs += self._roll()
+                start = 0
+            _write_all(self._fd, data)
+            self.write_calls_count += 1
+            self._segment_bytes += len(data)
+            if self.dirty_since_ms is None:
+                self.dirty_since_ms = _now_ms()
+            if fsync:
+                os.fsync(self._fd)
+                fsyncs += 1
+                self.dirty_since_ms = None
+        except OSError as error:
+            return self._append_failed(error, start, fsyncs)
+        return AppendResult(Status.OK, self._segment_id, start, fsyncs, False)
+
+    def sync(self) -> int:
+        """fsync the current segment if it has unsynced writes; returns fsyncs done."""
+        self.check_disk(force=False)
+        if self.dirty_since_ms is None:
+            return 0
+        os.fsync(self._fd)
+        self.dirty_since_ms = None
+        return 1
+
+    def check_disk(self, *, force: bool) -> bool:
+        now_ms = _now_ms()
+        if force or now_ms - self._disk_checked_ms >= DISK_CHECK_INTERVAL_MS:
+            self._disk_checked_ms = now_ms
+            stats = os.statvfs(self._dir)
+            self.disk_low = stats.f_bavail * stats.f_frsize < self._disk_free_bytes_min
+        return self.disk_low
+
+    def close(self) -> None:
+        if self._fd < 0:
+            return
+        try:
+            if self.dirty_since_ms is not None:
+                os.fsync(self._fd)
+                self.dirty_since_ms = None
+        finally:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _roll(self) -> int:
+        """Switch to a fresh segment. The new file is opened first so that a failure leaves
+        the current segment in place and nothing changed."""
+        next_id = self._segment_id + 1
+        new_fd = self._open_segment(next_id)
+        fsyncs = 0
+        try:
+            if self._fsync != "never" and self.dirty_since_ms is not None:
+                os.fsync(self._fd)
+                fsyncs += 1
+        except OSError:
+            os.close(new_fd)
+            raise
+        os.close(self._fd)
+        self._fd, self._segment_id, self._segment_bytes = new_fd, next_id, 0
+        self.dirty_since_ms = None
+        return fsyncs
+
+    def _open_segment(self, segment_id: int) -> int:
+        # Only this writer creates segments above the newest one found at recovery, so an
+        # existing file with this id can only be the empty leftover of a failed roll.
+        path = os.path.join(self._dir, segment_name(segment_id))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        if self._fsync != "never":
+            try:
+                # The new file's directory entry must be durable too, or a crash could lose
+                # the whole segment even though its contents were fsynced.
+                _fsync_dir(self._dir)
+            except OSError:
+                os.close(fd)
+                raise
+        return fd
+
+    def _append_failed(self, error: OSError, start: int, fsyncs: int) -> AppendResult:
+        status = Status.NOSPC if error.errno in (errno.ENOSPC, errno.EDQUOT) else Status.DISABLED
+        if status == Status.NOSPC:
+            self.disk_low = True
+        # After any other failure (EIO from fsync above all) the file's state is unknown and
+        # retrying would risk acknowledging data the kernel already dropped.
+        broken = status == Status.DISABLED
+        log.error("segment %d: append failed: %s", self._segment_id, error)
+        try:
+            if self._fd >= 0:
+                os.ftruncate(self._fd, start)
+                self._segment_bytes = start
+        except OSError as truncate_error:
+            log.error("segment %d: cannot cut a failed append: %s", self._segment_id,
+                      truncate_error)
+            broken = True
+        return AppendResult(status, self._segment_id, start, fsyncs, broken)
+
+
+class SegmentReader:
+    """Positional reads of entries; safe to use from several threads."""
+
+    def __init__(self, segments_dir: str) -> None:
+        self._dir = segments_dir
+        self._fds: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def pread(self, segment_id: int, offset: int, length: int) -> bytes:
+        with self._lock:
+            fd = self._fds.get(segment_id)
+            if fd is None:
+                fd = os.open(os.path.join(self._dir, segment_name(segment_id)), os.O_RDONLY)
+                self._fds[segment_id] = fd
+        return os.pread(fd, length, offset)
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _truncate(path: str, size: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000

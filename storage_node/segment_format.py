@@ -1,0 +1,216 @@
+"""The on-disk entry format of the record store's segment files, and the segment scanner.
+
+A segment is a sequence of entries, each ``header | body``. The 12-byte header is
+``magic:u16 type:u8 reserved:u8 body_bytes:u32 crc32:u32`` (little endian); the CRC covers the
+first 8 header bytes and the body, so a flipped type or length byte is caught as well. The
+body is a msgpack array:
+
+* STORE: ``[log_id, first_lsn, record_count, sequencer_node, timestamp_ms, last_known_good,
+  wave, copyset, key, payloads]`` (one entry per STORE message, a batch has consecutive LSNs);
+* RELEASE: ``[log_id, release_lsn]``;
+* SEAL: ``[log_id, epoch, sealed_by]``.
+
+Everything here is pure functions on bytes; the record store does the file I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import msgpack
+
+from shared.limits import FRAME_BYTES_MAX
+from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.wire.read import WireRecord
+from shared.wire.store import Store
+
+MAGIC = 0x5153  # b"SQ" little endian
+_HEADER = struct.Struct("<HBBII")
+HEADER_BYTES = _HEADER.size
+_CRC_PREFIX_BYTES = 8
+ENTRY_BODY_BYTES_MAX = FRAME_BYTES_MAX
+"""A STORE entry is never bigger than the frame that carried it."""
+_MAGIC_BYTES = struct.pack("<H", MAGIC)
+
+
+class EntryType(IntEnum):
+    STORE = 1
+    RELEASE = 2
+    SEAL = 3
+
+
+@dataclass(frozen=True, slots=True)
+class StoreMeta:
+    """What the index needs from a STORE entry (its payloads are not decoded)."""
+
+    log_id: LogId
+    first_lsn: Lsn
+    record_count: int
+    sequencer_node: NodeId
+
+    @property
+    def last_lsn(self) -> Lsn:
+        return Lsn(self.first_lsn + self.record_count - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseEntry:
+    log_id: LogId
+    release_lsn: Lsn
+
+
+@dataclass(frozen=True, slots=True)
+class SealEntry:
+    log_id: LogId
+    epoch: Epoch
+    sealed_by: NodeId
+
+
+Entry = StoreMeta | ReleaseEntry | SealEntry
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedEntry:
+    offset: int
+    length: int
+    """Header plus body bytes."""
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentScan:
+    entries: list[ScannedEntry]
+    valid_bytes: int
+    """Offset just after the last good entry before the first bad one (or the end)."""
+    bad_offset: int | None
+    """Where the first short or bad entry starts; None when the whole segment is good."""
+    good_after_bad: bool
+    """A well-formed entry exists after ``bad_offset``: corruption in the middle, not a tail
+    torn by a crash."""
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def _frame(entry_type: EntryType, body: bytes) -> bytes:
+    assert len(body) <= ENTRY_BODY_BYTES_MAX, len(body)
+    prefix = struct.pack("<HBBI", MAGIC, entry_type, 0, len(body))
+    crc = zlib.crc32(body, zlib.crc32(prefix))
+    return prefix + struct.pack("<I", crc) + body
+
+
+def encode_store(store: Store) -> bytes:
+    body = _packer.pack([
+        store.log_id, store.lsn, len(store.payloads), store.sequencer_node, store.timestamp_ms,
+        store.last_known_good, store.wave, list(store.copyset), store.key, list(store.payloads),
+    ])
+    return _frame(EntryType.STORE, body)
+
+
+def encode_release(log_id: LogId, release_lsn: Lsn) -> bytes:
+    return _frame(EntryType.RELEASE, _packer.pack([log_id, release_lsn]))
+
+
+def encode_seal(log_id: LogId, epoch: Epoch, sealed_by: NodeId) -> bytes:
+    return _frame(EntryType.SEAL, _packer.pack([log_id, epoch, sealed_by]))
+
+
+def check_entry(data: bytes | memoryview, offset: int) -> tuple[EntryType, int] | None:
+    """``(type, body_bytes)`` when a complete entry with a matching CRC starts at ``offset``."""
+    if len(data) - offset < HEADER_BYTES:
+        return None
+    magic, type_id, reserved, body_bytes, crc = _HEADER.unpack_from(data, offset)
+    if magic != MAGIC or reserved != 0 or body_bytes > ENTRY_BODY_BYTES_MAX:
+        return None
+    if type_id not in _ENTRY_TYPES:
+        return None
+    end = offset + HEADER_BYTES + body_bytes
+    if end > len(data):
+        return None
+    view = memoryview(data)
+    expected = zlib.crc32(view[offset + HEADER_BYTES : end],
+                          zlib.crc32(view[offset : offset + _CRC_PREFIX_BYTES]))
+    if expected != crc:
+        return None
+    return EntryType(type_id), body_bytes
+
+
+_ENTRY_TYPES = frozenset(int(t) for t in EntryType)
+
+
+def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None:
+    """The indexable part of a CRC-checked body; None if it is not what its type promises
+    (which a CRC match makes a bug or a hostile file, never a torn write)."""
+    try:
+        if entry_type == EntryType.STORE:
+            unpacker = msgpack.Unpacker(raw=False)
+            unpacker.feed(body)
+            if unpacker.read_array_header() != 10:
+                return None
+            log_id, first_lsn, count, node = (unpacker.unpack() for _ in range(4))
+            if not (_ints(log_id, first_lsn, count) and isinstance(node, str) and count >= 1):
+                return None
+            return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node))
+        fields = msgpack.unpackb(body, raw=False)
+        if entry_type == EntryType.RELEASE and len(fields) == 2 and _ints(*fields):
+            return ReleaseEntry(LogId(fields[0]), Lsn(fields[1]))
+        if (entry_type == EntryType.SEAL and len(fields) == 3 and _ints(*fields[:2])
+                and isinstance(fields[2], str)):
+            return SealEntry(LogId(fields[0]), Epoch(fields[1]), NodeId(fields[2]))
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    return None
+
+
+def decode_store_records(body: bytes | memoryview) -> tuple[LogId, Lsn, list[WireRecord]] | None:
+    """``(log_id, first_lsn, records)`` of a CRC-checked STORE body; None if malformed."""
+    try:
+        fields: Any = msgpack.unpackb(body, raw=False)
+        log_id, first_lsn, count, _node, timestamp_ms, _lng, _wave, _cs, key, payloads = fields
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if not _ints(log_id, first_lsn, count, timestamp_ms) or len(payloads) != count:
+        return None
+    records: list[WireRecord] = [
+        (first_lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(payloads)
+    ]
+    return LogId(log_id), Lsn(first_lsn), records
+
+
+def scan_segment(data: bytes) -> SegmentScan:
+    """Every good entry from the start of a segment up to the first bad one."""
+    entries: list[ScannedEntry] = []
+    view = memoryview(data)
+    offset = 0
+    while offset < len(view):
+        checked = check_entry(view, offset)
+        meta = None
+        if checked is not None:
+            entry_type, body_bytes = checked
+            body_start = offset + HEADER_BYTES
+            meta = decode_meta(entry_type, view[body_start : body_start + body_bytes])
+        if checked is None or meta is None:
+            good_after = find_entry_after(data, offset + 1) is not None
+            return SegmentScan(entries, offset, offset, good_after)
+        length = HEADER_BYTES + checked[1]
+        entries.append(ScannedEntry(offset, length, meta))
+        offset += length
+    return SegmentScan(entries, offset, None, False)
+
+
+def find_entry_after(data: bytes, start: int) -> int | None:
+    """Offset of the first well-formed entry at or after ``start``, if any."""
+    position = data.find(_MAGIC_BYTES, start)
+    while position != -1:
+        if check_entry(data, position) is not None:
+            return position
+        position = data.find(_MAGIC_BYTES, position + 1)
+    return None
+
+
+def _ints(*values: object) -> bool:
+    return all(type(v) is int and v >= 0 for v in values)

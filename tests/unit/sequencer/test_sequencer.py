@@ -1,0 +1,158 @@
+"""The per-log Sequencer core: activation, waves, gray/blacklisting, release, preemption."""
+
+from __future__ import annotations
+
+import random
+
+from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
+from sequencer.core.sequencer import Sequencer, SequencerState
+from shared.config import SequencerConfig
+from shared.effects import Send
+from shared.epoch_metadata import LastCleanEpoch
+from shared.status import Status
+from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
+from shared.wire.release import Release
+from tests.unit.sequencer.helpers import active_sequencer, metadata, replies, stores
+
+
+def test_appends_wait_for_activation_then_get_lsns() -> None:
+    sequencer = Sequencer(log_id=LogId(1), node_id=NodeId("seq"), config=SequencerConfig(),
+                          rng=random.Random(1))
+    assert sequencer.on_append(1, (b"x",), None, 5, 0) == [ActivateEpoch(LogId(1))]
+    assert sequencer.on_append(2, (b"y", b"z"), None, 5, 0) == []
+    assert sequencer.state is SequencerState.ACTIVATING
+    lce = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(0), tail_lsn=Lsn(0), version=0)
+    effects = sequencer.on_activated(Status.OK, Epoch(1), metadata(), lce, 0)
+    lsns = sorted({s.message.lsn for s in stores(effects)})
+    assert lsns == [compose_lsn(Epoch(1), Esn(1)), compose_lsn(Epoch(1), Esn(2))]
+    batch = next(s.message for s in stores(effects) if s.message.lsn == lsns[1])
+    assert batch.payloads == (b"y", b"z")
+    assert len(stores(effects)) == 4  # R=2 copies of each append
+
+
+def test_done_only_when_whole_current_wave_stored() -> None:
+    sequencer = active_sequencer(replication=2)
+    sends = stores(sequencer.on_append(5, (b"p",), None, 1, 10))
+    first, second = sends
+    lsn = first.message.lsn
+    assert replies(sequencer.on_stored(first.node, lsn, 1, Status.OK, Epoch(0), None, 11)) == []
+    done = replies(sequencer.on_stored(second.node, lsn, 1, Status.OK, Epoch(0), None, 12))
+    assert done == [AppendReply(5, Status.OK, lsn, lsn, 1)]
+
+
+def test_release_follows_reaping_in_order_and_tells_copyset() -> None:
+    sequencer = active_sequencer(replication=1)
+    a = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
+    b = stores(sequencer.on_append(3, (b"b",), None, 1, 0))[0]
+    effects = sequencer.on_stored(b.node, b.message.lsn, 1, Status.OK, Epoch(0), None, 1)
+    assert replies(effects)[0].status is Status.OK  # acked before it is released
+    assert sequencer.release_lsn == compose_lsn(Epoch(1), Esn(1))
+    effects = sequencer.on_stored(a.node, a.message.lsn, 1, Status.OK, Epoch(0), None, 2)
+    assert sequencer.release_lsn == b.message.lsn
+    assert ReleaseAdvanced(LogId(1), b.message.lsn) in effects
+    assert Send(a.node, Release(log_id=LogId(1), release_lsn=b.message.lsn)) in effects
+
+
+def test_full_window_answers_seqnobufs_and_sends_nothing() -> None:
+    sequencer = active_sequencer(window_appends_max=2)
+    assert stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    assert stores(sequencer.on_append(3, (b"b",), None, 1, 0))
+    effects = sequencer.on_append(4, (b"c",), None, 1, 0)
+    assert effects == [AppendReply(4, Status.SEQNOBUFS, message="window full")]
+
+
+def test_timeout_doubles_and_graylists_first_outstanding() -> None:
+    nodes = tuple(NodeId(n) for n in "abcdefgh")
+    sequencer = active_sequencer(replication=2, graylist_nodeset_fraction_max=0.5)
+    sequencer.metadata = metadata(2, nodes)
+    from sequencer.core.nodeset_state import NodesetState
+    sequencer.nodeset = NodesetState(nodes, sequencer.config)
+    first, second = stores(sequencer.on_append(2, (b"a",), None, 1, 100))
+    assert sequencer.deadline_ms() == 110  # wave 1: 10 ms
+    sequencer.on_stored(first.node, first.message.lsn, 1, Status.OK, Epoch(0), None, 101)
+    wave2 = stores(sequencer.on_timer(110))
+    assert {s.message.wave for s in wave2} == {2}
+    assert sequencer.deadline_ms() == 130  # wave 2: 20 ms
+    assert second.node in sequencer.nodeset.graylisted(110)
+    assert second.node not in {s.node for s in wave2}
+
+
+def test_no_graylist_when_every_recipient_timed_out() -> None:
+    sequencer = active_sequencer(replication=2)
+    stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    assert sequencer.nodeset is not None
+    stores(sequencer.on_timer(10))
+    assert sequencer.nodeset.graylisted(10) == set()
+
+
+def test_error_reply_blacklists_and_sends_new_wave_at_once() -> None:
+    sequencer = active_sequencer(replication=2)
+    first, _ = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    effects = sequencer.on_stored(first.node, first.message.lsn, 1, Status.NOSPC, Epoch(0),
+                                  None, 1)
+    wave2 = stores(effects)
+    assert wave2 and all(s.message.wave == 2 and s.node != first.node for s in wave2)
+    assert sequencer.nodeset is not None
+    assert first.node in sequencer.nodeset.blacklisted(1)
+    assert first.node in sequencer.nodeset.blacklisted(60_000)
+    assert first.node not in sequencer.nodeset.blacklisted(60_002)
+
+
+def test_preempted_appends_end_with_unknown_outcome_then_reactivate() -> None:
+    sequencer = active_sequencer(replication=2)
+    first, _ = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    effects = sequencer.on_stored(first.node, first.message.lsn, 1, Status.PREEMPTED,
+                                  Epoch(3), NodeId("other"), 1)
+    assert [r.status for r in replies(effects)] == [Status.TIMEDOUT]
+    assert sequencer.state is SequencerState.PREEMPTED
+    assert sequencer.sealed_by == "other"
+    assert ActivateEpoch(LogId(1)) in sequencer.on_append(3, (b"b",), None, 1, 2)
+
+
+def test_unclean_previous_epoch_never_releases_new_epoch() -> None:
+    sequencer = active_sequencer(replication=1, lce_epoch=0, epoch=3)
+    assert not sequencer.releasable
+    assert sequencer.release_lsn == 0
+    send = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
+    effects = sequencer.on_stored(send.node, send.message.lsn, 1, Status.OK, Epoch(0), None, 1)
+    assert replies(effects)[0].status is Status.OK
+    assert sequencer.release_lsn == 0
+    # What earlier sequencers released is learned from the storage nodes, never beyond them.
+    sequencer.on_release_hint(compose_lsn(Epoch(1), Esn(7)))
+    assert sequencer.release_lsn == compose_lsn(Epoch(1), Esn(7))
+    assert sequencer.on_release_hint(compose_lsn(Epoch(3), Esn(1))) == []
+    assert sequencer.release_lsn == compose_lsn(Epoch(1), Esn(7))
+
+
+def test_unclean_activation_asks_storage_for_release() -> None:
+    sequencer = Sequencer(log_id=LogId(1), node_id=NodeId("seq"), config=SequencerConfig(),
+                          rng=random.Random(1))
+    sequencer.on_append(1, (b"x",), None, 5, 0)
+    lce = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(1), tail_lsn=Lsn(9), version=1)
+    effects = sequencer.on_activated(Status.OK, Epoch(5), metadata(), lce, 0)
+    assert FetchLogState(LogId(1), metadata().nodeset) in effects
+
+
+def test_failed_activation_fails_queued_appends_as_nothing_written() -> None:
+    sequencer = Sequencer(log_id=LogId(1), node_id=NodeId("seq"), config=SequencerConfig(),
+                          rng=random.Random(1))
+    sequencer.on_append(1, (b"x",), None, 5, 0)
+    effects = sequencer.on_activated(Status.CONNFAILED, Epoch(0), None, None, 0)
+    assert [r.status for r in replies(effects)] == [Status.NOSEQUENCER]
+    assert sequencer.state is SequencerState.UNAVAILABLE
+
+
+def test_esn_exhaustion_moves_to_a_new_epoch() -> None:
+    sequencer = Sequencer(log_id=LogId(1), node_id=NodeId("seq"), config=SequencerConfig(),
+                          rng=random.Random(1), esn_max=Esn(2))
+    sequencer.on_append(1, (b"x", b"y"), None, 5, 0)
+    lce = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(0), tail_lsn=Lsn(0), version=0)
+    sequencer.on_activated(Status.OK, Epoch(1), metadata(), lce, 0)
+    assert ActivateEpoch(LogId(1)) in sequencer.on_append(2, (b"z",), None, 5, 0)
+
+
+def test_drained_epoch_reports_clean_tail() -> None:
+    sequencer = active_sequencer(replication=1)
+    assert sequencer.drained_clean_tail() == compose_lsn(Epoch(1), Esn(1))
+    stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    assert sequencer.drained_clean_tail() is None

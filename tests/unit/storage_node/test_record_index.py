@@ -1,0 +1,40 @@
+"""RecordIndex: batch entries by first LSN, replacement on re-STORE, lookups mid-batch."""
+
+from __future__ import annotations
+
+from shared.types import LogId, Lsn
+from storage_node.record_index import Location, LogIndex, RecordIndex
+
+
+def loc(first: int, last: int, segment_id: int = 1) -> Location:
+    return Location(segment_id, first * 100, 100, Lsn(first), Lsn(last))
+
+
+def test_locate_starts_inside_a_batch_and_stops_at_records_max() -> None:
+    index = LogIndex()
+    for first, last in ((1, 5), (6, 6), (10, 19)):
+        index.insert(loc(first, last))
+    assert index.locate(Lsn(3), Lsn(100), 1000) == [loc(1, 5), loc(6, 6), loc(10, 19)]
+    assert index.locate(Lsn(7), Lsn(100), 1000) == [loc(10, 19)]
+    assert index.locate(Lsn(3), Lsn(100), 3) == [loc(1, 5)]
+    assert index.locate(Lsn(3), Lsn(100), 4) == [loc(1, 5), loc(6, 6)]
+    assert index.locate(Lsn(20), Lsn(100), 10) == []
+    assert index.last_lsn == 19
+
+
+def test_restore_of_same_lsns_replaces_the_entry() -> None:
+    index = RecordIndex()
+    index.insert(LogId(1), loc(5, 9, segment_id=1))
+    index.insert(LogId(1), loc(5, 9, segment_id=2))
+    assert index.entries_count == 1
+    assert index.locate(LogId(1), Lsn(1), Lsn(100), 100) == [loc(5, 9, segment_id=2)]
+
+
+def test_out_of_order_and_overlapping_inserts_keep_entries_disjoint() -> None:
+    index = RecordIndex()
+    for first, last in ((10, 12), (1, 3), (20, 20), (5, 6)):
+        index.insert(LogId(1), loc(first, last))
+    index.insert(LogId(1), loc(2, 11))  # overlaps (1,3), (5,6) and (10,12)
+    assert index.locate(LogId(1), Lsn(1), Lsn(100), 100) == [loc(2, 11), loc(20, 20)]
+    assert index.entries_count == 2
+    assert index.locate(LogId(2), Lsn(1), Lsn(100), 100) == []
