@@ -245,8 +245,23 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_with_client(urls, _HANDLERS[args.command], args))
 
 
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse gives the payloads of `append LOG --dir D a b` nothing after the option, so
+    # positionals that follow options are collected here.
+    if extra and args.command == "append":
+        cut = extra.index("--") if "--" in extra else len(extra)
+        before, after = extra[:cut], extra[cut + 1 :]
+        if not any(e.startswith("-") for e in before):
+            args.payloads, extra = [*args.payloads, *before, *after], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     try:
         return run(args)
     except LogError as exc:

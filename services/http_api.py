@@ -282,11 +282,16 @@ async def _errors_middleware(request: web.Request, handler: Handler) -> web.Stre
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        response = _error(
-            request, _http_exception_status(exc), exc.reason or exc.text or "", code=exc.status
-        )
-        if "Allow" in exc.headers:
-            response.headers["Allow"] = exc.headers["Allow"]
+        allow = exc.headers.get("Allow")
+        if exc.status == 404:
+            message = f"no route {request.method} {request.path[:200]}"
+        elif allow is not None:
+            message = f"method {request.method[:20]} not allowed here; allowed: {allow}"
+        else:
+            message = exc.reason
+        response = _error(request, _http_exception_status(exc), message, code=exc.status)
+        if allow is not None:
+            response.headers["Allow"] = allow
         return response
     except Exception:
         logger.exception("unhandled error answering %s %s", request.method, request.path)

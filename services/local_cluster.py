@@ -201,14 +201,19 @@ def _save_state(root: Path, state: ClusterState, name: str = STATE_FILE) -> None
 def node_alive(root: Path, node: NodeEntry) -> bool:
     """True if ``node.pid`` is still that node's process (not a zombie, not a reused pid)."""
     child = _children.get(node.pid)
-    if child is not None and child.poll() is not None:
+    if child is not None:
+        if child.poll() is None:
+            return True
         del _children[node.pid]
         return False
     try:
         cmdline = Path(f"/proc/{node.pid}/cmdline").read_bytes()
-    except OSError:
+        if not cmdline:
+            # Empty for a zombie, and for a moment right after exec.
+            state = Path(f"/proc/{node.pid}/stat").read_text().rpartition(")")[2].split()[0]
+            return state not in ("Z", "X")
+    except (OSError, IndexError):
         return False
-    # A zombie has an empty command line.
     return str(config_path(root, node.node_id)).encode() in cmdline
 
 

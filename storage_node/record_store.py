@@ -26,25 +26,21 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shared.config import StorageConfig
 from shared.status import LogError, Status
-from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
-from shared.wire.read import WireRecord
+from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn, NodeId, lsn_to_epoch
 from shared.wire.store import Store
 from storage_node.core.store_machine import LogStorageState
 from storage_node.record_index import Location, RecordIndex
+from storage_node.record_reads import ReadResult, read_locations
 from storage_node.segment_files import AppendResult, RecoveryReport, SegmentReader, SegmentWriter
 from storage_node.segment_format import (
-    HEADER_BYTES,
-    EntryType,
     ReleaseEntry,
     ScannedEntry,
     SealEntry,
     StoreMeta,
-    check_entry,
-    decode_store_records,
     encode_release,
     encode_seal,
     encode_store,
@@ -64,16 +60,6 @@ COUNTERS = (
 )
 """Always present in ``stats()`` (monotonic totals)."""
 _ENTRY_OVERHEAD_BYTES = 96
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    status: Status
-    """OK; CHECKSUM_MISMATCH when the first entry to return is corrupt; INTERNAL on an I/O
-    error; SHUTDOWN/NOTREADY when the store is not open."""
-    records: tuple[WireRecord, ...]
-    next_lsn: Lsn
-    """Everything this store holds in the range below this LSN was returned."""
 
 
 @dataclass(slots=True)
@@ -161,8 +147,8 @@ class RecordStore:
             return ReadResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
         loop = asyncio.get_running_loop()
         result, corrupt = await loop.run_in_executor(
-            self._read_threads, self._read_sync, log_id, locations, from_lsn, until_lsn,
-            records_max, bytes_max)
+            self._read_threads, read_locations, self._reader, log_id, locations, from_lsn,
+            until_lsn, records_max, bytes_max)
         self._counts.update(reads=1, read_records=len(result.records),
                             read_checksum_failures=int(corrupt))
         return result
@@ -281,19 +267,23 @@ class RecordStore:
                             bytes_written=sum(lengths) if result.status == Status.OK else 0)
         if result.status != Status.OK:
             self._broken = self._broken or result.broken
-            for log_id, lsn in releases:
-                self.note_release(log_id, lsn)
+            # Not queued again: with a full disk that would spin the writer. The pointers stay
+            # in memory and the sequencer's periodic RELEASE brings them back after a restart.
+            self._counts["releases_dropped"] += len(releases)
             self._complete(batch, result.status)
             return
         offset = result.offset
+        stores_count = records_count = 0
         for pending, length in zip(batch, lengths, strict=True):
             source = pending.chunk_source
             if isinstance(source, Store):
                 self._index.insert(source.log_id, Location(
                     result.segment_id, offset, length, source.lsn, source.last_lsn))
-                self._counts.update(stores=1, store_records=pending.records_count)
+                stores_count += 1
+                records_count += pending.records_count
             offset += length
-        self._counts["release_entries"] += len(releases)
+        self._counts.update(stores=stores_count, store_records=records_count,
+                            release_entries=len(releases))
         self._complete(batch, Status.OK)
 
     def _take_batch(self) -> list[_Pending]:
@@ -362,95 +352,43 @@ class RecordStore:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
 
-    def _read_sync(self, log_id: LogId, locations: list[Location], from_lsn: Lsn,
-                   until_lsn: Lsn, records_max: int, bytes_max: int) -> tuple[ReadResult, bool]:
-        """The result, and whether a corrupt entry was met."""
-        records: list[WireRecord] = []
-        payload_bytes = 0
-        for location in locations:
-            try:
-                data = self._reader.pread(location.segment_id, location.offset, location.length)
-            except OSError as error:
-                log.error("read of segment %d failed: %s", location.segment_id, error)
-                return _partial(records, Status.INTERNAL, from_lsn), False
-            decoded = _decode_entry(data, log_id, location)
-            if decoded is None:
-                log.error("log %d: corrupt entry for LSNs %d..%d in segment %d at %d", log_id,
-                          location.first_lsn, location.last_lsn, location.segment_id,
-                          location.offset)
-                return _partial(records, Status.CHECKSUM_MISMATCH, from_lsn), True
-            for record in decoded:
-                lsn = record[0]
-                if lsn < from_lsn:
-                    continue
-                if lsn > until_lsn:
-                    break
-                if len(records) >= records_max or (
-                        records and payload_bytes + len(record[3]) > bytes_max):
-                    return ReadResult(Status.OK, tuple(records), Lsn(lsn)), False
-                records.append(record)
-                payload_bytes += len(record[3])
-        if len(records) >= records_max:
-            return ReadResult(Status.OK, tuple(records), Lsn(records[-1][0] + 1)), False
-        return ReadResult(Status.OK, tuple(records), Lsn(until_lsn + 1)), False
-
-
-def _partial(records: list[WireRecord], status: Status, from_lsn: Lsn) -> ReadResult:
-    """Records before a failed entry are still good; without any, report the failure."""
-    if records:
-        return ReadResult(Status.OK, tuple(records), Lsn(records[-1][0] + 1))
-    return ReadResult(status, (), from_lsn)
-
-
-def _decode_entry(data: bytes, log_id: LogId, location: Location) -> list[WireRecord] | None:
-    checked = check_entry(data, 0)
-    if checked is None or checked[0] != EntryType.STORE or len(data) != location.length:
-        return None
-    decoded = decode_store_records(memoryview(data)[HEADER_BYTES:])
-    if decoded is None:
-        return None
-    entry_log_id, first_lsn, records = decoded
-    # The index and the bytes must agree; a mismatch is corruption, never data to serve.
-    if entry_log_id != log_id or first_lsn != location.first_lsn or (
-            first_lsn + len(records) - 1 != location.last_lsn):
-        return None
-    return records
-
 
 class _Recovery:
-    """Accumulates per-log state and the index from the entries found at open."""
+    """Accumulates per-log state and the index from the entries found at open (plain dicts:
+    there is one call per entry ever written)."""
 
     def __init__(self, index: RecordIndex) -> None:
         self._index = index
-        self._logs: dict[LogId, LogStorageState] = {}
-        self._newest_sequencer: dict[LogId, NodeId] = {}
+        self._last: dict[LogId, tuple[Lsn, NodeId]] = {}
+        self._releases: dict[LogId, Lsn] = {}
+        self._seals: dict[LogId, tuple[Epoch, NodeId]] = {}
 
     def on_entry(self, segment_id: int, scanned: ScannedEntry) -> None:
         entry = scanned.entry
-        state = self._logs.get(entry.log_id, LogStorageState())
+        log_id = entry.log_id
         if isinstance(entry, StoreMeta):
-            self._index.insert(entry.log_id, Location(
+            self._index.insert(log_id, Location(
                 segment_id, scanned.offset, scanned.length, entry.first_lsn, entry.last_lsn))
-            if entry.last_lsn > state.last_lsn:
-                state = replace(state, last_lsn=entry.last_lsn)
-                self._newest_sequencer[entry.log_id] = entry.sequencer_node
+            last = self._last.get(log_id)
+            if last is None or entry.last_lsn > last[0]:
+                self._last[log_id] = (entry.last_lsn, entry.sequencer_node)
         elif isinstance(entry, ReleaseEntry):
-            if entry.release_lsn > state.release_lsn:
-                state = replace(state, release_lsn=entry.release_lsn)
-        elif entry.epoch > state.sealed_epoch:
-            state = replace(state, sealed_epoch=entry.epoch, sealed_by=entry.sealed_by)
-        self._logs[entry.log_id] = state
+            if entry.release_lsn > self._releases.get(log_id, 0):
+                self._releases[log_id] = entry.release_lsn
+        elif log_id not in self._seals or entry.epoch > self._seals[log_id][0]:
+            self._seals[log_id] = (entry.epoch, entry.sealed_by)
 
     def states(self) -> dict[LogId, LogStorageState]:
         """The soft seal is not written by itself: the newest STORE proves its sequencer's
         epoch exists, which rebuilds the soft seal it caused."""
         result: dict[LogId, LogStorageState] = {}
-        for log_id, state in self._logs.items():
-            node = self._newest_sequencer.get(log_id)
-            epoch = lsn_to_epoch(state.last_lsn)
-            if node is not None and epoch > 1:
-                state = replace(state, soft_sealed_epoch=Epoch(epoch - 1), soft_sealed_by=node)
-            result[log_id] = state
+        for log_id in self._last.keys() | self._releases.keys() | self._seals.keys():
+            last_lsn, newest_sequencer = self._last.get(log_id, (LSN_INVALID, None))
+            sealed_epoch, sealed_by = self._seals.get(log_id, (EPOCH_INVALID, None))
+            soft_epoch = Epoch(max(lsn_to_epoch(last_lsn) - 1, EPOCH_INVALID))
+            result[log_id] = LogStorageState(
+                sealed_epoch=sealed_epoch, sealed_by=sealed_by,
+                soft_sealed_epoch=soft_epoch,
+                soft_sealed_by=newest_sequencer if soft_epoch > EPOCH_INVALID else None,
+                release_lsn=self._releases.get(log_id, LSN_INVALID), last_lsn=last_lsn)
         return result
-
-

@@ -184,7 +184,7 @@ class StorageNode:
 
     async def _serve_read(self, read: Read, reply: ReplyFn) -> None:
         until_lsn = self._machine.readable_until(read)
-        release_lsn = Lsn(max(self._machine.state(read.log_id).release_lsn, read.release_lsn))
+        release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
         try:
             result = await self._store.read(read.log_id, read.from_lsn, until_lsn,
                                             read.records_max, read.bytes_max)

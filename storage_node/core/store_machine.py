@@ -13,7 +13,8 @@ messages until the node closes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from shared.limits import BATCH_RECORDS_MAX, COPYSET_SIZE_MAX, KEY_BYTES_MAX, READ_RECORDS_MAX
 from shared.status import Status
@@ -39,6 +40,8 @@ from shared.wire.store import Store, Stored
 
 LSN_READABLE_MAX = Lsn(LSN_MAX - 1)
 """Highest LSN a read may reach, so that ``next_lsn = last + 1`` still fits in 64 bits."""
+NODE_IDS_CACHED_MAX = 4096
+"""Distinct node ids remembered as valid; past it ids are checked every time."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,26 +82,28 @@ class StoreDecision:
     release_lsn: Lsn | None
 
 
-def store_fields_status(store: Store) -> Status:
+def store_fields_status(store: Store, node_id_ok: Callable[[str], bool] = node_id_valid) -> Status:
     """BADMSG when a STORE's fields are out of range. The codec checks the top-level types but
     not the elements of tuples, so those are checked here before anything hashes them."""
+    first_esn = lsn_to_esn(store.lsn)
+    records_count = len(store.payloads)
     if not log_id_valid(store.log_id) or not lsn_valid(store.release_lsn):
         return Status.BADMSG
-    if not epoch_valid(lsn_to_epoch(store.lsn)) or lsn_to_esn(store.lsn) < 1:
-        return Status.BADMSG
-    if not 1 <= len(store.payloads) <= BATCH_RECORDS_MAX:
+    if not epoch_valid(lsn_to_epoch(store.lsn)) or first_esn < 1:
         return Status.BADMSG
     # A batch lives in one epoch: its last ESN must still be a valid ESN.
-    if lsn_to_esn(store.lsn) + len(store.payloads) - 1 > ESN_MAX:
+    if not 1 <= records_count <= BATCH_RECORDS_MAX or first_esn + records_count - 1 > ESN_MAX:
         return Status.BADMSG
     if not 0 <= store.last_known_good <= ESN_MAX or store.timestamp_ms < 0:
         return Status.BADMSG
-    if not node_id_valid(store.sequencer_node) or len(store.copyset) > COPYSET_SIZE_MAX:
+    if not node_id_ok(store.sequencer_node) or len(store.copyset) > COPYSET_SIZE_MAX:
         return Status.BADMSG
-    if any(type(p) is not bytes for p in store.payloads):
-        return Status.BADMSG
-    if any(not node_id_valid(n) for n in store.copyset):
-        return Status.BADMSG
+    for payload in store.payloads:
+        if type(payload) is not bytes:
+            return Status.BADMSG
+    for node in store.copyset:
+        if not node_id_ok(node):
+            return Status.BADMSG
     if store.key is not None and len(store.key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
         return Status.BADMSG
     return store.validate()
@@ -114,75 +119,108 @@ def read_fields_status(read: Read) -> Status:
     return Status.OK
 
 
+@dataclass(slots=True)
+class _LogState:
+    """Mutable twin of ``LogStorageState``: the STORE path updates it in place."""
+
+    sealed_epoch: Epoch = EPOCH_INVALID
+    sealed_by: NodeId | None = None
+    soft_sealed_epoch: Epoch = EPOCH_INVALID
+    soft_sealed_by: NodeId | None = None
+    release_lsn: Lsn = LSN_INVALID
+    last_lsn: Lsn = LSN_INVALID
+
+    def snapshot(self) -> LogStorageState:
+        return LogStorageState(
+            sealed_epoch=self.sealed_epoch, sealed_by=self.sealed_by,
+            soft_sealed_epoch=self.soft_sealed_epoch, soft_sealed_by=self.soft_sealed_by,
+            release_lsn=self.release_lsn, last_lsn=self.last_lsn)
+
+    def effective_seal(self) -> tuple[Epoch, NodeId | None]:
+        if self.soft_sealed_epoch > self.sealed_epoch:
+            return self.soft_sealed_epoch, self.soft_sealed_by
+        return self.sealed_epoch, self.sealed_by
+
+
 class StoreMachine:
     """Per-log seals and release pointers; decides the fate of STOREs."""
 
     def __init__(self, *, accept_writes: bool) -> None:
         self._accept_writes = accept_writes
-        self._logs: dict[LogId, LogStorageState] = {}
+        self._logs: dict[LogId, _LogState] = {}
+        self._valid_node_ids: set[str] = set()
 
     def restore(self, log_id: LogId, state: LogStorageState) -> None:
         """Load what the record store recovered for ``log_id`` (only at start)."""
         assert log_id not in self._logs, log_id
-        self._logs[log_id] = state
+        self._logs[log_id] = _LogState(
+            sealed_epoch=state.sealed_epoch, sealed_by=state.sealed_by,
+            soft_sealed_epoch=state.soft_sealed_epoch, soft_sealed_by=state.soft_sealed_by,
+            release_lsn=state.release_lsn, last_lsn=state.last_lsn)
 
     def state(self, log_id: LogId) -> LogStorageState:
-        return self._logs.get(log_id, _EMPTY)
+        log = self._logs.get(log_id)
+        return log.snapshot() if log is not None else _EMPTY
 
     def log_ids(self) -> list[LogId]:
         return list(self._logs)
 
     def on_store(self, store: Store, *, disk_low: bool) -> StoreDecision:
-        status = store_fields_status(store)
+        status = store_fields_status(store, self._node_id_ok)
         if status != Status.OK:
-            return StoreDecision(status=status, reply=stored_reply(store, status), release_lsn=None)
-        release_lsn = self._advance_release(store.log_id, store.release_lsn)
-        state = self.state(store.log_id)
+            return StoreDecision(status=status, reply=stored_reply(store, status),
+                                 release_lsn=None)
+        log = self._log(store.log_id)
+        release_lsn = None
+        if store.release_lsn > log.release_lsn:
+            log.release_lsn = release_lsn = store.release_lsn
         epoch = lsn_to_epoch(store.lsn)
-        seal_epoch, seal_by = state.effective_seal
+        seal_epoch, seal_by = log.effective_seal()
         if epoch <= seal_epoch:
             reply = stored_reply(store, Status.PREEMPTED, seal_epoch, seal_by)
             return StoreDecision(status=Status.PREEMPTED, reply=reply, release_lsn=release_lsn)
-        if epoch - 1 > state.soft_sealed_epoch:
+        if epoch - 1 > log.soft_sealed_epoch:
             # A sequencer of epoch e exists, so no STORE of an epoch below e may be accepted
             # any more: that stops zombie sequencers before recovery seals durably.
-            state = replace(state, soft_sealed_epoch=Epoch(epoch - 1),
-                            soft_sealed_by=store.sequencer_node)
-            self._logs[store.log_id] = state
+            log.soft_sealed_epoch = Epoch(epoch - 1)
+            log.soft_sealed_by = store.sequencer_node
         if not self._accept_writes:
             status = Status.DISABLED
         elif disk_low:
             status = Status.NOSPC
-        if status != Status.OK:
-            return StoreDecision(status=status, reply=stored_reply(store, status),
-                                 release_lsn=release_lsn)
-        return StoreDecision(status=Status.OK, reply=None, release_lsn=release_lsn)
+        refusal = stored_reply(store, status) if status != Status.OK else None
+        return StoreDecision(status=status, reply=refusal, release_lsn=release_lsn)
 
     def on_persisted(self, store: Store) -> Stored:
         """The STORE is durable (per the fsync mode): note it and build the reply."""
-        state = self.state(store.log_id)
-        if store.last_lsn > state.last_lsn:
-            self._logs[store.log_id] = replace(state, last_lsn=store.last_lsn)
+        log = self._log(store.log_id)
+        last_lsn = store.last_lsn
+        if last_lsn > log.last_lsn:
+            log.last_lsn = last_lsn
         return stored_reply(store, Status.OK)
 
     def on_release(self, release: Release) -> Lsn | None:
         """The new release pointer to persist, or None when the RELEASE is stale or invalid."""
         if not log_id_valid(release.log_id) or not lsn_valid(release.release_lsn):
             return None
-        return self._advance_release(release.log_id, release.release_lsn)
+        log = self._log(release.log_id)
+        if release.release_lsn <= log.release_lsn:
+            return None
+        log.release_lsn = release.release_lsn
+        return release.release_lsn
 
     def seal(self, log_id: LogId, epoch: Epoch, sealed_by: NodeId) -> Status:
         """Raise the durable seal to ``epoch``. OK when raised (the caller must persist it);
         UPTODATE when it already is at ``epoch``; PREEMPTED when a higher seal exists;
-        INVALID_PARAM for an invalid log id or epoch."""
+        INVALID_PARAM for an invalid log id, epoch or node id."""
         if not log_id_valid(log_id) or not epoch_valid(epoch) or not node_id_valid(sealed_by):
             return Status.INVALID_PARAM
-        state = self.state(log_id)
-        if epoch < state.sealed_epoch:
+        log = self._log(log_id)
+        if epoch < log.sealed_epoch:
             return Status.PREEMPTED
-        if epoch == state.sealed_epoch:
+        if epoch == log.sealed_epoch:
             return Status.UPTODATE
-        self._logs[log_id] = replace(state, sealed_epoch=epoch, sealed_by=sealed_by)
+        log.sealed_epoch, log.sealed_by = epoch, sealed_by
         return Status.OK
 
     def on_get_log_state(self, message: GetLogState) -> LogState:
@@ -195,18 +233,31 @@ class StoreMachine:
         return LogState(status=Status.OK, log_id=message.log_id, release_lsn=state.release_lsn,
                         sealed_epoch=state.effective_seal[0], last_lsn=state.last_lsn)
 
+    def release_lsn(self, log_id: LogId) -> Lsn:
+        log = self._logs.get(log_id)
+        return log.release_lsn if log is not None else LSN_INVALID
+
     def readable_until(self, read: Read) -> Lsn:
         """Highest LSN the READ may return: released per this node or per the sequencer that
         the reader asked (the authority), and within the read's range."""
-        released = max(self.state(read.log_id).release_lsn, read.release_lsn)
+        released = max(self.release_lsn(read.log_id), read.release_lsn)
         return Lsn(min(read.until_lsn, released, LSN_READABLE_MAX))
 
-    def _advance_release(self, log_id: LogId, release_lsn: Lsn) -> Lsn | None:
-        state = self.state(log_id)
-        if release_lsn <= state.release_lsn:
-            return None
-        self._logs[log_id] = replace(state, release_lsn=release_lsn)
-        return release_lsn
+    def _log(self, log_id: LogId) -> _LogState:
+        log = self._logs.get(log_id)
+        if log is None:
+            log = self._logs[log_id] = _LogState()
+        return log
+
+    def _node_id_ok(self, node_id: str) -> bool:
+        # Node ids come from a small set, so the regex runs once per id, not per STORE.
+        if node_id in self._valid_node_ids:
+            return True
+        if not node_id_valid(node_id):
+            return False
+        if len(self._valid_node_ids) < NODE_IDS_CACHED_MAX:
+            self._valid_node_ids.add(node_id)
+        return True
 
 
 def stored_reply(store: Store, status: Status, sealed_epoch: Epoch = EPOCH_INVALID,

@@ -8,13 +8,15 @@ from collections.abc import AsyncIterator, Callable, Mapping
 
 import pytest
 import uvloop
-from transport_helpers import Handler, make_pool, serve
 
 from shared.net import PeerPool, Server
+from tests.unit.net.transport_helpers import Handler, make_pool, serve
+
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
 
-def pytest_asyncio_loop_factories(
-        config: pytest.Config, item: pytest.Item) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+def pytest_asyncio_loop_factories(config: pytest.Config,
+                                  item: pytest.Item) -> Mapping[str, LoopFactory]:
     return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from transport_helpers import (
+from shared.config import TransportConfig
+from shared.net import PeerPool, Server
+from shared.status import Status
+from shared.types import LogId, Lsn, NodeId
+from shared.wire.release import Release
+from shared.wire.store import Stored
+from tests.unit.net.transport_helpers import (
     CLIENT_ID,
     SERVER_ID,
     Handler,
@@ -15,13 +21,6 @@ from transport_helpers import (
     stored,
     wait_until,
 )
-
-from shared.config import TransportConfig
-from shared.net import PeerPool, Server
-from shared.status import Status
-from shared.types import LogId, Lsn, NodeId
-from shared.wire.release import Release
-from shared.wire.store import Stored
 
 
 async def test_request_reply_round_trip(handler: Handler, pool: PeerPool) -> None:

@@ -7,13 +7,25 @@ import asyncio
 import time
 
 import pytest
-from transport_helpers import (
+
+from shared.config import TransportConfig
+from shared.net import PeerPool, ReplyFn, Server, start_server
+from shared.net import pool as pool_module
+from shared.status import Status
+from shared.types import NodeId
+from shared.wire.codec import Message, decode, encode
+from shared.wire.framing import HEADER_BYTES, frame
+from shared.wire.hello import PROTOCOL_VERSION, Hello, HelloReply
+from shared.wire.store import Store
+from tests.unit.net.transport_helpers import (
     CLIENT_ID,
     CONFIG,
     FINGERPRINT,
     SERVER_ID,
     Handler,
     Results,
+    ScriptedServer,
+    close_writer,
     free_port,
     make_pool,
     serve,
@@ -22,18 +34,12 @@ from transport_helpers import (
     wait_until,
 )
 
-from shared.net import PeerPool, Server, start_server
-from shared.net import pool as pool_module
-from shared.status import Status
-from shared.types import NodeId
-from shared.wire.codec import decode, encode
-from shared.wire.framing import HEADER_BYTES, frame
-from shared.wire.hello import PROTOCOL_VERSION, Hello, HelloReply
 
-
-async def test_dead_peer_fails_fast_then_succeeds_once_it_starts(handler: Handler) -> None:
+async def test_dead_peer_fails_fast_then_succeeds_once_it_starts(
+        handler: Handler, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_module, "RECONNECT_BACKOFF_MS_MIN", 300)
     port = free_port()
-    pool = make_pool(port)
+    pool = make_pool(port, config=TransportConfig(reconnect_backoff_ms_max=300))
     try:
         started = time.monotonic()
         assert await pool.call(SERVER_ID, store(1), timeout_ms=5_000) == Status.CONNFAILED
@@ -47,15 +53,9 @@ async def test_dead_peer_fails_fast_then_succeeds_once_it_starts(handler: Handle
 
         server = await serve(handler, port=port)
         try:
-            outcome: list[object] = []
-
-            async def attempt() -> bool:
-                outcome.append(await pool.call(SERVER_ID, store(4), timeout_ms=5_000))
-                return outcome[-1] == stored(4)
-
             deadline = time.monotonic() + 5
-            while not await attempt():
-                assert outcome[-1] == Status.CONNFAILED
+            while (result := await pool.call(SERVER_ID, store(4), timeout_ms=5_000)) != stored(4):
+                assert result == Status.CONNFAILED
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.01)
             assert pool.connected(SERVER_ID)
@@ -119,7 +119,7 @@ async def test_garbage_closes_the_connection_and_others_keep_working(
     reader, writer = await _raw_connect(server.port)
     writer.write(garbage)
     assert await _read_until_closed(reader) == b""
-    writer.close()
+    await close_writer(writer)
 
     assert await pool.call(SERVER_ID, store(1), timeout_ms=5_000) == stored(1)
     assert server.counters.desyncs == 1
@@ -135,7 +135,7 @@ async def test_garbage_after_hello_closes_only_that_connection(
     assert await _read_frame(reader) == (0, HelloReply(status=Status.OK, node_id=SERVER_ID))
     writer.write(frame(b"\xc1"))
     assert await _read_until_closed(reader) == b""
-    writer.close()
+    await close_writer(writer)
 
     assert await pool.call(SERVER_ID, store(2), timeout_ms=5_000) == stored(2)
     assert pool.counters.connects == 1
@@ -145,7 +145,7 @@ async def test_first_frame_must_be_hello(handler: Handler, server: Server) -> No
     reader, writer = await _raw_connect(server.port)
     writer.write(encode(store(1), 5))
     assert await _read_until_closed(reader) == b""
-    writer.close()
+    await close_writer(writer)
     assert handler.received == []
 
 
@@ -158,18 +158,15 @@ async def test_unknown_correlation_id_desyncs_the_client() -> None:
         await _read_frame(reader)  # the request
         writer.write(encode(stored(1), 999_999))
         await reader.read()
-        writer.close()
 
-    confused = await asyncio.start_server(serve_confused, "127.0.0.1", 0)
-    pool = make_pool(confused.sockets[0].getsockname()[1])
-    try:
-        assert await pool.call(SERVER_ID, store(1), timeout_ms=5_000) == Status.BADMSG
-        assert pool.counters.desyncs == 1
-        assert not pool.connected(SERVER_ID)
-    finally:
-        await pool.close()
-        confused.close()
-        await confused.wait_closed()
+    async with ScriptedServer(serve_confused) as port:
+        pool = make_pool(port)
+        try:
+            assert await pool.call(SERVER_ID, store(1), timeout_ms=5_000) == Status.BADMSG
+            assert pool.counters.desyncs == 1
+            assert not pool.connected(SERVER_ID)
+        finally:
+            await pool.close()
 
 
 async def test_wrong_node_behind_the_address_is_not_used(handler: Handler) -> None:
@@ -224,21 +221,62 @@ async def test_peer_that_stops_reading_gets_overloaded(monkeypatch: pytest.Monke
         await _read_frame(reader)
         writer.write(encode(HelloReply(status=Status.OK, node_id=SERVER_ID)))
         await stalled.wait()
-        writer.close()
 
-    sink = await asyncio.start_server(serve_stalled, "127.0.0.1", 0)
-    pool = make_pool(sink.sockets[0].getsockname()[1])
+    async with ScriptedServer(serve_stalled) as port:
+        pool = make_pool(port)
+        try:
+            assert await pool.call(SERVER_ID, store(0), timeout_ms=50) == Status.TIMEDOUT
+            results = Results()
+            for lsn in range(1, 2000):
+                pool.request(SERVER_ID, store(lsn, b"z" * 64 * 1024), results.callback(lsn))
+                await asyncio.sleep(0)
+                if Status.OVERLOADED in results.by_key.values():
+                    break
+            assert Status.OVERLOADED in results.by_key.values()
+        finally:
+            stalled.set()
+            await pool.close()
+
+
+async def test_silent_connection_is_dropped_after_the_hello_timeout(handler: Handler) -> None:
+    server = await serve(handler, config=TransportConfig(connect_timeout_ms=50))
     try:
-        assert await pool.call(SERVER_ID, store(0), timeout_ms=50) == Status.TIMEDOUT
-        results = Results()
-        for lsn in range(1, 2000):
-            pool.request(SERVER_ID, store(lsn, b"z" * 64 * 1024), results.callback(lsn))
-            await asyncio.sleep(0)
-            if Status.OVERLOADED in results.by_key.values():
-                break
-        assert Status.OVERLOADED in results.by_key.values()
+        reader, writer = await _raw_connect(server.port)
+        assert await _read_until_closed(reader) == b""
+        await close_writer(writer)
+        await wait_until(lambda: server.connection_count == 0)
     finally:
-        stalled.set()
+        await server.close()
+
+
+class _Exploding(Handler):
+    def on_message(self, peer: NodeId, message: Message, reply: ReplyFn) -> None:
+        if isinstance(message, Store) and message.lsn == 13:
+            raise RuntimeError("handler bug")
+        super().on_message(peer, message, reply)
+
+
+async def test_handler_exception_fails_that_connection_not_the_server() -> None:
+    server = await serve(_Exploding())
+    pool = make_pool(server.port)
+    try:
+        assert await pool.call(SERVER_ID, store(1), timeout_ms=5_000) == stored(1)
+        assert await pool.call(SERVER_ID, store(13), timeout_ms=5_000) == Status.CONNFAILED
+        assert await pool.call(SERVER_ID, store(2), timeout_ms=5_000) == stored(2)
+    finally:
         await pool.close()
-        sink.close()
-        await sink.wait_closed()
+        await server.close()
+
+
+async def test_a_failing_callback_does_not_hurt_other_requests(handler: Handler,
+                                                               pool: PeerPool) -> None:
+    def explode(result: Message | Status) -> None:
+        raise RuntimeError("caller bug")
+
+    results = Results()
+    pool.request(SERVER_ID, store(1), explode)
+    pool.request(SERVER_ID, store(2), results.callback(2))
+    await wait_until(lambda: 2 in results.by_key)
+    assert results.by_key[2] == stored(2)
+    assert pool.connected(SERVER_ID)
+    assert await pool.call(SERVER_ID, store(3), timeout_ms=5_000) == stored(3)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -113,3 +114,41 @@ def segment_paths(data_dir: str) -> list[str]:
 def assert_ok(replies: list[Stored]) -> None:
     bad = [r for r in replies if r.status != Status.OK]
     assert not bad, bad[:3]
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(0.002)
+
+
+# File surgery for the tests, run through asyncio.to_thread by the async tests.
+
+def file_size(path: str) -> int:
+    return os.path.getsize(path)
+
+
+def read_file(path: str) -> bytes:
+    with open(path, "rb") as file:
+        return file.read()
+
+
+def truncate_file(path: str, size: int) -> None:
+    with open(path, "r+b") as file:
+        file.truncate(size)
+
+
+def append_to_file(path: str, data: bytes) -> None:
+    with open(path, "ab") as file:
+        file.write(data)
+
+
+def flip_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0xFF]))

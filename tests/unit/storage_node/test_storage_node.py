@@ -4,9 +4,9 @@ preemption and every refusal status."""
 from __future__ import annotations
 
 import asyncio
-import os
+from pathlib import Path
 
-from shared.status import Status
+from shared.status import LogError, Status
 from shared.types import Epoch, NodeId
 from shared.wire.hello import Hello
 from shared.wire.read import GetLogState, LogState
@@ -23,16 +23,18 @@ from tests.unit.storage_node.helpers import (
     make_store,
     payload_for,
     read,
+    read_file,
     request,
     running_node,
     segment_paths,
     storage_config,
     store,
     store_all,
+    wait_until,
 )
 
 
-async def test_store_is_acknowledged_once_it_is_on_disk(tmp_path: str) -> None:
+async def test_store_is_acknowledged_once_it_is_on_disk(tmp_path: Path) -> None:
     data_dir = str(tmp_path)
     async with running_node(data_dir) as node:
         reply = await store(node, make_store(lsn(1, 1), (b"hello-durable-world",)))
@@ -40,12 +42,13 @@ async def test_store_is_acknowledged_once_it_is_on_disk(tmp_path: str) -> None:
                                                                        lsn(1, 1), 1)
         stats = node.stats()
         assert stats["stored_ok"] == 1 and stats["fsyncs"] >= 1
-        on_disk = b"".join(open(p, "rb").read() for p in segment_paths(data_dir))
+        on_disk = b"".join([await asyncio.to_thread(read_file, p)
+                            for p in segment_paths(data_dir)])
         assert b"hello-durable-world" in on_disk
         assert (await log_state(node)).last_lsn == lsn(1, 1)
 
 
-async def test_concurrent_stores_share_fsyncs(tmp_path: str) -> None:
+async def test_concurrent_stores_share_fsyncs(tmp_path: Path) -> None:
     async with running_node(str(tmp_path)) as node:
         replies = await store_all(node, [make_store(lsn(1, i)) for i in range(1, 201)])
         assert_ok(replies)
@@ -55,7 +58,7 @@ async def test_concurrent_stores_share_fsyncs(tmp_path: str) -> None:
         assert stats["commit_batches"] <= 20, stats
 
 
-async def test_reads_return_released_records_only(tmp_path: str) -> None:
+async def test_reads_return_released_records_only(tmp_path: Path) -> None:
     async with running_node(str(tmp_path)) as node:
         assert_ok(await store_all(node, [make_store(lsn(1, i)) for i in range(1, 11)]))
         nothing = await read(node, make_read(1))
@@ -76,7 +79,7 @@ async def test_reads_return_released_records_only(tmp_path: str) -> None:
         assert len((await read(node, make_read(1))).records) == 9
 
 
-async def test_batches_are_split_and_entered_mid_batch(tmp_path: str) -> None:
+async def test_batches_are_split_and_entered_mid_batch(tmp_path: Path) -> None:
     payloads = tuple(payload_for(i, 100) for i in range(10))
     async with running_node(str(tmp_path)) as node:
         assert_ok([await store(node, make_store(lsn(2, 1), payloads, key="k",
@@ -95,7 +98,7 @@ async def test_batches_are_split_and_entered_mid_batch(tmp_path: str) -> None:
         assert len((await read(node, make_read(lsn(2, 10), bytes_max=1))).records) == 1
 
 
-async def test_new_wave_of_same_lsn_replaces_the_copy(tmp_path: str) -> None:
+async def test_new_wave_of_same_lsn_replaces_the_copy(tmp_path: Path) -> None:
     async with running_node(str(tmp_path)) as node:
         assert_ok([await store(node, make_store(lsn(1, 1), wave=1))])
         assert_ok([await store(node, make_store(lsn(1, 1), wave=2, release_lsn=lsn(1, 1)))])
@@ -103,7 +106,7 @@ async def test_new_wave_of_same_lsn_replaces_the_copy(tmp_path: str) -> None:
         assert len((await read(node, make_read(1))).records) == 1
 
 
-async def test_store_of_newer_epoch_preempts_older_sequencer(tmp_path: str) -> None:
+async def test_store_of_newer_epoch_preempts_older_sequencer(tmp_path: Path) -> None:
     async with running_node(str(tmp_path)) as node:
         assert_ok([await store(node, make_store(lsn(3, 1), sequencer=SEQ_B))])
         reply = await store(node, make_store(lsn(2, 5), sequencer=SEQ_A))
@@ -112,7 +115,7 @@ async def test_store_of_newer_epoch_preempts_older_sequencer(tmp_path: str) -> N
         assert (await log_state(node)).sealed_epoch == 2
 
 
-async def test_durable_seal_preempts_and_survives_restart(tmp_path: str) -> None:
+async def test_durable_seal_preempts_and_survives_restart(tmp_path: Path) -> None:
     data_dir = str(tmp_path)
     async with running_node(data_dir) as node:
         assert await node.seal(LOG, Epoch(4), NodeId("recoverer")) == Status.OK
@@ -128,7 +131,7 @@ async def test_durable_seal_preempts_and_survives_restart(tmp_path: str) -> None
         assert (await store(node, make_store(lsn(5, 1)))).status == Status.OK
 
 
-async def test_refusals(tmp_path: str) -> None:
+async def test_refusals(tmp_path: Path) -> None:
     async with running_node(str(tmp_path / "a"), storage_config(accept_writes=False)) as node:
         assert (await store(node, make_store(lsn(1, 1)))).status == Status.DISABLED
     async with running_node(str(tmp_path / "b"),
@@ -143,7 +146,7 @@ async def test_refusals(tmp_path: str) -> None:
         assert node.stats()["stores"] == 0
 
 
-async def test_full_writer_queue_answers_overloaded(tmp_path: str) -> None:
+async def test_full_writer_queue_answers_overloaded(tmp_path: Path) -> None:
     async with running_node(str(tmp_path), storage_config(store_queue_records_max=4)) as node:
         replies = await store_all(node, [make_store(lsn(1, i)) for i in range(1, 41)])
         statuses = {r.status for r in replies}
@@ -155,7 +158,7 @@ async def test_full_writer_queue_answers_overloaded(tmp_path: str) -> None:
         assert [r[0] for r in got.records] == ok
 
 
-async def test_messages_before_start_after_close_and_unexpected(tmp_path: str) -> None:
+async def test_messages_before_start_after_close_and_unexpected(tmp_path: Path) -> None:
     node = StorageNode(node_id=NodeId("n1"), data_dir=str(tmp_path), config=storage_config())
     assert (await store(node, make_store(lsn(1, 1)))).status == Status.NOTREADY
     await node.start()
@@ -169,25 +172,22 @@ async def test_messages_before_start_after_close_and_unexpected(tmp_path: str) -
     assert (await read(node, make_read(1))).status == Status.SHUTDOWN
 
 
-async def test_fsync_interval_and_never(tmp_path: str) -> None:
+async def test_fsync_interval_and_never(tmp_path: Path) -> None:
     config = storage_config(fsync="interval", fsync_interval_ms=20)
     async with running_node(str(tmp_path / "i"), config) as node:
         assert_ok(await store_all(node, [make_store(lsn(1, i)) for i in range(1, 51)]))
-        async with asyncio.timeout(5):
-            while node.stats().get("fsyncs", 0) < 1:
-                await asyncio.sleep(0.005)
+        await wait_until(lambda: node.stats()["fsyncs"] >= 1)
     async with running_node(str(tmp_path / "n"), storage_config(fsync="never")) as node:
         assert_ok(await store_all(node, [make_store(lsn(1, i)) for i in range(1, 51)]))
         assert node.stats().get("fsyncs", 0) == 0
 
 
-async def test_second_process_cannot_open_the_same_directory(tmp_path: str) -> None:
+async def test_second_process_cannot_open_the_same_directory(tmp_path: Path) -> None:
     async with running_node(str(tmp_path)):
         other = StorageNode(node_id=NodeId("n2"), data_dir=str(tmp_path),
                             config=storage_config())
         try:
             await other.start()
             raise AssertionError("a second opener must be refused")
-        except Exception as error:  # noqa: BLE001 - the type is asserted below
-            assert getattr(error, "status", None) == Status.EXISTS
-    assert os.path.exists(os.path.join(str(tmp_path), "LOCK"))
+        except LogError as error:
+            assert error.status == Status.EXISTS

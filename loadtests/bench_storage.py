@@ -1,0 +1,158 @@
+"""Micro-benchmark of one storage node: closed-loop STOREs through ``StorageNode.on_message``
+(no network), same semantics as the peer benchmarks (shared/peers/common.py).
+
+At most ``--inflight`` single-record STOREs of ``--size`` bytes are outstanding; latency is
+from just before ``on_message`` to the STORED(OK) reply, i.e. queueing + group commit + fsync
+(per ``--fsync``). ``--warmup`` records go first, unmeasured. Prints one JSON line with the
+commit statistics (records per fsync shows the group commit at work).
+
+Run from the repo root: ``.venv/bin/python -m loadtests.bench_storage [--records N] ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import resource
+import tempfile
+import time
+from typing import Any
+
+from shared.config import StorageConfig
+from shared.status import Status
+from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
+from shared.wire.codec import Message
+from shared.wire.store import Store, Stored, payloads_checksum
+from storage_node.runtime import StorageNode
+
+NODE = NodeId("bench-storage")
+SEQUENCER = NodeId("bench-seq")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--records", type=int, default=20_000, help="measured records")
+    p.add_argument("--size", type=int, default=1024, help="payload bytes per record")
+    p.add_argument("--inflight", type=int, default=64, help="max outstanding STOREs")
+    p.add_argument("--warmup", type=int, default=500, help="unmeasured records sent first")
+    p.add_argument("--fsync", choices=["always", "interval", "never"], default="always")
+    p.add_argument("--dir", default=None, help="data directory (default: a fresh temp dir)")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    return p
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list (q in [0, 100])."""
+    if not sorted_values:
+        return float("nan")
+    k = max(0, min(len(sorted_values) - 1, math.ceil(q / 100.0 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Driver:
+    """Keeps ``inflight`` STOREs outstanding until ``total`` have been acknowledged."""
+
+    def __init__(self, node: StorageNode, payload: bytes, inflight: int) -> None:
+        self._node = node
+        self._payload = payload
+        self._inflight = inflight
+        self._next_esn = 1
+        self.latencies_ms: list[float] = []
+
+    async def run(self, total: int, *, measure: bool) -> None:
+        done = asyncio.get_running_loop().create_future()
+        remaining = total
+        issued = 0
+
+        def issue() -> None:
+            nonlocal issued
+            issued += 1
+            esn = self._next_esn
+            self._next_esn += 1
+            started_ns = time.perf_counter_ns()
+
+            def reply(message: Message) -> None:
+                nonlocal remaining
+                assert isinstance(message, Stored) and message.status == Status.OK, message
+                if measure:
+                    self.latencies_ms.append((time.perf_counter_ns() - started_ns) / 1e6)
+                remaining -= 1
+                if remaining == 0:
+                    done.set_result(None)
+                elif issued < total:
+                    issue()
+
+            self._node.on_message(SEQUENCER, self._store(esn), reply)
+
+        for _ in range(min(self._inflight, total)):
+            issue()
+        await done
+
+    def _store(self, esn: int) -> Store:
+        payloads = (self._payload,)
+        lsn = compose_lsn(Epoch(1), Esn(esn))
+        return Store(log_id=LogId(1), lsn=lsn, wave=1, sequencer_node=SEQUENCER,
+                     copyset=(NODE,), timestamp_ms=0, last_known_good=Esn(0),
+                     release_lsn=Lsn(0), timeout_ms=10_000, key=None, payloads=payloads,
+                     checksum=payloads_checksum(payloads))
+
+
+async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
+    config = StorageConfig(fsync=args.fsync, disk_free_bytes_min=0)
+    node = StorageNode(node_id=NODE, data_dir=data_dir, config=config)
+    await node.start()
+    try:
+        driver = Driver(node, os.urandom(args.size), args.inflight)
+        await driver.run(args.warmup, measure=False)
+        before = node.stats()
+        cpu_start, wall_start = cpu_s(), time.perf_counter()
+        await driver.run(args.records, measure=True)
+        wall_s = time.perf_counter() - wall_start
+        cpu_used_s = cpu_s() - cpu_start
+        after = node.stats()
+    finally:
+        await node.close()
+    latencies = sorted(driver.latencies_ms)
+    fsyncs = after["fsyncs"] - before["fsyncs"]
+    batches = after["commit_batches"] - before["commit_batches"]
+    return {
+        "bench": "storage_node.on_message", "fsync": args.fsync, "size": args.size,
+        "inflight": args.inflight, "records": args.records, "loop": args.loop,
+        "records_per_s": round(args.records / wall_s, 1),
+        "MB_per_s": round(args.records * args.size / wall_s / 1e6, 2),
+        "p50_ms": round(percentile(latencies, 50), 3),
+        "p99_ms": round(percentile(latencies, 99), 3),
+        "p999_ms": round(percentile(latencies, 99.9), 3),
+        "max_ms": round(latencies[-1], 3),
+        "fsyncs": fsyncs, "commit_batches": batches,
+        "records_per_fsync": round(args.records / fsyncs, 1) if fsyncs else None,
+        "records_per_batch": round(args.records / batches, 1) if batches else None,
+        "cpu_util": round(cpu_used_s / wall_s, 2),
+        "loadavg": os.getloadavg()[0],
+    }
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.loop == "uvloop":
+        import uvloop
+
+        uvloop.install()
+    if args.dir:
+        result = asyncio.run(bench(args, args.dir))
+    else:
+        with tempfile.TemporaryDirectory(prefix="bench-storage-") as data_dir:
+            result = asyncio.run(bench(args, data_dir))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Safety checkers, fed by the simulation as things happen, and the final disk checks.
+
+C1 one LSN, one payload: across every STORE sent, every disk and every acknowledgement.
+C2 every acknowledged record was on at least R distinct disks when it was acknowledged, and
+   still is at the end (disks survive crashes).
+C3 no release pointer (a sequencer's or a storage node's) ever passes the fully replicated
+   prefix: when it advances to L, every ESN up to L's in L's epoch is on >= R disks, every
+   acknowledged LSN <= L is on >= R disks, and every epoch before L's is clean in the epoch
+   store (nothing in an epoch over an unclean one is ever released). Pointers never go back.
+   A clean epoch's tail covers every LSN ever assigned in that epoch.
+C4 appends answered SEQNOBUFS, NOSEQUENCER or NOTFOUND (or never sent to a core) wrote
+   nothing: no STORE ever carried their payloads and no disk holds them.
+
+Checks are incremental (each LSN is verified once per property) so that they can run at
+every event; disks only grow, so what was verified stays true.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable
+from typing import NoReturn
+
+from sequencer.core.effects import AppendReply
+from shared.types import (
+    Epoch,
+    Esn,
+    LogId,
+    Lsn,
+    NodeId,
+    compose_lsn,
+    format_lsn,
+    lsn_to_epoch,
+    lsn_to_esn,
+)
+from shared.wire.store import Store
+from tests.simulation.sim_client import ClientAppend
+from tests.simulation.sim_storage import SimStorageNode
+
+CHECKER_NAMES = {
+    "C1": "one LSN, one payload",
+    "C2": "acknowledged means stored on R nodes",
+    "C3": "release only over the fully replicated prefix of clean epochs",
+    "C4": "nothing-written answers wrote nothing",
+    "L1": "liveness: quiescent after healing",
+    "L2": "liveness: appends after healing succeed and get released",
+    "CORE": "a core's own assertion",
+}
+
+Key = tuple[LogId, Lsn]
+
+
+class CheckFailed(AssertionError):
+    """A checker fired. ``checker`` is one of ``CHECKER_NAMES``."""
+
+    def __init__(self, checker: str, detail: str) -> None:
+        super().__init__(f"checker {checker} ({CHECKER_NAMES[checker]}): {detail}")
+        self.checker = checker
+        self.detail = detail
+
+
+def fail(checker: str, detail: str) -> NoReturn:
+    raise CheckFailed(checker, detail)
+
+
+class SafetyChecker:
+    def __init__(
+        self,
+        *,
+        replication_of: Callable[[LogId], int],
+        clean_epoch_of: Callable[[LogId], Epoch],
+    ) -> None:
+        self._replication_of = replication_of
+        self._clean_epoch_of = clean_epoch_of
+        self.assigned: dict[Key, bytes] = {}
+        """The payload of every LSN any sequencer ever put in a STORE."""
+        self.copies: dict[Key, set[NodeId]] = {}
+        """Storage nodes whose disk holds the assigned payload at that LSN."""
+        self._verified_esn: dict[tuple[LogId, Epoch], int] = {}
+        self._acked_unreleased: dict[LogId, list[Lsn]] = {}
+        self._release: dict[tuple[str, LogId], Lsn] = {}
+        self._nothing_written: dict[bytes, int] = {}
+        """Payload -> request id of an append that promised it wrote nothing."""
+        self._sent_payloads: set[bytes] = set()
+        self.acked: list[ClientAppend] = []
+        self.releases_count = 0
+
+    # ---- C1 -------------------------------------------------------------------------------
+
+    def on_store_sent(self, store: Store) -> None:
+        for index, payload in enumerate(store.payloads):
+            key = (store.log_id, Lsn(store.lsn + index))
+            known = self.assigned.setdefault(key, payload)
+            if known != payload:
+                fail("C1", f"log {key[0]} {format_lsn(key[1])} sent with payload {payload!r} "
+                     f"but earlier with {known!r}")
+            if payload in self._nothing_written:
+                fail("C4", f"payload {payload!r} of request {self._nothing_written[payload]} "
+                     "(answered 'nothing written') is in a STORE")
+            self._sent_payloads.add(payload)
+
+    def on_disk_write(self, node: NodeId, log_id: LogId, lsn: Lsn, payload: bytes,
+                      previous: bytes | None) -> None:
+        key = (log_id, lsn)
+        if previous is not None and previous != payload:
+            fail("C1", f"{node} overwrote log {log_id} {format_lsn(lsn)}: {previous!r} "
+                 f"-> {payload!r}")
+        if self.assigned.get(key) != payload:
+            fail("C1", f"{node} wrote {payload!r} at log {log_id} {format_lsn(lsn)}, which was "
+                 f"assigned {self.assigned.get(key)!r}")
+        self.copies.setdefault(key, set()).add(node)
+
+    # ---- C2 -------------------------------------------------------------------------------
+
+    def on_ack(self, append: ClientAppend, reply: AppendReply) -> None:
+        log_id, replication = append.log_id, self._replication_of(append.log_id)
+        if reply.last_lsn - reply.first_lsn + 1 != len(append.payloads):
+            fail("C2", f"request {append.request_id} acked {format_lsn(reply.first_lsn)}.."
+                 f"{format_lsn(reply.last_lsn)} for {len(append.payloads)} payloads")
+        for index, payload in enumerate(append.payloads):
+            key = (log_id, Lsn(reply.first_lsn + index))
+            if self.assigned.get(key) != payload:
+                fail("C1", f"request {append.request_id} acked {payload!r} at log {log_id} "
+                     f"{format_lsn(key[1])}, which holds {self.assigned.get(key)!r}")
+            holders = self.copies.get(key, set())
+            if len(holders) < replication:
+                fail("C2", f"request {append.request_id} acked log {log_id} "
+                     f"{format_lsn(key[1])} with {len(holders)} copies "
+                     f"({sorted(holders)}) < R={replication}")
+            heapq.heappush(self._acked_unreleased.setdefault(log_id, []), key[1])
+        self.acked.append(append)
+
+    # ---- C3 -------------------------------------------------------------------------------
+
+    def on_release(self, holder: str, log_id: LogId, release_lsn: Lsn) -> None:
+        previous = self._release.get((holder, log_id), Lsn(0))
+        if release_lsn == previous:
+            return
+        if release_lsn < previous:
+            fail("C3", f"{holder} moved log {log_id}'s release back from "
+                 f"{format_lsn(previous)} to {format_lsn(release_lsn)}")
+        self._release[(holder, log_id)] = release_lsn
+        self.releases_count += 1
+        where = f"{holder} released log {log_id} up to {format_lsn(release_lsn)}"
+        epoch, clean = lsn_to_epoch(release_lsn), self._clean_epoch_of(log_id)
+        if epoch > clean + 1:
+            fail("C3", f"{where}, but the last clean epoch is {clean}: epochs "
+                 f"{clean + 1}..{epoch - 1} are unclean")
+        self._check_prefix(where, log_id, release_lsn)
+        replication = self._replication_of(log_id)
+        acked = self._acked_unreleased.get(log_id, [])
+        while acked and acked[0] <= release_lsn:
+            lsn = heapq.heappop(acked)
+            if len(self.copies.get((log_id, lsn), ())) < replication:
+                fail("C3", f"{where}, but acked {format_lsn(lsn)} is on fewer than "
+                     f"R={replication} nodes")
+
+    def _check_prefix(self, where: str, log_id: LogId, release_lsn: Lsn) -> None:
+        epoch, replication = lsn_to_epoch(release_lsn), self._replication_of(log_id)
+        verified = self._verified_esn.get((log_id, epoch), 0)
+        for esn in range(verified + 1, lsn_to_esn(release_lsn) + 1):
+            key = (log_id, compose_lsn(epoch, Esn(esn)))
+            if key not in self.assigned:
+                fail("C3", f"{where}, but {format_lsn(key[1])} was never written")
+            holders = self.copies.get(key, set())
+            if len(holders) < replication:
+                fail("C3", f"{where}, but {format_lsn(key[1])} is on {len(holders)} nodes "
+                     f"({sorted(holders)}) < R={replication}")
+            self._verified_esn[(log_id, epoch)] = esn
+
+    def on_clean_epoch(self, log_id: LogId, epoch: Epoch, tail_lsn: Lsn) -> None:
+        """The epoch store accepted ``epoch`` as clean with ``tail_lsn``."""
+        beyond = [lsn for (log, lsn) in self.assigned
+                  if log == log_id and lsn_to_epoch(lsn) == epoch and lsn > tail_lsn]
+        if beyond:
+            fail("C3", f"log {log_id} epoch {epoch} marked clean with tail "
+                 f"{format_lsn(tail_lsn)}, but {format_lsn(min(beyond))} was written in it")
+        if lsn_to_epoch(tail_lsn) == epoch:
+            self._check_prefix(f"clean tail of epoch {epoch}", log_id, tail_lsn)
+
+    # ---- C4 -------------------------------------------------------------------------------
+
+    def on_nothing_written(self, append: ClientAppend) -> None:
+        for payload in append.payloads:
+            if payload in self._sent_payloads:
+                fail("C4", f"request {append.request_id} was answered "
+                     f"{append.core_reply.status.name if append.core_reply else 'refused'} "
+                     f"(nothing written) but {payload!r} was sent in a STORE")
+            self._nothing_written[payload] = append.request_id
+
+    # ---- at the end -----------------------------------------------------------------------
+
+    def check_final(self, storage_nodes: Iterable[SimStorageNode]) -> None:
+        nodes = list(storage_nodes)
+        on_disk: dict[bytes, list[str]] = {}
+        for node in nodes:
+            for (log_id, lsn), record in node.disk.records.items():
+                if record.payload in self._nothing_written:
+                    on_disk.setdefault(record.payload, []).append(
+                        f"{node.node_id}:{log_id}:{format_lsn(lsn)}")
+        for payload, where in on_disk.items():
+            fail("C4", f"payload {payload!r} of request {self._nothing_written[payload]} "
+                 f"(answered 'nothing written') is on disk at {where}")
+        for append in self.acked:
+            replication = self._replication_of(append.log_id)
+            for index, payload in enumerate(append.payloads):
+                lsn = Lsn(append.first_lsn + index)
+                holders = [n.node_id for n in nodes
+                           if (r := n.disk.records.get((append.log_id, lsn))) is not None
+                           and r.payload == payload]
+                if len(holders) < replication:
+                    fail("C2", f"acked log {append.log_id} {format_lsn(lsn)} is on "
+                         f"{holders} at the end < R={replication}")

@@ -1,0 +1,256 @@
+"""One simulated run per seed (TigerBeetle's VOPR, lite): derive the options from the seed,
+issue a random workload while injecting faults, heal, then check liveness and the disks.
+
+Phases: chaos (``[0, chaos_ms)``: appends and faults) -> heal -> quiescent within
+``liveness_ms_max`` (L1) -> a few appends per log that must all succeed and, in a releasable
+epoch, get released on every storage node (L2) -> final disk checks (C2, C4). Safety checkers
+run at every event throughout. Any failure raises ``SimulationFailure`` naming the seed.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections import Counter
+from dataclasses import dataclass
+
+from sequencer.core.sequencer import SequencerState
+from shared.status import Status
+from shared.types import LogId, format_lsn
+from tests.simulation.checkers import CHECKER_NAMES, CheckFailed, fail
+from tests.simulation.sim_client import ClientAppend
+from tests.simulation.sim_cluster import SimCluster
+from tests.simulation.sim_options import SimOptions
+
+POST_HEAL_ATTEMPTS_MAX = 2
+"""A post-heal append may fail once, only because its sequencer was stale and got
+preempted (it then reactivates in the newest epoch)."""
+
+
+class SimulationFailure(AssertionError):
+    def __init__(self, seed: int, checker: str, message: str) -> None:
+        super().__init__(message)
+        self.seed = seed
+        self.checker = checker
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    seed: int
+    digest: str
+    sim_ms: int
+    events_count: int
+    outcomes: dict[str, int]
+    acked_count: int
+    releases_count: int
+    activations_count: int
+    messages_count: int
+    released_logs_count: int
+    """Logs whose post-heal appends ended in a releasable epoch (and were released)."""
+    stalled_logs_count: int
+    """Logs whose current epoch sits over an unclean one, so nothing new is released."""
+    stats: dict[str, int]
+
+    def summary(self) -> str:
+        outcomes = " ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items()))
+        stats = " ".join(f"{k}={v}" for k, v in sorted(self.stats.items()))
+        return (f"seed {self.seed}: ok, {self.sim_ms}ms simulated, {self.events_count} events, "
+                f"{self.messages_count} messages, {self.acked_count} acked, "
+                f"{self.activations_count} activations, {self.releases_count} release moves, "
+                f"logs released/stalled {self.released_logs_count}/{self.stalled_logs_count}; "
+                f"outcomes {outcomes}; {stats}; digest {self.digest[:16]}")
+
+
+def reproduce_line(seed: int) -> str:
+    return f"reproduce with: python -m tests.simulation.run --seed {seed}"
+
+
+def run_simulation(seed: int, *, options: SimOptions | None = None,
+                   verbose: bool = False) -> SimResult:
+    """The randomized run of ``seed``; ``options`` overrides the ones derived from it."""
+    rng = random.Random(seed)
+    generated = SimOptions.generate(rng)
+    options = options or generated
+    cluster = SimCluster(seed, options, rng, verbose=verbose)
+    with failure_report(cluster, reproduce_line(seed)):
+        schedule_workload(cluster)
+        schedule_chaos(cluster)
+        cluster.run_for(options.chaos_ms)
+        heal_and_check(cluster)
+    return result_of(cluster)
+
+
+class failure_report:  # noqa: N801 - used as a context manager, reads like one
+    """Turns any assertion inside a run into a ``SimulationFailure`` with the seed, the
+    checker, the options, the last trace lines and how to reproduce."""
+
+    def __init__(self, cluster: SimCluster, reproduce: str) -> None:
+        self.cluster = cluster
+        self.reproduce = reproduce
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        if error is None or not isinstance(error, AssertionError):
+            return
+        if isinstance(error, SimulationFailure):
+            return
+        if isinstance(error, CheckFailed):
+            checker, detail = error.checker, str(error)
+        else:
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            checker = "CORE"
+            detail = (f"checker CORE ({CHECKER_NAMES['CORE']}): assertion {error!r} at "
+                      f"{frame.filename}:{frame.lineno} ({frame.line})")
+        cluster = self.cluster
+        message = (
+            f"simulation of seed {cluster.seed} failed at t={cluster.now_ms}ms: {detail}\n"
+            f"options: {cluster.options.describe()}\n"
+            f"last events:\n{cluster.trace.tail()}\n{self.reproduce}"
+        )
+        raise SimulationFailure(cluster.seed, checker, message) from error
+
+
+# ---- workload and chaos --------------------------------------------------------------------
+
+def schedule_workload(cluster: SimCluster) -> None:
+    rng, options = cluster.rng, cluster.options
+    for index in range(options.appends_count):
+        at_ms = rng.randrange(options.chaos_ms)
+        log_id = rng.choice(cluster.log_ids)
+        count = 1
+        if options.batch_payloads_max > 1 and rng.random() < options.batch_ratio:
+            count = rng.randint(2, options.batch_payloads_max)
+        payloads = tuple(f"{cluster.seed}:{index}:{j}".encode() for j in range(count))
+        cluster.queue.at(at_ms, lambda log_id=log_id, payloads=payloads:  # type: ignore[misc]
+                         cluster.append(log_id, payloads))
+
+
+def schedule_chaos(cluster: SimCluster) -> None:
+    options = cluster.options
+    for tick_ms in range(options.chaos_tick_ms, options.chaos_ms, options.chaos_tick_ms):
+        cluster.queue.at(tick_ms, lambda: chaos_tick(cluster))
+
+
+def chaos_tick(cluster: SimCluster) -> None:
+    rng, o = cluster.rng, cluster.options
+    if o.storage_crash_ratio and rng.random() < o.storage_crash_ratio:
+        up = [n for n, s in cluster.storage.items() if s.up]
+        if up:
+            cluster.crash_storage(rng.choice(up), down_ms=rng.randint(50, o.storage_down_ms_max))
+    if o.partition_ratio and rng.random() < o.partition_ratio:
+        storage = rng.sample(list(cluster.storage), rng.randint(1, len(cluster.storage)))
+        sequencers = rng.sample(list(cluster.sequencers), rng.randint(1, len(cluster.sequencers)))
+        cluster.partition(sequencers, storage, rng.randint(50, o.partition_ms_max))
+    if o.sequencer_crash_ratio and rng.random() < o.sequencer_crash_ratio:
+        up = [n for n, s in cluster.sequencers.items() if s.up]
+        if up:
+            cluster.crash_sequencer(rng.choice(up),
+                                    down_ms=rng.randint(20, o.sequencer_down_ms_max))
+    if o.failover_ratio and rng.random() < o.failover_ratio:
+        log_id = rng.choice(cluster.log_ids)
+        others = [n for n, s in cluster.sequencers.items()
+                  if s.accepts_appends() and n != cluster.route.get(log_id)]
+        if others:
+            cluster.failover(log_id, rng.choice(others))
+    if o.drain_ratio and rng.random() < o.drain_ratio:
+        usable = [n for n, s in cluster.sequencers.items() if s.accepts_appends()]
+        if usable:
+            cluster.drain_sequencer(rng.choice(usable),
+                                    down_ms=rng.randint(10, o.sequencer_down_ms_max))
+
+
+# ---- after healing ---------------------------------------------------------------------------
+
+def heal_and_check(cluster: SimCluster) -> None:
+    """Heal, then check liveness (L1, L2) and the disks (C2, C4)."""
+    cluster.heal()
+    if not cluster.run_until(cluster.quiescent, timeout_ms=cluster.options.liveness_ms_max):
+        fail("L1", f"not quiescent {cluster.options.liveness_ms_max}ms after healing: "
+             f"{describe_unquiet(cluster)}")
+    for log_id in cluster.log_ids:
+        check_post_heal_appends(cluster, log_id)
+    cluster.checker.check_final(cluster.storage.values())
+
+
+def check_post_heal_appends(cluster: SimCluster, log_id: LogId) -> None:
+    options = cluster.options
+    acked: list[ClientAppend] = []
+    for index in range(options.post_heal_appends_per_log):
+        for attempt in range(POST_HEAL_ATTEMPTS_MAX):
+            payload = f"{cluster.seed}:heal:{log_id}:{index}:{attempt}".encode()
+            append = cluster.append(log_id, (payload,), post_heal=True)
+            cluster.run_until(lambda append=append: append.outcome is not None,  # type: ignore[misc]
+                              timeout_ms=options.append_timeout_ms + 1)
+            if append.outcome == Status.OK:
+                acked.append(append)
+                break
+            node = cluster.sequencers[append.node] if append.node else None
+            core = node.cores.get(append.log_id) if node else None
+            stale = (attempt == 0 and append.outcome == Status.TIMEDOUT and core is not None
+                     and core.sequencer.state is SequencerState.PREEMPTED)
+            if not stale:
+                state = f"{core.sequencer.state.name} epoch {core.sequencer.epoch}" if core else "-"
+                fail("L2", f"append #{append.request_id} to log {log_id} after healing "
+                     f"(attempt {attempt + 1}) ended {append.outcome}: "
+                     f"{append.core_reply.message if append.core_reply else ''} "
+                     f"(sequencer {append.node}: {state})")
+    check_post_heal_release(cluster, acked)
+
+
+def check_post_heal_release(cluster: SimCluster, acked: list[ClientAppend]) -> None:
+    if not cluster.run_until(cluster.quiescent, timeout_ms=cluster.options.liveness_ms_max):
+        fail("L1", f"not quiescent after the post-heal appends: {describe_unquiet(cluster)}")
+    if not acked:
+        return
+    last = acked[-1]
+    assert last.node is not None
+    core = cluster.sequencers[last.node].cores[last.log_id]
+    sequencer = core.sequencer
+    if not sequencer.releasable:
+        cluster.stalled_logs_count += 1
+        return
+    if sequencer.release_lsn < last.last_lsn:
+        fail("L2", f"{core.name} in releasable epoch {sequencer.epoch} acked "
+             f"{format_lsn(last.last_lsn)} but released only {format_lsn(sequencer.release_lsn)}")
+    target = sequencer.release_lsn
+    nodes = sequencer.metadata.nodeset if sequencer.metadata else ()
+    wait_ms = 3 * cluster.options.release_broadcast_interval_ms + 4 * cluster.options.delay_ms_max
+    if not cluster.run_until(
+            lambda: all(cluster.storage[n].release_lsn(last.log_id) >= target for n in nodes),
+            timeout_ms=wait_ms):
+        behind = {n: format_lsn(cluster.storage[n].release_lsn(last.log_id)) for n in nodes}
+        fail("L2", f"log {last.log_id}: storage release pointers {behind} did not reach "
+             f"{format_lsn(target)} within {wait_ms}ms")
+    cluster.released_logs_count += 1
+
+
+def describe_unquiet(cluster: SimCluster) -> str:
+    parts = [f"{sum(a.outcome is None for a in cluster.appends)} appends unanswered"]
+    for node_id, node in cluster.sequencers.items():
+        parts.append(f"{node_id}: up={node.up} draining={node.draining} "
+                     f"inflight={sorted(node.inflight)[:8]}")
+        for core in node.cores.values():
+            seq = core.sequencer
+            waves = [(a.lsn, a.wave, dict(a.recipients)) for a in seq.appenders.values()][:3]
+            parts.append(f"  {core.name} log {seq.log_id}: {seq.state.name} epoch {seq.epoch} "
+                         f"appenders={len(seq.appenders)} {waves}")
+    down = [n for n, s in cluster.storage.items() if not s.up]
+    parts.append(f"storage down: {down}")
+    return "\n".join(parts)
+
+
+def result_of(cluster: SimCluster) -> SimResult:
+    outcomes = Counter(a.outcome.name if a.outcome is not None else "NONE"
+                       for a in cluster.appends)
+    return SimResult(
+        seed=cluster.seed, digest=cluster.trace.digest(), sim_ms=cluster.now_ms,
+        events_count=cluster.queue.events_run_count, outcomes=dict(outcomes),
+        acked_count=len(cluster.checker.acked), releases_count=cluster.checker.releases_count,
+        activations_count=cluster.epoch_store.activations_count,
+        messages_count=cluster.network.messages_sent_count,
+        released_logs_count=cluster.released_logs_count,
+        stalled_logs_count=cluster.stalled_logs_count,
+        stats=dict(cluster.stats),
+    )

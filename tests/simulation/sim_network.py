@@ -1,0 +1,206 @@
+"""The simulated node-to-node transport, with the failure semantics of ``shared.net.PeerPool``.
+
+A request gets at most one callback: the reply, or ``Status.CONNFAILED`` when the peer is down
+(after ``connfail_delay_ms``), crashes while the request is pending, or (sometimes) sits behind
+a partition. A message may also be lost without a word (then only the sender's own timeout
+helps), delayed, duplicated, or, with ``reorder``, overtake earlier ones on its link; without
+``reorder`` each link is FIFO like a TCP connection. A crash bumps the node's incarnation:
+messages addressed to the old incarnation, and replies to a crashed sender, are dropped.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shared.status import Status
+from shared.types import NodeId
+from tests.simulation.sim_clock import EventQueue
+from tests.simulation.sim_options import SimOptions
+from tests.simulation.sim_trace import Trace
+
+ReplyFn = Callable[[Any], None]
+Handler = Callable[[NodeId, Any, ReplyFn | None], None]
+"""A node's inbox: (sender, message, reply function or None for a one-way message)."""
+RequestCallback = Callable[[Any], None]
+"""Gets the reply message, or the ``Status`` that ended the request."""
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    handler: Handler
+    up: bool = True
+    incarnation: int = 0
+
+
+@dataclass(slots=True)
+class _Request:
+    src: NodeId
+    src_incarnation: int
+    dst: NodeId
+    dst_incarnation: int
+    callback: RequestCallback
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    side_a: frozenset[NodeId]
+    side_b: frozenset[NodeId]
+    until_ms: int
+
+    def cuts(self, a: NodeId, b: NodeId) -> bool:
+        return (a in self.side_a and b in self.side_b) or (b in self.side_a and a in self.side_b)
+
+
+class SimNetwork:
+    def __init__(self, queue: EventQueue, rng: random.Random, options: SimOptions,
+                 trace: Trace) -> None:
+        self._queue = queue
+        self._rng = rng
+        self._trace = trace
+        self.loss_ratio = options.loss_ratio
+        self.duplicate_ratio = options.duplicate_ratio
+        self.reorder = options.reorder
+        self.delay_ms_min = options.delay_ms_min
+        self.delay_ms_max = options.delay_ms_max
+        self.connfail_delay_ms = options.connfail_delay_ms
+        self.partition_connfail_ratio = options.partition_connfail_ratio
+        self._nodes: dict[NodeId, _Endpoint] = {}
+        self._pending: dict[int, _Request] = {}
+        self._next_request_id = 1
+        self._link_last_ms: dict[tuple[NodeId, NodeId], int] = {}
+        self.partitions: list[Partition] = []
+        self.messages_sent_count = 0
+        self.messages_lost_count = 0
+
+    # ---- membership and faults ----------------------------------------------------------
+
+    def add_node(self, node: NodeId, handler: Handler) -> None:
+        assert node not in self._nodes, node
+        self._nodes[node] = _Endpoint(handler)
+
+    def is_up(self, node: NodeId) -> bool:
+        return self._nodes[node].up
+
+    def incarnation(self, node: NodeId) -> int:
+        return self._nodes[node].incarnation
+
+    def crash(self, node: NodeId) -> None:
+        """The node's connections break: what it had pending is dropped, requests waiting on
+        it fail with CONNFAILED, and nothing sent to this incarnation is ever delivered."""
+        endpoint = self._nodes[node]
+        endpoint.up = False
+        endpoint.incarnation += 1
+        for request_id, request in list(self._pending.items()):
+            if request.src == node:
+                request.done = True
+                del self._pending[request_id]
+            elif request.dst == node and not request.done:
+                self._fail_later(request_id, Status.CONNFAILED)
+
+    def restart(self, node: NodeId) -> None:
+        self._nodes[node].up = True
+
+    def partition(self, side_a: frozenset[NodeId], side_b: frozenset[NodeId],
+                  until_ms: int) -> None:
+        self.partitions.append(Partition(side_a, side_b, until_ms))
+
+    def cut(self, a: NodeId, b: NodeId) -> bool:
+        now_ms = self._queue.clock.now_ms()
+        if self.partitions and self.partitions[0].until_ms <= now_ms:
+            self.partitions = [p for p in self.partitions if p.until_ms > now_ms]
+        return any(p.cuts(a, b) for p in self.partitions)
+
+    def heal(self) -> None:
+        """No more loss, duplication or partitions (delays and reordering stay)."""
+        self.partitions = []
+        self.loss_ratio = 0.0
+        self.duplicate_ratio = 0.0
+
+    # ---- messages -----------------------------------------------------------------------
+
+    def send(self, src: NodeId, dst: NodeId, message: Any) -> None:
+        """One-way; silently dropped if the peer is down or cut off."""
+        if not self._nodes[dst].up or self.cut(src, dst):
+            return
+        dst_incarnation = self._nodes[dst].incarnation
+
+        def deliver() -> None:
+            endpoint = self._nodes[dst]
+            if endpoint.up and endpoint.incarnation == dst_incarnation and not self.cut(src, dst):
+                endpoint.handler(src, message, None)
+
+        self._transmit(src, dst, deliver)
+
+    def request(self, src: NodeId, dst: NodeId, message: Any,
+                callback: RequestCallback) -> None:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        target = self._nodes[dst]
+        request = _Request(src, self._nodes[src].incarnation, dst, target.incarnation, callback)
+        self._pending[request_id] = request
+        if not target.up:
+            self._fail_later(request_id, Status.CONNFAILED)
+            return
+        if self.cut(src, dst):
+            if self._rng.random() < self.partition_connfail_ratio:
+                self._fail_later(request_id, Status.CONNFAILED)
+            return  # otherwise it hangs, as on a half-open connection
+
+        def deliver() -> None:
+            endpoint = self._nodes[dst]
+            if (not endpoint.up or endpoint.incarnation != request.dst_incarnation
+                    or self.cut(src, dst)):
+                return
+            endpoint.handler(src, message, lambda reply: self._reply(request_id, reply))
+
+        self._transmit(src, dst, deliver)
+
+    def _reply(self, request_id: int, reply: Any) -> None:
+        request = self._pending.get(request_id)
+        if request is None or request.done:
+            return
+        responder = self._nodes[request.dst]
+        if not responder.up or responder.incarnation != request.dst_incarnation:
+            return
+
+        def deliver() -> None:
+            if request.done or self.cut(request.src, request.dst):
+                return
+            if self._nodes[request.src].incarnation != request.src_incarnation:
+                return
+            request.done = True
+            self._pending.pop(request_id, None)
+            request.callback(reply)
+
+        self._transmit(request.dst, request.src, deliver)
+
+    def _fail_later(self, request_id: int, status: Status) -> None:
+        def fail() -> None:
+            request = self._pending.pop(request_id, None)
+            if request is None or request.done:
+                return
+            request.done = True
+            if self._nodes[request.src].incarnation == request.src_incarnation:
+                request.callback(status)
+
+        self._queue.after(self.connfail_delay_ms, fail)
+
+    def _transmit(self, src: NodeId, dst: NodeId, deliver: Callable[[], None]) -> None:
+        self.messages_sent_count += 1
+        rng = self._rng
+        if self.loss_ratio and rng.random() < self.loss_ratio:
+            self.messages_lost_count += 1
+            return
+        now_ms = self._queue.clock.now_ms()
+        at_ms = now_ms + rng.randint(self.delay_ms_min, self.delay_ms_max)
+        if not self.reorder:
+            link = (src, dst)
+            at_ms = max(at_ms, self._link_last_ms.get(link, 0))
+            self._link_last_ms[link] = at_ms
+        self._queue.at(at_ms, deliver)
+        if self.duplicate_ratio and rng.random() < self.duplicate_ratio:
+            self._queue.at(at_ms + rng.randint(0, self.delay_ms_max), deliver)

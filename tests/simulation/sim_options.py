@@ -1,0 +1,135 @@
+"""Everything a simulated run may vary, derived from the seed (``SimOptions.generate``) or set
+by hand for a targeted scenario (``SimOptions.calm`` plus overrides).
+
+Fault kinds are switched on per seed with a coin flip ("swarm testing"): a seed that never
+crashes storage nodes but loses many messages finds different bugs from one that does both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from shared.types import ESN_MAX
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimOptions:
+    # ---- cluster shape ----
+    storage_nodes_count: int = 3
+    sequencer_nodes_count: int = 1
+    replication: int = 2
+    logs_count: int = 1
+    # ---- workload ----
+    appends_count: int = 50
+    batch_payloads_max: int = 1
+    """Each append carries 1..this many payloads (an atomic batch)."""
+    batch_ratio: float = 0.0
+    """Share of appends that are batches of 2..``batch_payloads_max``."""
+    # ---- sequencer ----
+    window_appends_max: int = 64
+    esn_max: int = ESN_MAX
+    store_timeout_ms_min: int = 10
+    store_timeout_ms_max: int = 2_000
+    release_broadcast_interval_ms: int = 200
+    append_timeout_ms: int = 10_000
+    # ---- network (sequencer <-> storage nodes) ----
+    loss_ratio: float = 0.0
+    duplicate_ratio: float = 0.0
+    reorder: bool = False
+    delay_ms_min: int = 1
+    delay_ms_max: int = 5
+    connfail_delay_ms: int = 2
+    """How long a request to a down or cut-off node takes to fail with CONNFAILED."""
+    partition_connfail_ratio: float = 0.5
+    """Share of requests across a partition that fail at once rather than vanish."""
+    client_delay_ms_max: int = 2
+    # ---- storage ----
+    disk_delay_ms_max: int = 2
+    """Time between a STORE's arrival and its record being durable (then STORED goes out)."""
+    # ---- epoch store ----
+    epoch_store_delay_ms_max: int = 5
+    epoch_store_failure_ratio: float = 0.0
+    # ---- chaos (only while appends are being issued) ----
+    chaos_ms: int = 2_000
+    """Appends are issued, and faults injected, during ``[0, chaos_ms)``."""
+    chaos_tick_ms: int = 25
+    storage_crash_ratio: float = 0.0
+    """Per chaos tick: odds that an up storage node crashes."""
+    storage_down_ms_max: int = 1_000
+    partition_ratio: float = 0.0
+    partition_ms_max: int = 800
+    sequencer_crash_ratio: float = 0.0
+    sequencer_down_ms_max: int = 500
+    failover_ratio: float = 0.0
+    """Per chaos tick: odds that a log is routed to another sequencer node while the old one
+    keeps running (a zombie that only storage-node seals stop)."""
+    drain_ratio: float = 0.0
+    """Per chaos tick: odds that a sequencer node drains gracefully and restarts."""
+    drain_timeout_ms: int = 2_000
+    # ---- after healing ----
+    post_heal_appends_per_log: int = 3
+    liveness_ms_max: int = 180_000
+    """Simulated time allowed to become quiescent after healing."""
+
+    def __post_init__(self) -> None:
+        assert 1 <= self.replication <= self.storage_nodes_count, self
+        assert self.sequencer_nodes_count >= 1 and self.logs_count >= 1, self
+        assert 1 <= self.batch_payloads_max <= self.esn_max, self
+        assert 0 < self.delay_ms_min <= self.delay_ms_max, self
+
+    @classmethod
+    def calm(cls, **overrides: Any) -> SimOptions:
+        """No faults at all; scenarios add the ones they script."""
+        return cls(**overrides)
+
+    @classmethod
+    def generate(cls, rng: random.Random) -> SimOptions:
+        storage_nodes_count = rng.randint(3, 6)
+
+        def maybe(low: float, high: float) -> float:
+            # Swarm testing: each fault kind is present in about half of the seeds.
+            return rng.uniform(low, high) if rng.random() < 0.5 else 0.0
+
+        batch_payloads_max = rng.randint(1, 5)
+        delay_ms_min = rng.randint(1, 5)
+        return cls(
+            storage_nodes_count=storage_nodes_count,
+            sequencer_nodes_count=rng.randint(1, 2),
+            replication=rng.randint(1, min(3, storage_nodes_count)),
+            logs_count=rng.randint(1, 3),
+            appends_count=rng.randint(50, 300),
+            batch_payloads_max=batch_payloads_max,
+            batch_ratio=rng.uniform(0.0, 0.5) if batch_payloads_max > 1 else 0.0,
+            window_appends_max=rng.choice((2, 3, 4, 8, 16)),
+            esn_max=rng.randint(12, 40) if rng.random() < 0.25 else ESN_MAX,
+            store_timeout_ms_min=rng.choice((5, 10, 20, 50)),
+            store_timeout_ms_max=rng.choice((500, 1_000, 2_000)),
+            release_broadcast_interval_ms=rng.choice((50, 100, 300)),
+            append_timeout_ms=rng.choice((2_000, 5_000, 10_000)),
+            loss_ratio=maybe(0.001, 0.1),
+            duplicate_ratio=maybe(0.001, 0.05),
+            reorder=rng.random() < 0.3,
+            delay_ms_min=delay_ms_min,
+            delay_ms_max=delay_ms_min + rng.choice((0, 2, 10, 40)),
+            partition_connfail_ratio=rng.random(),
+            disk_delay_ms_max=rng.choice((0, 1, 5)),
+            epoch_store_failure_ratio=maybe(0.05, 0.3),
+            chaos_ms=rng.randint(1_000, 4_000),
+            storage_crash_ratio=maybe(0.005, 0.04),
+            storage_down_ms_max=rng.choice((200, 1_000, 3_000)),
+            partition_ratio=maybe(0.005, 0.03),
+            sequencer_crash_ratio=maybe(0.002, 0.02),
+            failover_ratio=maybe(0.002, 0.02),
+            drain_ratio=maybe(0.002, 0.02),
+        )
+
+    def describe(self) -> str:
+        defaults = SimOptions()
+        changed = [
+            f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(defaults, f.name)
+        ]
+        return "SimOptions(" + ", ".join(changed) + ")"

@@ -1,0 +1,349 @@
+"""A simulated sequencer node: one real ``Sequencer`` core per log, driven like
+``sequencer.runtime.SequencerRuntime`` drives them, with no asyncio.
+
+Effects: ``Send(Store)`` becomes a network request whose STORED (or failure status) comes back
+to ``on_stored``; ``Send(Release)`` is one-way; ``ActivateEpoch`` asks the epoch store (after a
+delay, sometimes failing) and answers ``on_activated``; ``FetchLogState`` sends GET_LOG_STATE
+to the nodes and feeds each OK answer to ``on_release_hint``; ``AppendReply`` answers the
+client. One timer per distinct core deadline calls ``on_timer``; a periodic event broadcasts
+release pointers. After every call the core's ``check_invariants`` runs and its release
+pointer goes to the checker.
+
+Lifecycle: up -> crash (cores and their in-flight appends are lost) -> restart (empty), or
+up -> drain (refuse appends, let in-flight ones finish, confirm the release on every node of
+the nodeset, mark drained epochs clean, as ``SequencerRuntime.drain``) -> down -> restart.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
+from sequencer.core.sequencer import Sequencer
+from shared.config import SequencerConfig
+from shared.effects import Send
+from shared.epoch_metadata import ProvisionSpec
+from shared.status import Status
+from shared.types import Epoch, Esn, LogId, NodeId, format_lsn
+from shared.wire.read import GetLogState, LogState
+from shared.wire.release import Release
+from shared.wire.store import Store, Stored
+from tests.simulation.checkers import SafetyChecker, fail
+from tests.simulation.sim_client import ClientAppend
+from tests.simulation.sim_clock import EventQueue
+from tests.simulation.sim_epoch_store import SimEpochStore
+from tests.simulation.sim_network import ReplyFn, SimNetwork
+from tests.simulation.sim_options import SimOptions
+from tests.simulation.sim_trace import Trace
+
+DRAIN_POLL_MS = 10
+
+
+@dataclass(eq=False)
+class Core:
+    """One ``Sequencer`` object and what the driver keeps for it."""
+
+    sequencer: Sequencer
+    name: str
+    armed_ms: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True, kw_only=True)
+class SequencerEnv:
+    """What a sequencer node shares with the rest of the simulated cluster."""
+
+    options: SimOptions
+    network: SimNetwork
+    queue: EventQueue
+    rng: random.Random
+    epoch_store: SimEpochStore
+    checker: SafetyChecker
+    trace: Trace
+    provision: ProvisionSpec
+    on_core_reply: Callable[[ClientAppend, AppendReply], None]
+    epoch_store_failure_ratio: float = 0.0
+    stats: Counter[str] = field(default_factory=Counter)
+    """What happened how often (faults, preemptions, clean epochs), for the run's summary."""
+
+
+class SimSequencerNode:
+    def __init__(self, node_id: NodeId, env: SequencerEnv) -> None:
+        self.node_id = node_id
+        self.env = env
+        options = env.options
+        self.config = SequencerConfig(
+            window_appends_max=options.window_appends_max,
+            store_timeout_ms_min=options.store_timeout_ms_min,
+            store_timeout_ms_max=options.store_timeout_ms_max,
+            release_broadcast_interval_ms=options.release_broadcast_interval_ms,
+            append_timeout_ms=options.append_timeout_ms,
+        )
+        self.up = True
+        self.draining = False
+        self.incarnation = 0
+        self.cores: dict[LogId, Core] = {}
+        self.inflight: dict[int, ClientAppend] = {}
+        """Appends a core took and has not answered yet."""
+        self._cores_created_count = 0
+        env.network.add_node(node_id, self._on_message)
+        env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
+
+    @property
+    def _now_ms(self) -> int:
+        return self.env.queue.clock.now_ms()
+
+    def _log(self, text: str) -> None:
+        self.env.trace.log(self._now_ms, f"{self.node_id} {text}")
+
+    # ---- appends --------------------------------------------------------------------------
+
+    def accepts_appends(self) -> bool:
+        return self.up and not self.draining
+
+    def submit(self, append: ClientAppend) -> bool:
+        """Hand the append to the log's core; False if this node cannot take it now."""
+        if not self.accepts_appends():
+            return False
+        core = self.core(append.log_id)
+        append.reached_core = True
+        self.inflight[append.request_id] = append
+        self._apply(core, core.sequencer.on_append(
+            append.request_id, append.payloads, None, self.env.queue.clock.wall_ms(),
+            self._now_ms))
+        return True
+
+    def core(self, log_id: LogId) -> Core:
+        core = self.cores.get(log_id)
+        if core is None:
+            self._cores_created_count += 1
+            sequencer = Sequencer(
+                log_id=log_id, node_id=self.node_id, config=self.config,
+                rng=random.Random(self.env.rng.getrandbits(64)), esn_max=Esn(
+                    self.env.options.esn_max))
+            core = Core(sequencer, f"sequencer {self.node_id}#{self._cores_created_count}")
+            self.cores[log_id] = core
+        return core
+
+    def _live(self, core: Core) -> bool:
+        return self.up and self.cores.get(core.sequencer.log_id) is core
+
+    # ---- effects --------------------------------------------------------------------------
+
+    def _apply(self, core: Core, effects: list[Any]) -> None:
+        sequencer = core.sequencer
+        for effect in effects:
+            kind = type(effect)
+            if kind is Send:
+                self._send(core, effect)
+            elif kind is AppendReply:
+                self._on_append_reply(core, effect)
+            elif kind is ActivateEpoch:
+                self._activate(core)
+            elif kind is FetchLogState:
+                self._fetch_log_state(core, effect)
+            elif kind is not ReleaseAdvanced:
+                raise AssertionError(f"unknown effect {effect!r}")
+        sequencer.check_invariants()
+        # Checked after every call rather than only on ReleaseAdvanced: a pointer that moves
+        # without the effect is caught too.
+        self.env.checker.on_release(core.name, sequencer.log_id, sequencer.release_lsn)
+        self._arm(core)
+
+    def _send(self, core: Core, effect: Send) -> None:
+        message, node = effect.message, effect.node
+        if type(message) is Release:
+            self.env.network.send(self.node_id, node, message)
+            return
+        assert type(message) is Store, message
+        self.env.checker.on_store_sent(message)
+        if message.wave > 1:
+            self.env.stats["store_retry_wave"] += 1
+
+        def on_reply(reply: Any) -> None:
+            if not self._live(core):
+                return
+            if type(reply) is Stored:
+                if reply.status != Status.OK:
+                    self.env.stats[f"stored_{reply.status.name.lower()}"] += 1
+                effects = core.sequencer.on_stored(node, reply.lsn, reply.wave, reply.status,
+                                                   reply.sealed_epoch, reply.sealed_by,
+                                                   self._now_ms)
+            else:
+                status = reply if isinstance(reply, Status) else Status.BADMSG
+                effects = core.sequencer.on_stored(node, message.lsn, message.wave, status,
+                                                   Epoch(0), None, self._now_ms)
+            self._apply(core, effects)
+
+        self.env.network.request(self.node_id, node, message, on_reply)
+
+    def _on_append_reply(self, core: Core, reply: AppendReply) -> None:
+        append = self.inflight.pop(reply.request_id, None)
+        if append is None:
+            fail("CORE", f"{core.name} answered request {reply.request_id} twice or unasked: "
+                 f"{reply}")
+        if reply.status == Status.TIMEDOUT:
+            self.env.stats[f"core_timedout_{core.sequencer.state.name.lower()}"] += 1
+        self.env.on_core_reply(append, reply)
+
+    def _activate(self, core: Core) -> None:
+        env = self.env
+        log_id = core.sequencer.log_id
+
+        def done() -> None:
+            rng = env.rng
+            failing = rng.random() < env.epoch_store_failure_ratio
+            if failing and rng.random() < 0.5:
+                status, epoch, metadata = Status.CONNFAILED, Epoch(0), None
+            else:
+                status, epoch, metadata = env.epoch_store.activate(
+                    log_id, writer=self.node_id, provision=env.provision)
+                if failing:
+                    # The epoch was taken but the answer got lost: it stays unused forever.
+                    status, epoch, metadata = Status.TIMEDOUT, Epoch(0), None
+            lce = None
+            if status == Status.OK:
+                status, lce = env.epoch_store.get_last_clean_epoch(log_id)
+            if not self._live(core):
+                return
+            env.stats[f"activation_{status.name.lower()}"] += 1
+            if status == Status.OK and lce is not None and lce.epoch < epoch - 1:
+                env.stats["activation_over_unclean"] += 1
+            self._log(f"log {log_id}: activation {status.name} epoch {epoch} "
+                      f"(clean {lce.epoch if lce else '-'})")
+            self._apply(core, core.sequencer.on_activated(status, epoch, metadata, lce,
+                                                          self._now_ms))
+
+        env.queue.after(env.rng.randint(0, env.options.epoch_store_delay_ms_max), done)
+
+    def _fetch_log_state(self, core: Core, effect: FetchLogState) -> None:
+        def on_reply(reply: Any) -> None:
+            if self._live(core) and type(reply) is LogState and reply.status == Status.OK:
+                self._apply(core, core.sequencer.on_release_hint(reply.release_lsn))
+
+        for node in effect.nodes:
+            self.env.network.request(self.node_id, node, GetLogState(log_id=effect.log_id),
+                                     on_reply)
+
+    def _on_message(self, peer: NodeId, message: Any, reply: ReplyFn | None) -> None:
+        raise AssertionError(f"{self.node_id} got unexpected {message!r} from {peer}")
+
+    # ---- timers ---------------------------------------------------------------------------
+
+    def _arm(self, core: Core) -> None:
+        deadline_ms = core.sequencer.deadline_ms()
+        if deadline_ms is None or deadline_ms in core.armed_ms:
+            return
+        core.armed_ms.add(deadline_ms)
+
+        def fire() -> None:
+            core.armed_ms.discard(deadline_ms)
+            due_ms = core.sequencer.deadline_ms()
+            if self._live(core) and due_ms is not None and due_ms <= self._now_ms:
+                self._apply(core, core.sequencer.on_timer(self._now_ms))
+
+        self.env.queue.at(max(deadline_ms, self._now_ms), fire)
+
+    def _broadcast(self) -> None:
+        if self.up:
+            for core in list(self.cores.values()):
+                self._apply(core, core.sequencer.release_broadcast())
+        self.env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
+
+    # ---- crash, restart, drain ------------------------------------------------------------
+
+    def crash(self, outcome: Status = Status.CONNFAILED) -> None:
+        """Stop at once: the cores and every append they had are gone (outcome unknown)."""
+        assert self.up, self.node_id
+        self.up = False
+        self.draining = False
+        self.incarnation += 1
+        self.env.network.crash(self.node_id)
+        for append in self.inflight.values():
+            append.orphaned = True
+            append.answer(outcome, self._now_ms)
+        self.inflight.clear()
+        self.cores = {}
+        self.env.stats["sequencer_crash" if outcome == Status.CONNFAILED else "drain_closed"] += 1
+        self._log("CRASH" if outcome == Status.CONNFAILED else "CLOSED")
+
+    def restart(self) -> None:
+        assert not self.up, self.node_id
+        self.up = True
+        self.env.network.restart(self.node_id)
+        self._log("RESTART")
+
+    def drain(self, on_closed: Callable[[], None]) -> None:
+        assert self.up and not self.draining, self.node_id
+        self.draining = True
+        incarnation = self.incarnation
+        deadline_ms = self._now_ms + self.env.options.drain_timeout_ms
+        self._log("DRAIN")
+
+        def poll() -> None:
+            if self.incarnation != incarnation:
+                return
+            busy = any(core.sequencer.appenders for core in self.cores.values())
+            if busy and self._now_ms < deadline_ms:
+                self.env.queue.after(DRAIN_POLL_MS, poll)
+                return
+            cores = [c for c in self.cores.values()
+                     if c.sequencer.drained_clean_tail() is not None
+                     and c.sequencer.metadata is not None]
+            waiting = {id(c) for c in cores}
+
+            def finished(core: Core) -> None:
+                waiting.discard(id(core))
+                if not waiting and self.incarnation == incarnation:
+                    close()
+
+            for core in cores:
+                self._confirm_and_clean(core, deadline_ms, finished)
+            if not cores:
+                close()
+
+        def close() -> None:
+            self.crash(Status.SHUTDOWN)
+            on_closed()
+
+        poll()
+
+    def _confirm_and_clean(self, core: Core, deadline_ms: int,
+                           finished: Callable[[Core], None]) -> None:
+        """Broadcast the release, confirm every nodeset node has it (GET_LOG_STATE), then
+        mark the drained epoch clean; give up at the drain deadline."""
+        sequencer = core.sequencer
+        assert sequencer.metadata is not None
+        self._apply(core, sequencer.release_broadcast())
+        nodes = sequencer.metadata.nodeset
+        answers: dict[NodeId, bool] = {}
+        state = {"done": False}
+
+        def end(confirmed: bool) -> None:
+            if state["done"] or not self._live(core):
+                return
+            state["done"] = True
+            tail = sequencer.drained_clean_tail()
+            if confirmed and tail is not None:
+                status = self.env.epoch_store.set_last_clean_epoch(
+                    sequencer.log_id, sequencer.epoch, tail)
+                self._log(f"log {sequencer.log_id}: epoch {sequencer.epoch} clean with tail "
+                          f"{format_lsn(tail)}: {status.name}")
+                self.env.stats[f"clean_epoch_{status.name.lower()}"] += 1
+                if status == Status.OK:
+                    self.env.checker.on_clean_epoch(sequencer.log_id, sequencer.epoch, tail)
+            finished(core)
+
+        def on_reply(node: NodeId, reply: Any) -> None:
+            answers[node] = (type(reply) is LogState and reply.status == Status.OK
+                             and reply.release_lsn >= sequencer.release_lsn)
+            if len(answers) == len(nodes):
+                end(all(answers.values()))
+
+        for node in nodes:
+            self.env.network.request(self.node_id, node, GetLogState(log_id=sequencer.log_id),
+                                     lambda reply, node=node: on_reply(node, reply))
+        self.env.queue.at(max(deadline_ms, self._now_ms), lambda: end(False))
