@@ -23,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from shared.config import (
     NodeConfig,
     ProcessConfig,
     Role,
+    SequencerConfig,
     StorageConfig,
     to_dict,
 )
@@ -67,6 +68,8 @@ class LocalClusterSpec:
     """``file`` or a ``zk://host:port/path`` URL, passed through to the nodes."""
     fsync: FsyncMode = "always"
     host: str = "127.0.0.1"
+    sequencer: SequencerConfig = field(default_factory=SequencerConfig)
+    """Sequencer-role settings for every node (tests shrink the window with it)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,6 +135,7 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
                 epoch_store=spec.epoch_store,
                 epoch_store_dir=str(root / "epochs") if file_store else "",
                 storage=StorageConfig(fsync=spec.fsync),
+                sequencer=spec.sequencer,
             )
             for node in nodes
         ]

@@ -98,7 +98,12 @@ class RecordStore:
         the data directory is held by another process."""
         assert not self._opened
         loop = asyncio.get_running_loop()
-        states, report = await loop.run_in_executor(self._writer_thread, self._open_sync)
+        try:
+            states, report = await loop.run_in_executor(self._writer_thread, self._open_sync)
+        except BaseException:
+            self._writer_thread.shutdown(wait=False)
+            self._read_threads.shutdown(wait=False)
+            raise
         self._counts.update(torn_tail_bytes=report.torn_tail_bytes,
                             corrupt_segments=report.corrupt_segments_count)
         self._opened = True
@@ -323,8 +328,13 @@ class RecordStore:
         except BlockingIOError:
             os.close(self._lock_fd)
             raise LogError(Status.EXISTS, f"{self._data_dir} is used by another process") from None
-        recovery = _Recovery(self._index)
-        report = self._writer.recover(recovery.on_entry)
+        try:
+            recovery = _Recovery(self._index)
+            report = self._writer.recover(recovery.on_entry)
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise
         return recovery.states(), report
 
     def _append_sync(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],

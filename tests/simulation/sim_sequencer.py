@@ -147,10 +147,11 @@ class SimSequencerNode:
                 self._fetch_log_state(core, effect)
             elif kind is not ReleaseAdvanced:
                 raise AssertionError(f"unknown effect {effect!r}")
-        sequencer.check_invariants()
-        # Checked after every call rather than only on ReleaseAdvanced: a pointer that moves
-        # without the effect is caught too.
+        # Checked after every call rather than only on ReleaseAdvanced, so that a pointer
+        # that moves without the effect is caught too; before the core's own invariants, so
+        # that the checkers are what catches a core broken in a way it does not know about.
         self.env.checker.on_release(core.name, sequencer.log_id, sequencer.release_lsn)
+        sequencer.check_invariants()
         self._arm(core)
 
     def _send(self, core: Core, effect: Send) -> None:

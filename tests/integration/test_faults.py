@@ -1,0 +1,211 @@
+"""Fault tests on real node processes: kill -9 of a storage node under load, kill -9 of every
+node, SIGSTOP filling the window. Each starts its own cluster with fsync=always."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from seqlog import Client
+from services import local_cluster as lc
+from shared.config import SequencerConfig
+from shared.status import LogError, Status
+
+pytestmark = pytest.mark.integration
+
+READY_TIMEOUT_MS = 60_000
+
+
+def _start(root: Path, *, replication: int, **spec: object) -> lc.ClusterState:
+    return lc.up(lc.LocalClusterSpec(
+        dir=root, storage_nodes=3, sequencers=2, replication=replication,
+        base_port=lc.free_base_port(5), fsync="always", **spec),  # type: ignore[arg-type]
+        ready_timeout_ms=READY_TIMEOUT_MS)
+
+
+@pytest.fixture
+def cluster_dir(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path
+    if lc.load_state(tmp_path) is not None:
+        lc.down(tmp_path)
+
+
+def _node(state: lc.ClusterState, node_id: str) -> lc.NodeEntry:
+    return next(n for n in state.nodes if n.node_id == node_id)
+
+
+def _metric(http: str, name: str) -> float:
+    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not in metrics of {http}")
+
+
+async def _poll(predicate_async: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate_async():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def _read_all(client: Client, log_id: int, until_lsn: int) -> dict[int, bytes]:
+    """Every record from the start through ``until_lsn``, checking order and coverage."""
+    records: dict[int, bytes] = {}
+    cursor = 1
+    while cursor <= until_lsn:
+        result = await client.read(log_id, cursor, limit=1000, wait_ms=2000)
+        covered = sorted([(r.lsn, r.lsn) for r in result.records]
+                         + [(g.lo, g.hi) for g in result.gaps])
+        for lo, hi in covered:
+            assert lo == cursor, f"coverage broken at {cursor}: {covered[:3]}"
+            cursor = hi + 1
+        assert cursor == result.next_lsn
+        assert result.next_lsn - 1 <= result.release_lsn
+        records.update((r.lsn, r.payload) for r in result.records)
+        assert result.records or result.gaps, f"no progress at {cursor}"
+    return records
+
+
+async def _append_load(
+    client: Client, log_id: int, stop: asyncio.Event, acked: dict[int, bytes],
+    workers: int = 8,
+) -> int:
+    """Append until ``stop``; record every acknowledged (lsn, payload). Returns errors seen."""
+    errors = 0
+
+    async def worker(w: int) -> None:
+        nonlocal errors
+        i = 0
+        while not stop.is_set():
+            payload = f"w{w}-{i}-".encode() + os.urandom(8).hex().encode()
+            i += 1
+            try:
+                result = await client.append(log_id, payload)
+            except LogError:
+                errors += 1
+                continue
+            acked[result.lsn] = payload
+
+    await asyncio.gather(*(worker(w) for w in range(workers)))
+    return errors
+
+
+async def test_kill9_storage_node_under_load_loses_nothing(cluster_dir: Path) -> None:
+    state = _start(cluster_dir, replication=2)
+    victim = _node(state, "st2")
+    acked: dict[int, bytes] = {}
+    stop = asyncio.Event()
+    async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
+        load = asyncio.create_task(_append_load(client, 1, stop, acked))
+        await _poll(lambda: _true_after(len(acked) >= 200), 30, "200 acks before the kill")
+        os.kill(victim.pid, signal.SIGKILL)
+        at_kill = len(acked)
+        # Appends go on through new waves that avoid the dead node.
+        await _poll(lambda: _true_after(len(acked) >= at_kill + 300), 30,
+                    "300 more acks with st2 dead")
+        stores_before = 0.0
+        await asyncio.to_thread(lc.restart, cluster_dir, "st2")
+        restarted = _node(lc.load_state(cluster_dir) or state, "st2")
+        stores_before = _metric(restarted.http, "seqlog_storage_stores")
+        await _poll(lambda: _true_after(
+            _metric(restarted.http, "seqlog_storage_stores") > stores_before + 50), 30,
+            "the restarted node to take STOREs again")
+        stop.set()
+        await load
+        last = max(acked)
+        await _poll(lambda: _released(client, 1, last), 20, "release of the last ack")
+        found = await _read_all(client, 1, last)
+    missing = [lsn for lsn in acked if found.get(lsn) != acked[lsn]]
+    assert not missing, f"{len(missing)} acknowledged records lost or changed"
+    assert len(set(found.values())) == len(found), "an LSN names a payload twice"
+
+
+async def _true_after(value: bool) -> bool:
+    return value
+
+
+async def _released(client: Client, log_id: int, lsn: int) -> bool:
+    return (await client.tail(log_id)).release_lsn >= lsn
+
+
+async def test_kill9_every_node_keeps_acknowledged_records(cluster_dir: Path) -> None:
+    state = _start(cluster_dir, replication=3)
+    acked: dict[int, bytes] = {}
+    async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
+        for log_id in (1, 2, 3):
+            for i in range(150):
+                payload = f"log{log_id}-{i}".encode()
+                if i % 10 == 0:
+                    batch = await client.append_batch(log_id, [payload + b"-a", payload + b"-b"])
+                    acked[batch.first_lsn * 10 + log_id] = payload + b"-a"
+                    acked[batch.last_lsn * 10 + log_id] = payload + b"-b"
+                else:
+                    result = await client.append(log_id, payload)
+                    acked[result.lsn * 10 + log_id] = payload
+        for log_id in (1, 2, 3):
+            last = max(k // 10 for k in acked if k % 10 == log_id)
+            await _poll(lambda: _released(client, log_id, last), 20, "release")  # noqa: B023
+    for node in state.nodes:
+        os.kill(node.pid, signal.SIGKILL)
+    for node in state.nodes:
+        await asyncio.to_thread(lc.restart, cluster_dir, node.node_id)
+    async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
+        for log_id in (1, 2, 3):
+            expected = {k // 10: v for k, v in acked.items() if k % 10 == log_id}
+            found = await _read_all(client, log_id, max(expected))
+            assert {lsn: found.get(lsn) for lsn in expected} == expected
+            # The restarted sequencer takes a higher epoch and still accepts appends.
+            result = await client.append(log_id, b"after restart")
+            assert result.lsn >> 32 > max(expected) >> 32
+
+
+async def test_full_window_answers_429_and_writes_nothing(cluster_dir: Path) -> None:
+    state = _start(cluster_dir, replication=3,
+                   sequencer=SequencerConfig(window_appends_max=2, append_timeout_ms=60_000))
+    url = state.sequencer_urls[0]
+    async with Client(state.sequencer_urls) as client:
+        first = await client.append(5, b"warm-up")  # activates the sequencer
+        owner = (await client.tail(5)).sequencer
+    owner_url = next(f"http://{n.http}" for n in state.nodes if n.node_id == owner)
+    stopped = _node(state, "st3")
+    os.kill(stopped.pid, signal.SIGSTOP)  # R=3 of 3: nothing can complete now
+    try:
+        async with aiohttp.ClientSession() as session:
+            stuck = [asyncio.create_task(session.post(
+                f"{owner_url}/v1/logs/5/append", json={"payload": "c3R1Y2s="}))
+                for _ in range(2)]
+            await asyncio.sleep(0)  # let both requests leave before the third
+            await _poll(lambda: _window_full(owner_url), 10, "two appends in flight")
+            async with session.post(f"{owner_url}/v1/logs/5/append",
+                                    json={"payload": "cmVqZWN0ZWQ="}) as response:
+                body = json.loads(await response.read())
+                assert response.status == 429, body
+                assert body["status"] == "SEQNOBUFS" and body["message"]
+                assert int(response.headers["Retry-After"]) >= 1
+            os.kill(stopped.pid, signal.SIGCONT)
+            responses = await asyncio.gather(*stuck)
+            assert [r.status for r in responses] == [200, 200]
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    async with Client([url]) as client:
+        await _poll(lambda: _released(client, 5, first.lsn + 2), 20, "release")
+        found = await _read_all(client, 5, first.lsn + 2)
+    assert b"rejected" not in found.values()
+    assert sorted(found.values()) == [b"stuck", b"stuck", b"warm-up"]
+
+
+async def _window_full(owner_url: str) -> bool:
+    host = owner_url.removeprefix("http://")
+    return _metric(host, "seqlog_sequencer_appends_in_flight") >= 2
