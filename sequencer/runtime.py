@@ -3,6 +3,10 @@ appends, STORED replies, epoch-store answers and timer ticks, and carries out th
 
 It makes no decisions of its own. One timer is armed for the earliest deadline over all logs;
 a periodic task broadcasts release pointers so that every storage node learns them.
+
+Appends to one log that arrive in the same event-loop iteration are handed to the core
+together (``Sequencer.on_append_group``), so that they share one appender: under load this
+turns many small STOREs into a few large ones, which is what Python needs to keep up.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ import asyncio
 import contextlib
 import heapq
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
-from sequencer.core.sequencer import Sequencer, SequencerState
+from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
 from shared.clock import Clock
 from shared.config import ClusterConfig, SequencerConfig
 from shared.effects import Send
@@ -81,10 +86,16 @@ class SequencerRuntime:
         self._tasks: set[asyncio.Task[None]] = set()
         self._broadcast_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._staged: dict[tuple[LogId, str | None], list[PendingAppend]] = {}
+        self._staged_bytes: dict[tuple[LogId, str | None], int] = {}
+        self._flush_scheduled = False
+        self._expiries: deque[tuple[float, int]] = deque()
+        self._expiry_task: asyncio.Task[None] | None = None
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
 
     async def start(self) -> None:
         self._broadcast_task = asyncio.create_task(self._broadcast_loop())
+        self._expiry_task = asyncio.create_task(self._expiry_loop())
 
     # ---- public API ----------------------------------------------------------------------
 
@@ -96,21 +107,60 @@ class SequencerRuntime:
             return AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
         request_id = self._next_request_id
         self._next_request_id += 1
-        future: asyncio.Future[AppendReply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AppendReply] = loop.create_future()
         self._waiters[request_id] = future
-        sequencer = self._sequencer(log_id)
-        self._apply(sequencer, sequencer.on_append(
-            request_id, payloads, key, self.clock.wall_ms(), self.clock.now_ms()))
+        self._expiries.append((loop.time() + self.config.append_timeout_ms / 1000, request_id))
+        self._stage(log_id, PendingAppend(request_id, payloads, key, self.clock.wall_ms()))
         try:
-            async with asyncio.timeout(self.config.append_timeout_ms / 1000):
-                reply = await future
-        except TimeoutError:
-            return AppendResult(Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
-                                "append not confirmed in time; outcome unknown")
+            reply = await future
         finally:
             self._waiters.pop(request_id, None)
         return AppendResult(reply.status, reply.first_lsn, reply.last_lsn, reply.timestamp_ms,
                             reply.message)
+
+    def _stage(self, log_id: LogId, pending: PendingAppend) -> None:
+        group_key = (log_id, pending.key)
+        group = self._staged.setdefault(group_key, [])
+        group.append(pending)
+        size = self._staged_bytes.get(group_key, 0) + sum(len(p) for p in pending.payloads)
+        self._staged_bytes[group_key] = size
+        records = sum(len(p.payloads) for p in group)
+        if (records >= self.config.append_group_records_max
+                or size >= self.config.append_group_bytes_max):
+            self._flush_group(group_key)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_staged)
+
+    def _flush_staged(self) -> None:
+        self._flush_scheduled = False
+        for group_key in list(self._staged):
+            self._flush_group(group_key)
+
+    def _flush_group(self, group_key: tuple[LogId, str | None]) -> None:
+        group = self._staged.pop(group_key, None)
+        self._staged_bytes.pop(group_key, None)
+        if group:
+            sequencer = self._sequencer(group_key[0])
+            self._apply(sequencer, sequencer.on_append_group(group, self.clock.now_ms()))
+
+    async def _expiry_loop(self) -> None:
+        """Answer TIMEDOUT (outcome unknown) to appends unconfirmed after append_timeout_ms;
+        their appenders keep trying. Every append has the same timeout, so the queue is in
+        deadline order."""
+        interval_s = min(self.config.append_timeout_ms / 1000, 0.05)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval_s)
+            now_s = loop.time()
+            expiries = self._expiries
+            while expiries and expiries[0][0] <= now_s:
+                future = self._waiters.get(expiries.popleft()[1])
+                if future is not None and not future.done():
+                    future.set_result(AppendReply(
+                        0, Status.TIMEDOUT,
+                        message="append not confirmed in time; outcome unknown"))
 
     def release_lsn(self, log_id: LogId) -> Lsn:
         sequencer = self.sequencers.get(log_id)
@@ -296,7 +346,8 @@ class SequencerRuntime:
         self._closing = True
         if self._timer_handle is not None:
             self._timer_handle.cancel()
-        tasks = [t for t in (self._broadcast_task, *self._tasks) if t is not None]
+        tasks = [t for t in (self._broadcast_task, self._expiry_task, *self._tasks)
+                 if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -123,8 +123,11 @@ class SequencerConfig:
     """Appends that may wait for a log's sequencer to activate; more get SEQNOBUFS."""
     append_timeout_ms: int = 10_000
     """After this the client is told TIMEDOUT (outcome unknown); the appender keeps trying."""
-    stores_per_message_max: int = 64
-    """STOREs for one storage node that may share one frame in the same loop iteration."""
+    append_group_records_max: int = 256
+    """Most records that concurrent appends to one log may share in one appender (one STORE
+    per copyset node). 1 turns grouping off."""
+    append_group_bytes_max: int = 1024 * 1024
+    """Most payload bytes of one appender built from grouped appends."""
 
     def __post_init__(self) -> None:
         _in_range("window_appends_max", self.window_appends_max, 2, 1_000_000)
@@ -140,7 +143,8 @@ class SequencerConfig:
         _in_range("activation_appends_queued_max", self.activation_appends_queued_max, 1,
                   1_000_000)
         _in_range("append_timeout_ms", self.append_timeout_ms, 1, 3_600_000)
-        _in_range("stores_per_message_max", self.stores_per_message_max, 1, 10_000)
+        _in_range("append_group_records_max", self.append_group_records_max, 1, 100_000)
+        _in_range("append_group_bytes_max", self.append_group_bytes_max, 1, 2**30)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -50,6 +50,13 @@ log = logging.getLogger(__name__)
 
 DoneFn = Callable[[Status], None]
 RELEASE_LOGS_PENDING_MAX = 100_000
+RELEASE_FLUSH_INTERVAL_MS = 5
+"""Release pointers alone are written at most this often: they ride along with STORE batches
+under load, and a lost one is re-learned from the sequencer's broadcast after a restart."""
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 """Logs whose release pointer may wait for the writer; past it a pointer is only kept in
 memory (it is re-learned from the sequencer's periodic RELEASE after a restart)."""
 READ_THREADS_COUNT = 4
@@ -84,6 +91,7 @@ class RecordStore:
         self._queued_records_count = 0
         self._inflight: list[_Pending] = []
         self._releases: dict[LogId, Lsn] = {}
+        self._releases_written_ms = 0
         self._wakeup = asyncio.Event()
         self._writer_thread = ThreadPoolExecutor(1, thread_name_prefix="seqlog-writer")
         self._read_threads = ThreadPoolExecutor(READ_THREADS_COUNT,
@@ -136,7 +144,6 @@ class RecordStore:
             return
         if current is None or release_lsn > current:
             self._releases[log_id] = release_lsn
-            self._wakeup.set()
 
     async def read(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
                    bytes_max: int) -> ReadResult:
@@ -218,9 +225,11 @@ class RecordStore:
     async def _wait_for_work(self) -> bool:
         """False once closing with nothing left to write; True when there is work or a
         background sync or disk check is due."""
-        while not (self._queue or self._releases):
+        while not self._queue:
             if self._closing:
-                return False
+                return bool(self._releases)
+            if self._releases and self._release_flush_due_ms() <= 0:
+                return True
             timeout_s = self._idle_timeout_s()
             if timeout_s is not None and timeout_s <= 0:
                 return True
@@ -240,8 +249,13 @@ class RecordStore:
         now_ms = time.monotonic_ns() // 1_000_000
         return dirty_since_ms + self._config.fsync_interval_ms - now_ms
 
+    def _release_flush_due_ms(self) -> int:
+        return self._releases_written_ms + RELEASE_FLUSH_INTERVAL_MS - _now_ms()
+
     def _idle_timeout_s(self) -> float | None:
         timeouts_ms: list[int] = []
+        if self._releases:
+            timeouts_ms.append(max(self._release_flush_due_ms(), 0))
         if self._config.fsync == "interval" and self._writer.dirty_since_ms is not None:
             timeouts_ms.append(self._interval_sync_due_ms())
         if self._writer.disk_low:
@@ -258,6 +272,7 @@ class RecordStore:
         batch = self._take_batch()
         releases = list(self._releases.items())
         self._releases = {}
+        self._releases_written_ms = _now_ms()
         mode = self._config.fsync
         has_seal = any(isinstance(p.chunk_source, SealEntry) for p in batch)
         fsync = (mode == "always" and bool(batch)) or (mode != "never" and has_seal) or (

@@ -6,6 +6,12 @@ timeout the first outstanding recipient is graylisted (unless every recipient ti
 avoid a retry death spiral) and a new wave goes out. An error answer blacklists the node; the
 first two waves are retried at once, later ones at the timeout. PREEMPTED ends the appender:
 its outcome is unknown to the client.
+
+Amends: a node that answered STORED OK in an earlier wave holds a durable copy of the same
+payload at the same LSN. A new wave prefers such nodes and counts them as stored without
+sending the payload again (LogDevice sends them a payload-less AMEND instead; the copy keeps
+the copyset of the wave that wrote it). This keeps a spurious timeout from multiplying the
+replication work.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ class AppenderResult(Enum):
 class Appender:
     __slots__ = (
         "checksum", "deadline_ms", "first_esn", "key", "log_id", "lsn", "payloads",
-        "recipients", "replication", "request_id", "timestamp_ms", "wave",
+        "recipients", "replication", "requests", "stored_nodes", "timestamp_ms", "wave",
     )
 
     def __init__(
@@ -42,7 +48,7 @@ class Appender:
         payloads: tuple[bytes, ...],
         key: str | None,
         timestamp_ms: int,
-        request_id: int,
+        requests: tuple[tuple[int, int], ...],
         replication: int,
     ) -> None:
         self.log_id = log_id
@@ -51,13 +57,18 @@ class Appender:
         self.payloads = payloads
         self.key = key
         self.timestamp_ms = timestamp_ms
-        self.request_id = request_id
+        self.requests = requests
+        """(request id, record count) of each client append sharing this appender, in LSN
+        order."""
+        assert sum(count for _, count in requests) == len(payloads)
         self.replication = replication
         self.checksum = payloads_checksum(payloads)
         self.wave = 0
         self.deadline_ms = 0
         self.recipients: dict[NodeId, Status | None] = {}
         """Current wave's recipients and their answers (None while outstanding)."""
+        self.stored_nodes: frozenset[NodeId] = frozenset()
+        """Nodes that answered STORED OK in any wave."""
 
     @property
     def last_lsn(self) -> Lsn:
@@ -81,19 +92,20 @@ class Appender:
         self.wave += 1
         timeout_ms = self.store_timeout_ms(config)
         self.deadline_ms = now_ms + timeout_ms
-        copyset = nodeset.pick_copyset(self.replication, rng, now_ms)
+        copyset = nodeset.pick_copyset(self.replication, rng, now_ms, self.stored_nodes)
         if copyset is None:
             # Not enough available nodes: try again when this wave's timer fires.
             self.recipients = {}
             return []
-        self.recipients = dict.fromkeys(copyset)
+        stored = self.stored_nodes
+        self.recipients = {n: (Status.OK if n in stored else None) for n in copyset}
         store = Store(
             log_id=self.log_id, lsn=self.lsn, wave=self.wave, sequencer_node=sequencer_node,
             copyset=copyset, timestamp_ms=self.timestamp_ms, last_known_good=last_known_good,
             release_lsn=release_lsn, timeout_ms=timeout_ms, key=self.key,
             payloads=self.payloads, checksum=self.checksum,
         )
-        return [Send(node, store) for node in copyset]
+        return [Send(node, store) for node in copyset if node not in stored]
 
     def on_reply(
         self, node: NodeId, wave: int, status: Status, nodeset: NodesetState, now_ms: int
@@ -103,12 +115,17 @@ class Appender:
         Returns the result and whether a new wave should go out now."""
         if status is Status.PREEMPTED:
             return AppenderResult.PREEMPTED, False
+        if status is Status.OK and wave <= self.wave:
+            # A copy from any wave is as good as one from this wave (see Amends above).
+            self.stored_nodes = self.stored_nodes | {node}
+            if self.recipients.get(node, Status.OK) is None:
+                self.recipients[node] = Status.OK
+                if all(s is Status.OK for s in self.recipients.values()):
+                    return AppenderResult.DONE, False
+            return AppenderResult.PENDING, False
         if wave != self.wave or node not in self.recipients or self.recipients[node] is not None:
             return AppenderResult.PENDING, False
         self.recipients[node] = status
-        if status is Status.OK:
-            done = all(s is Status.OK for s in self.recipients.values())
-            return (AppenderResult.DONE if done else AppenderResult.PENDING), False
         nodeset.blacklist(node, status, now_ms)
         return AppenderResult.PENDING, self.wave <= 2
 

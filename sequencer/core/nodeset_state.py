@@ -54,9 +54,16 @@ class NodesetState:
         self._expire(now_ms)
         return set(self._graylist_until_ms)
 
-    def pick_copyset(self, replication: int, rng: Rng, now_ms: int) -> tuple[NodeId, ...] | None:
-        """``replication`` distinct available nodes, drawn in proportion to storage capacity;
-        None when not enough nodes are available."""
+    def pick_copyset(
+        self,
+        replication: int,
+        rng: Rng,
+        now_ms: int,
+        preferred: frozenset[NodeId] = frozenset(),
+    ) -> tuple[NodeId, ...] | None:
+        """``replication`` distinct available nodes, drawn in proportion to storage capacity,
+        taking available ``preferred`` nodes (those already holding a copy) first; None when
+        not enough nodes are available."""
         self._expire(now_ms)
         candidates = [n for n in self.nodeset if n not in self._blacklist_until_ms]
         usable = [n for n in candidates if n not in self._graylist_until_ms]
@@ -65,11 +72,15 @@ class NodesetState:
             usable = candidates
         if len(usable) < replication:
             return None
-        return self._weighted_sample(usable, replication, rng)
+        kept = [n for n in usable if n in preferred][:replication]
+        rest = [n for n in usable if n not in preferred]
+        return tuple(kept) + self._weighted_sample(rest, replication - len(kept), rng)
 
     def _weighted_sample(
         self, nodes: list[NodeId], count: int, rng: Rng
     ) -> tuple[NodeId, ...]:
+        if count == 0:
+            return ()
         if count == len(nodes):
             # Every node is needed; rotate so that "first outstanding" varies between appends.
             start = int(rng.random() * len(nodes))

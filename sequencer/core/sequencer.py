@@ -99,16 +99,25 @@ class Sequencer:
         self, request_id: int, payloads: tuple[bytes, ...], key: str | None, wall_ms: int,
         now_ms: int,
     ) -> list[Effect]:
-        assert payloads
-        pending = PendingAppend(request_id, payloads, key, wall_ms)
+        return self.on_append_group([PendingAppend(request_id, payloads, key, wall_ms)], now_ms)
+
+    def on_append_group(self, group: list[PendingAppend], now_ms: int) -> list[Effect]:
+        """Appends that arrived together (same key): while ACTIVE they share one appender, so
+        one STORE per copyset node carries all of them, with consecutive LSNs in group order.
+        Each append still gets its own LSNs and its own answer."""
+        assert group and all(p.payloads and p.key == group[0].key for p in group)
         if self.state is SequencerState.ACTIVE:
-            return self._start_append(pending, now_ms)
-        if len(self._pending) >= self.config.activation_appends_queued_max:
-            return [AppendReply(request_id, Status.SEQNOBUFS, message="activation queue full")]
-        self._pending.append(pending)
-        if self.state is SequencerState.ACTIVATING:
-            return []
-        return self._begin_activation(now_ms)
+            return self._start_append(group, now_ms)
+        effects: list[Effect] = []
+        for pending in group:
+            if len(self._pending) >= self.config.activation_appends_queued_max:
+                effects.append(AppendReply(pending.request_id, Status.SEQNOBUFS,
+                                           message="activation queue full"))
+            else:
+                self._pending.append(pending)
+        if self._pending and self.state is not SequencerState.ACTIVATING:
+            effects.extend(self._begin_activation(now_ms))
+        return effects
 
     def _begin_activation(self, now_ms: int) -> list[Effect]:
         effects = self._abort_epoch("sequencer is reactivating in a new epoch")
@@ -116,22 +125,26 @@ class Sequencer:
         effects.append(ActivateEpoch(self.log_id))
         return effects
 
-    def _start_append(self, pending: PendingAppend, now_ms: int) -> list[Effect]:
+    def _start_append(self, group: list[PendingAppend], now_ms: int) -> list[Effect]:
         window, nodeset, metadata = self.window, self.nodeset, self.metadata
         assert window is not None and nodeset is not None and metadata is not None
-        esn_count = len(pending.payloads)
+        payloads = group[0].payloads if len(group) == 1 else tuple(
+            payload for pending in group for payload in pending.payloads)
+        esn_count = len(payloads)
         if esn_count > window.esns_left():
             # The epoch ran out of ESNs: continue in a new one. Its earlier epoch is ours and
             # unclean until recovery exists, so this log stops releasing.
-            self._pending.appendleft(pending)
+            self._pending.extendleft(reversed(group))
             return self._begin_activation(now_ms)
         first_esn = window.grow(esn_count)
         if first_esn is None:
-            return [AppendReply(pending.request_id, Status.SEQNOBUFS, message="window full")]
+            return [AppendReply(p.request_id, Status.SEQNOBUFS, message="window full")
+                    for p in group]
         appender = Appender(
             log_id=self.log_id, lsn=compose_lsn(self.epoch, first_esn), first_esn=first_esn,
-            payloads=pending.payloads, key=pending.key, timestamp_ms=pending.timestamp_ms,
-            request_id=pending.request_id, replication=metadata.replication_factor,
+            payloads=payloads, key=group[0].key, timestamp_ms=group[0].timestamp_ms,
+            requests=tuple((p.request_id, len(p.payloads)) for p in group),
+            replication=metadata.replication_factor,
         )
         self.appenders[first_esn] = appender
         return self._send_wave(appender, now_ms)
@@ -183,8 +196,7 @@ class Sequencer:
             effects.append(FetchLogState(self.log_id, metadata.nodeset))
         pending, self._pending = self._pending, deque()
         for item in pending:
-            effects.extend(self.on_append(item.request_id, item.payloads, item.key,
-                                          item.timestamp_ms, now_ms))
+            effects.extend(self.on_append_group([item], now_ms))
         return effects
 
     def on_release_hint(self, release_lsn: Lsn) -> list[Effect]:
@@ -219,10 +231,12 @@ class Sequencer:
     def _complete(self, appender: Appender) -> list[Effect]:
         assert self.window is not None
         del self.appenders[appender.first_esn]
-        effects: list[Effect] = [
-            AppendReply(appender.request_id, Status.OK, appender.lsn, appender.last_lsn,
-                        appender.timestamp_ms)
-        ]
+        effects: list[Effect] = []
+        lsn = appender.lsn
+        for request_id, count in appender.requests:
+            effects.append(AppendReply(request_id, Status.OK, lsn, Lsn(lsn + count - 1),
+                                       appender.timestamp_ms))
+            lsn = Lsn(lsn + count)
         self.window.retire(appender.first_esn, fully_replicated=True)
         reaped = self.window.reap()
         if reaped and self.releasable:
@@ -249,8 +263,8 @@ class Sequencer:
     def _abort_epoch(self, why: str) -> list[Effect]:
         """End every in-flight append of the current epoch: their outcome is unknown."""
         effects: list[Effect] = [
-            AppendReply(a.request_id, Status.TIMEDOUT, message=f"{why}; outcome unknown")
-            for a in self.appenders.values()
+            AppendReply(request_id, Status.TIMEDOUT, message=f"{why}; outcome unknown")
+            for a in self.appenders.values() for request_id, _ in a.requests
         ]
         self.appenders.clear()
         self._timers.clear()

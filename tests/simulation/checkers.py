@@ -45,6 +45,7 @@ CHECKER_NAMES = {
     "L1": "liveness: quiescent after healing",
     "L2": "liveness: appends after healing succeed and get released",
     "CORE": "a core's own assertion",
+    "TEST": "a scenario's own expectation",
 }
 
 Key = tuple[LogId, Lsn]

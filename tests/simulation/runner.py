@@ -9,9 +9,11 @@ run at every event throughout. Any failure raises ``SimulationFailure`` naming t
 
 from __future__ import annotations
 
+import contextlib
 import random
 import traceback
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sequencer.core.sequencer import SequencerState
@@ -28,10 +30,12 @@ preempted (it then reactivates in the newest epoch)."""
 
 
 class SimulationFailure(AssertionError):
-    def __init__(self, seed: int, checker: str, message: str) -> None:
+    def __init__(self, seed: int, checker: str, message: str, cluster: SimCluster) -> None:
         super().__init__(message)
         self.seed = seed
         self.checker = checker
+        self.cluster = cluster
+        """The cluster as it was when the checker fired, for post-mortems."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,51 +84,61 @@ def run_simulation(seed: int, *, options: SimOptions | None = None,
     return result_of(cluster)
 
 
-class failure_report:  # noqa: N801 - used as a context manager, reads like one
+@contextlib.contextmanager
+def failure_report(cluster: SimCluster, reproduce: str) -> Iterator[None]:
     """Turns any assertion inside a run into a ``SimulationFailure`` with the seed, the
     checker, the options, the last trace lines and how to reproduce."""
+    try:
+        yield
+    except SimulationFailure:
+        raise
+    except CheckFailed as error:
+        raise _failure(cluster, error.checker, str(error), reproduce) from error
+    except AssertionError as error:
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        checker = "TEST" if "/tests/" in frame.filename else "CORE"
+        detail = (f"checker {checker} ({CHECKER_NAMES[checker]}): {error!r} at "
+                  f"{frame.filename}:{frame.lineno} ({frame.line})")
+        raise _failure(cluster, checker, detail, reproduce) from error
 
-    def __init__(self, cluster: SimCluster, reproduce: str) -> None:
-        self.cluster = cluster
-        self.reproduce = reproduce
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
-        if error is None or not isinstance(error, AssertionError):
-            return
-        if isinstance(error, SimulationFailure):
-            return
-        if isinstance(error, CheckFailed):
-            checker, detail = error.checker, str(error)
-        else:
-            frame = traceback.extract_tb(error.__traceback__)[-1]
-            checker = "CORE"
-            detail = (f"checker CORE ({CHECKER_NAMES['CORE']}): assertion {error!r} at "
-                      f"{frame.filename}:{frame.lineno} ({frame.line})")
-        cluster = self.cluster
-        message = (
-            f"simulation of seed {cluster.seed} failed at t={cluster.now_ms}ms: {detail}\n"
-            f"options: {cluster.options.describe()}\n"
-            f"last events:\n{cluster.trace.tail()}\n{self.reproduce}"
-        )
-        raise SimulationFailure(cluster.seed, checker, message) from error
+def _failure(cluster: SimCluster, checker: str, detail: str,
+             reproduce: str) -> SimulationFailure:
+    message = (
+        f"simulation of seed {cluster.seed} failed at t={cluster.now_ms}ms: {detail}\n"
+        f"options: {cluster.options.describe()}\n"
+        f"last events:\n{cluster.trace.tail()}\n{reproduce}"
+    )
+    return SimulationFailure(cluster.seed, checker, message, cluster)
 
 
 # ---- workload and chaos --------------------------------------------------------------------
 
 def schedule_workload(cluster: SimCluster) -> None:
+    """``appends_count`` appends at random times, some of them in bursts."""
     rng, options = cluster.rng, cluster.options
-    for index in range(options.appends_count):
+    index = 0
+    while index < options.appends_count:
         at_ms = rng.randrange(options.chaos_ms)
-        log_id = rng.choice(cluster.log_ids)
-        count = 1
-        if options.batch_payloads_max > 1 and rng.random() < options.batch_ratio:
-            count = rng.randint(2, options.batch_payloads_max)
-        payloads = tuple(f"{cluster.seed}:{index}:{j}".encode() for j in range(count))
-        cluster.queue.at(at_ms, lambda log_id=log_id, payloads=payloads:  # type: ignore[misc]
-                         cluster.append(log_id, payloads))
+        burst_count = 1
+        if options.burst_ratio and rng.random() < options.burst_ratio:
+            burst_count = rng.randint(2, options.burst_appends_max)
+        for _ in range(min(burst_count, options.appends_count - index)):
+            log_id = rng.choice(cluster.log_ids)
+            count = 1
+            if options.batch_payloads_max > 1 and rng.random() < options.batch_ratio:
+                count = rng.randint(2, options.batch_payloads_max)
+            payloads = tuple(f"{cluster.seed}:{index}:{j}".encode() for j in range(count))
+            _append_at(cluster, at_ms, log_id, payloads)
+            index += 1
+
+
+def _append_at(cluster: SimCluster, at_ms: int, log_id: LogId,
+               payloads: tuple[bytes, ...]) -> None:
+    def issue() -> None:
+        cluster.append(log_id, payloads)
+
+    cluster.queue.at(at_ms, issue)
 
 
 def schedule_chaos(cluster: SimCluster) -> None:
@@ -181,8 +195,7 @@ def check_post_heal_appends(cluster: SimCluster, log_id: LogId) -> None:
         for attempt in range(POST_HEAL_ATTEMPTS_MAX):
             payload = f"{cluster.seed}:heal:{log_id}:{index}:{attempt}".encode()
             append = cluster.append(log_id, (payload,), post_heal=True)
-            cluster.run_until(lambda append=append: append.outcome is not None,  # type: ignore[misc]
-                              timeout_ms=options.append_timeout_ms + 1)
+            wait_for_answer(cluster, append, options.append_timeout_ms + 1)
             if append.outcome == Status.OK:
                 acked.append(append)
                 break
@@ -197,6 +210,10 @@ def check_post_heal_appends(cluster: SimCluster, log_id: LogId) -> None:
                      f"{append.core_reply.message if append.core_reply else ''} "
                      f"(sequencer {append.node}: {state})")
     check_post_heal_release(cluster, acked)
+
+
+def wait_for_answer(cluster: SimCluster, append: ClientAppend, timeout_ms: int) -> bool:
+    return cluster.run_until(lambda: append.outcome is not None, timeout_ms=timeout_ms)
 
 
 def check_post_heal_release(cluster: SimCluster, acked: list[ClientAppend]) -> None:
@@ -224,6 +241,16 @@ def check_post_heal_release(cluster: SimCluster, acked: list[ClientAppend]) -> N
         fail("L2", f"log {last.log_id}: storage release pointers {behind} did not reach "
              f"{format_lsn(target)} within {wait_ms}ms")
     cluster.released_logs_count += 1
+
+
+def hung_on_stored_copies(cluster: SimCluster) -> bool:
+    """The signature of the hang in the uncommitted "amends" change of
+    ``sequencer/core/appender.py``: an appender whose current wave went only to nodes that
+    already hold a copy sends nothing, has every recipient marked OK, and is never completed
+    (only ``on_reply`` reports DONE)."""
+    return any(
+        appender.recipients and all(s is Status.OK for s in appender.recipients.values())
+        for core in cluster.live_cores() for appender in core.sequencer.appenders.values())
 
 
 def describe_unquiet(cluster: SimCluster) -> str:

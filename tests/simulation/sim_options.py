@@ -28,6 +28,10 @@ class SimOptions:
     """Each append carries 1..this many payloads (an atomic batch)."""
     batch_ratio: float = 0.0
     """Share of appends that are batches of 2..``batch_payloads_max``."""
+    burst_ratio: float = 0.0
+    """Share of workload slots that issue a burst of 2..``burst_appends_max`` appends at once
+    (concurrent appends that the sequencer may group into one appender)."""
+    burst_appends_max: int = 6
     # ---- sequencer ----
     window_appends_max: int = 64
     esn_max: int = ESN_MAX
@@ -35,6 +39,7 @@ class SimOptions:
     store_timeout_ms_max: int = 2_000
     release_broadcast_interval_ms: int = 200
     append_timeout_ms: int = 10_000
+    append_group_records_max: int = 256
     # ---- network (sequencer <-> storage nodes) ----
     loss_ratio: float = 0.0
     duplicate_ratio: float = 0.0
@@ -71,7 +76,7 @@ class SimOptions:
     drain_timeout_ms: int = 2_000
     # ---- after healing ----
     post_heal_appends_per_log: int = 3
-    liveness_ms_max: int = 180_000
+    liveness_ms_max: int = 60_000
     """Simulated time allowed to become quiescent after healing."""
 
     def __post_init__(self) -> None:
@@ -103,7 +108,9 @@ class SimOptions:
             appends_count=rng.randint(50, 300),
             batch_payloads_max=batch_payloads_max,
             batch_ratio=rng.uniform(0.0, 0.5) if batch_payloads_max > 1 else 0.0,
+            burst_ratio=maybe(0.05, 0.4),
             window_appends_max=rng.choice((2, 3, 4, 8, 16)),
+            append_group_records_max=rng.choice((1, 4, 256)),
             esn_max=rng.randint(12, 40) if rng.random() < 0.25 else ESN_MAX,
             store_timeout_ms_min=rng.choice((5, 10, 20, 50)),
             store_timeout_ms_max=rng.choice((500, 1_000, 2_000)),

@@ -7,7 +7,8 @@ delay, sometimes failing) and answers ``on_activated``; ``FetchLogState`` sends 
 to the nodes and feeds each OK answer to ``on_release_hint``; ``AppendReply`` answers the
 client. One timer per distinct core deadline calls ``on_timer``; a periodic event broadcasts
 release pointers. After every call the core's ``check_invariants`` runs and its release
-pointer goes to the checker.
+pointer goes to the checker. Appends to one log that arrive at the same moment are handed over
+together (``on_append_group``), as the runtime does for one event-loop iteration.
 
 Lifecycle: up -> crash (cores and their in-flight appends are lost) -> restart (empty), or
 up -> drain (refuse appends, let in-flight ones finish, confirm the release on every node of
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
-from sequencer.core.sequencer import Sequencer
+from sequencer.core.sequencer import PendingAppend, Sequencer
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import ProvisionSpec
@@ -81,13 +82,16 @@ class SimSequencerNode:
             store_timeout_ms_max=options.store_timeout_ms_max,
             release_broadcast_interval_ms=options.release_broadcast_interval_ms,
             append_timeout_ms=options.append_timeout_ms,
+            append_group_records_max=options.append_group_records_max,
         )
         self.up = True
         self.draining = False
         self.incarnation = 0
         self.cores: dict[LogId, Core] = {}
         self.inflight: dict[int, ClientAppend] = {}
-        """Appends a core took and has not answered yet."""
+        """Appends a core took (or that wait in ``_staged``) and has not answered yet."""
+        self._staged: dict[LogId, list[PendingAppend]] = {}
+        self._flush_scheduled = False
         self._cores_created_count = 0
         env.network.add_node(node_id, self._on_message)
         env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
@@ -105,16 +109,31 @@ class SimSequencerNode:
         return self.up and not self.draining
 
     def submit(self, append: ClientAppend) -> bool:
-        """Hand the append to the log's core; False if this node cannot take it now."""
+        """Stage the append for its log's core; False if this node cannot take it now."""
         if not self.accepts_appends():
             return False
-        core = self.core(append.log_id)
         append.reached_core = True
         self.inflight[append.request_id] = append
-        self._apply(core, core.sequencer.on_append(
-            append.request_id, append.payloads, None, self.env.queue.clock.wall_ms(),
-            self._now_ms))
+        group = self._staged.setdefault(append.log_id, [])
+        group.append(PendingAppend(append.request_id, append.payloads, None,
+                                   self.env.queue.clock.wall_ms()))
+        if sum(len(p.payloads) for p in group) >= self.config.append_group_records_max:
+            self._flush_group(append.log_id)
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.env.queue.after(0, self._flush_staged)
         return True
+
+    def _flush_staged(self) -> None:
+        self._flush_scheduled = False
+        for log_id in list(self._staged):
+            self._flush_group(log_id)
+
+    def _flush_group(self, log_id: LogId) -> None:
+        group = self._staged.pop(log_id, None)
+        if group and self.up:
+            core = self.core(log_id)
+            self._apply(core, core.sequencer.on_append_group(group, self._now_ms))
 
     def core(self, log_id: LogId) -> Core:
         core = self.cores.get(log_id)
@@ -267,6 +286,7 @@ class SimSequencerNode:
             append.orphaned = True
             append.answer(outcome, self._now_ms)
         self.inflight.clear()
+        self._staged.clear()
         self.cores = {}
         self.env.stats["sequencer_crash" if outcome == Status.CONNFAILED else "drain_closed"] += 1
         self._log("CRASH" if outcome == Status.CONNFAILED else "CLOSED")
@@ -344,7 +364,10 @@ class SimSequencerNode:
             if len(answers) == len(nodes):
                 end(all(answers.values()))
 
+        def reply_from(node: NodeId) -> Callable[[Any], None]:
+            return lambda reply: on_reply(node, reply)
+
         for node in nodes:
             self.env.network.request(self.node_id, node, GetLogState(log_id=sequencer.log_id),
-                                     lambda reply, node=node: on_reply(node, reply))
+                                     reply_from(node))
         self.env.queue.at(max(deadline_ms, self._now_ms), lambda: end(False))

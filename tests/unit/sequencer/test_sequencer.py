@@ -156,3 +156,45 @@ def test_drained_epoch_reports_clean_tail() -> None:
     assert sequencer.drained_clean_tail() == compose_lsn(Epoch(1), Esn(1))
     stores(sequencer.on_append(2, (b"a",), None, 1, 0))
     assert sequencer.drained_clean_tail() is None
+
+
+def test_late_ok_from_an_earlier_wave_counts_and_is_not_resent() -> None:
+    sequencer = active_sequencer(replication=3)
+    first, second, third = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    lsn = first.message.lsn
+    sequencer.on_stored(first.node, lsn, 1, Status.OK, Epoch(0), None, 1)
+    wave2 = stores(sequencer.on_timer(10))
+    # Only the nodes without a copy get the payload again.
+    assert {s.node for s in wave2} == {second.node, third.node}
+    sequencer.on_stored(second.node, lsn, 1, Status.OK, Epoch(0), None, 12)  # late, wave 1
+    done = replies(sequencer.on_stored(third.node, lsn, 2, Status.OK, Epoch(0), None, 13))
+    assert [r.status for r in done] == [Status.OK]
+
+
+def test_grouped_appends_share_one_appender_with_own_lsns() -> None:
+    from sequencer.core.sequencer import PendingAppend
+
+    sequencer = active_sequencer(replication=2)
+    group = [PendingAppend(7, (b"a",), None, 1), PendingAppend(8, (b"b", b"c"), None, 1),
+             PendingAppend(9, (b"d",), None, 1)]
+    sends = stores(sequencer.on_append_group(group, 0))
+    assert len(sends) == 2  # one STORE per copyset node for all three appends
+    assert sends[0].message.payloads == (b"a", b"b", b"c", b"d")
+    lsn = sends[0].message.lsn
+    effects = [r for s in sends for r in replies(
+        sequencer.on_stored(s.node, lsn, 1, Status.OK, Epoch(0), None, 1))]
+    assert [(r.request_id, r.first_lsn - lsn, r.last_lsn - lsn) for r in effects] == [
+        (7, 0, 0), (8, 1, 2), (9, 3, 3)]
+
+
+def test_grouped_appends_in_full_window_all_get_seqnobufs() -> None:
+    from sequencer.core.sequencer import PendingAppend
+
+    sequencer = active_sequencer(window_appends_max=2)
+    stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    stores(sequencer.on_append(3, (b"b",), None, 1, 0))
+    group = [PendingAppend(7, (b"x",), None, 1), PendingAppend(8, (b"y",), None, 1)]
+    effects = sequencer.on_append_group(group, 0)
+    assert [(r.request_id, r.status) for r in replies(effects)] == [
+        (7, Status.SEQNOBUFS), (8, Status.SEQNOBUFS)]
+    assert stores(effects) == []
