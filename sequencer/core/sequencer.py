@@ -156,6 +156,9 @@ class Sequencer:
             sequencer_node=self.node_id, last_known_good=self.window.lng,
             release_lsn=self.release_lsn, now_ms=now_ms,
         )
+        if appender.recipients and all(s is Status.OK for s in appender.recipients.values()):
+            # Every node of the new copyset already holds a copy from an earlier wave.
+            return self._complete(appender)
         heapq.heappush(self._timers, (appender.deadline_ms, appender.first_esn, appender.wave))
         return list(sends)
 

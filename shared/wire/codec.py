@@ -47,32 +47,24 @@ assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 
 _TYPE_OF_CLASS: dict[type[Any], int] = {cls: int(t) for t, cls in MESSAGE_CLASSES.items()}
 
-Converter = Callable[[Any], Any]
-
-
 class _Invalid(Exception):
     pass
 
 
-def _check(kind: type, optional: bool) -> Converter:
-    def convert(value: Any) -> Any:
-        if value is None and optional:
-            return None
-        if kind is Status:
-            if type(value) is not int:
-                raise _Invalid
-            try:
-                return Status(value)
-            except ValueError:
-                raise _Invalid from None
-        if type(value) is not kind:
-            raise _Invalid
-        return value
-
-    return convert
+_STATUS_BY_VALUE: dict[int, Status] = {int(status): status for status in Status}
 
 
-def _converter(hint: Any) -> Converter:
+def _status(value: Any) -> Status:
+    if type(value) is not int:
+        raise _Invalid
+    status = _STATUS_BY_VALUE.get(value)
+    if status is None:
+        raise _Invalid
+    return status
+
+
+def _field_check(name: str, hint: Any) -> str:
+    """Python source that checks (and for Status converts) local variable ``name``."""
     optional = False
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -80,20 +72,35 @@ def _converter(hint: Any) -> Converter:
         optional, hint = True, args[0]
     while hasattr(hint, "__supertype__"):  # NewType
         hint = hint.__supertype__
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return _check(tuple, optional)
-    assert hint in (int, str, bytes, bool, Status), hint
-    return _check(hint, optional)
+    if typing.get_origin(hint) is tuple:
+        hint = tuple
+    assert hint in (int, str, bytes, bool, tuple, Status), hint
+    none_ok = f"{name} is not None and " if optional else ""
+    if hint is Status:
+        return f"    if {none_ok}True: {name} = _status({name})\n"
+    return f"    if {none_ok}type({name}) is not {hint.__name__}: raise _Invalid\n"
 
 
-_FIELDS: dict[type[Any], tuple[str, ...]] = {}
-_CONVERTERS: dict[type[Any], tuple[Converter, ...]] = {}
-for _cls in MESSAGE_CLASSES.values():
-    _hints = typing.get_type_hints(_cls)
-    _names = tuple(f.name for f in dataclasses.fields(_cls))
-    _FIELDS[_cls] = _names
-    _CONVERTERS[_cls] = tuple(_converter(_hints[n]) for n in _names)
+def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
+    """A function that checks a field tuple and builds ``cls`` from it: generated source, so
+    that decoding costs no per-field function calls (it runs for every frame)."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    source = f"def decode_fields(fields):\n    ({', '.join(names)},) = fields\n"
+    source += "".join(_field_check(name, hints[name]) for name in names)
+    source += f"    return cls({', '.join(f'{n}={n}' for n in names)})\n"
+    namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid}
+    exec(source, namespace)
+    decoder: Callable[[Any], Any] = namespace["decode_fields"]
+    return decoder
+
+
+_FIELDS: dict[type[Any], tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_CLASSES.values()
+}
+_DECODERS: dict[int, Callable[[Any], Any]] = {
+    int(t): _make_decoder(cls) for t, cls in MESSAGE_CLASSES.items()
+}
 
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -110,11 +117,9 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
     try:
         unpacked = msgpack.unpackb(body, raw=False, use_list=False, strict_map_key=True)
         type_id, correlation_id, fields = unpacked
-        cls = MESSAGE_CLASSES[MessageType(type_id)]
-        converters = _CONVERTERS[cls]
-        if type(correlation_id) is not int or len(fields) != len(converters):
+        decoder = _DECODERS.get(type_id)
+        if decoder is None or type(correlation_id) is not int or type(fields) is not tuple:
             return Status.BADMSG
-        values = [conv(value) for conv, value in zip(converters, fields, strict=True)]
-        return correlation_id, cls(**dict(zip(_FIELDS[cls], values, strict=True)))
+        return correlation_id, decoder(fields)
     except (ValueError, TypeError, KeyError, _Invalid, msgpack.UnpackException):
         return Status.BADMSG

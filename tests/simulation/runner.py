@@ -243,16 +243,6 @@ def check_post_heal_release(cluster: SimCluster, acked: list[ClientAppend]) -> N
     cluster.released_logs_count += 1
 
 
-def hung_on_stored_copies(cluster: SimCluster) -> bool:
-    """The signature of the hang in the uncommitted "amends" change of
-    ``sequencer/core/appender.py``: an appender whose current wave went only to nodes that
-    already hold a copy sends nothing, has every recipient marked OK, and is never completed
-    (only ``on_reply`` reports DONE)."""
-    return any(
-        appender.recipients and all(s is Status.OK for s in appender.recipients.values())
-        for core in cluster.live_cores() for appender in core.sequencer.appenders.values())
-
-
 def describe_unquiet(cluster: SimCluster) -> str:
     parts = [f"{sum(a.outcome is None for a in cluster.appends)} appends unanswered"]
     for node_id, node in cluster.sequencers.items():

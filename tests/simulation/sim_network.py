@@ -27,6 +27,10 @@ Handler = Callable[[NodeId, Any, ReplyFn | None], None]
 RequestCallback = Callable[[Any], None]
 """Gets the reply message, or the ``Status`` that ended the request."""
 
+REQUESTS_PENDING_MAX = 1_000_000
+"""Requests without an answer yet (lost ones stay until their peer crashes); more means a
+runaway retry loop."""
+
 
 @dataclass(slots=True)
 class _Endpoint:
@@ -141,6 +145,7 @@ class SimNetwork:
         self._next_request_id += 1
         target = self._nodes[dst]
         request = _Request(src, self._nodes[src].incarnation, dst, target.incarnation, callback)
+        assert len(self._pending) < REQUESTS_PENDING_MAX, "runaway requests"
         self._pending[request_id] = request
         if not target.up:
             self._fail_later(request_id, Status.CONNFAILED)

@@ -201,11 +201,6 @@ def test_epoch_store_failures_answer_nosequencer_and_write_nothing(
         heal_and_check(cluster)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug in the uncommitted 'amends' change of sequencer/core/appender.py: a wave whose "
-    "copyset holds only nodes that already stored a copy sends nothing and marks every "
-    "recipient OK, but nothing reports DONE (only on_reply does), so the append hangs, its "
-    "window slot is never reaped, and the log stops releasing"))
 def test_wave_over_nodes_already_holding_copies_completes(
         request: pytest.FixtureRequest) -> None:
     # A round trip (100ms) longer than the first store timeouts (10, 20, 40, 80ms): waves

@@ -8,22 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from tests.simulation.runner import SimulationFailure, hung_on_stored_copies, run_simulation
+from tests.simulation.runner import SimulationFailure, run_simulation
 
 SEEDS = range(1, 241)
 SOAK_SEEDS = range(1_000, 6_000)
 
 
 def run_seed(seed: int) -> None:
-    try:
-        result = run_simulation(seed)
-    except SimulationFailure as failure:
-        # A known core bug, reported and shown by a strict xfail in test_scenarios.py; only
-        # a liveness failure with exactly its signature is excused, anything else fails.
-        if failure.checker in ("L1", "L2") and hung_on_stored_copies(failure.cluster):
-            pytest.xfail(f"seed {seed}: appender hung after a wave over stored copies "
-                         "(see test_wave_over_nodes_already_holding_copies_completes)")
-        raise
+    result = run_simulation(seed)
     assert result.outcomes.get("OK", 0) > 0, result.summary()
 
 
@@ -33,6 +25,11 @@ def test_seed(seed: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", SOAK_SEEDS)
-def test_soak_seed(seed: int) -> None:
-    run_seed(seed)
+def test_soak_seeds() -> None:
+    failures: list[str] = []
+    for seed in SOAK_SEEDS:
+        try:
+            run_simulation(seed)
+        except SimulationFailure as failure:
+            failures.append(str(failure))
+    assert not failures, f"{len(failures)} seeds failed; first:\n{failures[0]}"
