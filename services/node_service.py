@@ -209,8 +209,8 @@ class NodeService:
     # ---- cluster -------------------------------------------------------------------------
 
     def cluster_nodes(self) -> list[NodeOut]:
-        # Until the gossip failure detector exists, every configured node is reported ALIVE
-        # unless this node saw its connection fail.
+        # Until the gossip failure detector (issue 4) exists, states come from the
+        # configuration: every configured node is reported ALIVE.
         return [
             NodeOut(node_id=n.node_id, roles=tuple(n.roles), http=n.http_address,
                     state="ALIVE", sequencer_weight=n.sequencer_weight,

@@ -119,6 +119,9 @@ class SequencerConfig:
     blacklist_error_ms: int = 1_000
     """Blacklist time for other error replies (connection failure, shutdown, bad checksum)."""
     release_broadcast_interval_ms: int = 500
+    release_delay_ms: int = 10
+    """A copyset node learns a new release pointer from the next STORE sent to it (which
+    carries it); only a node that gets no STORE within this time is sent a RELEASE."""
     activation_appends_queued_max: int = 10_000
     """Appends that may wait for a log's sequencer to activate; more get SEQNOBUFS."""
     append_timeout_ms: int = 10_000
@@ -140,6 +143,7 @@ class SequencerConfig:
             _in_range(name, getattr(self, name), 0, 86_400_000)
         _in_range("release_broadcast_interval_ms", self.release_broadcast_interval_ms, 10,
                   3_600_000)
+        _in_range("release_delay_ms", self.release_delay_ms, 0, 60_000)
         _in_range("activation_appends_queued_max", self.activation_appends_queued_max, 1,
                   1_000_000)
         _in_range("append_timeout_ms", self.append_timeout_ms, 1, 3_600_000)

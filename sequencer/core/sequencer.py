@@ -91,6 +91,9 @@ class Sequencer:
         self.nodeset: NodesetState | None = None
         self.appenders: dict[Esn, Appender] = {}
         self._timers: list[tuple[int, int, int]] = []  # (deadline_ms, first_esn, wave)
+        self._release_owed: set[NodeId] = set()
+        """Copyset nodes not yet told the current release pointer (see release_delay_ms)."""
+        self._release_due_ms: int | None = None
         self._pending: deque[PendingAppend] = deque()
 
     # ---- appends ------------------------------------------------------------------------
@@ -158,7 +161,10 @@ class Sequencer:
         )
         if appender.recipients and all(s is Status.OK for s in appender.recipients.values()):
             # Every node of the new copyset already holds a copy from an earlier wave.
-            return self._complete(appender)
+            return self._complete(appender, now_ms)
+        if self._release_owed:
+            # These STOREs carry the release pointer.
+            self._release_owed.difference_update(send.node for send in sends)
         heapq.heappush(self._timers, (appender.deadline_ms, appender.first_esn, appender.wave))
         return list(sends)
 
@@ -226,12 +232,12 @@ class Sequencer:
         if result is AppenderResult.PREEMPTED:
             return self._on_preempted(sealed_epoch, sealed_by)
         if result is AppenderResult.DONE:
-            return self._complete(appender)
+            return self._complete(appender, now_ms)
         if resend:
             return self._send_wave(appender, now_ms)
         return []
 
-    def _complete(self, appender: Appender) -> list[Effect]:
+    def _complete(self, appender: Appender, now_ms: int) -> list[Effect]:
         assert self.window is not None
         del self.appenders[appender.first_esn]
         effects: list[Effect] = []
@@ -246,10 +252,12 @@ class Sequencer:
             before = self.release_lsn
             self._advance_release(compose_lsn(self.epoch, self.window.lng), effects)
             if self.release_lsn > before:
-                # Tell the copyset of the append that completed; the periodic broadcast and
-                # the pointer piggybacked on STOREs reach everyone else.
-                release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-                effects.extend(Send(n, release) for n in appender.recipients)
+                # The copyset of the append that completed learns the new pointer from the
+                # next STORE it gets, or from a RELEASE after release_delay_ms; the periodic
+                # broadcast reaches every other node.
+                self._release_owed.update(appender.recipients)
+                if self._release_due_ms is None:
+                    self._release_due_ms = now_ms + self.config.release_delay_ms
         return effects
 
     def _advance_release(self, release_lsn: Lsn, effects: list[Effect]) -> None:
@@ -277,18 +285,29 @@ class Sequencer:
     # ---- timers --------------------------------------------------------------------------
 
     def deadline_ms(self) -> int | None:
-        """The earliest store timeout of a live appender wave (stale entries are dropped)."""
+        """The earliest store timeout of a live appender wave (stale entries are dropped), or
+        the time owed RELEASEs are due."""
         timers = self._timers
         while timers:
             _, first_esn, wave = timers[0]
             appender = self.appenders.get(Esn(first_esn))
             if appender is not None and appender.wave == wave:
-                return timers[0][0]
+                break
             heapq.heappop(timers)
-        return None
+        store_due_ms = timers[0][0] if timers else None
+        if self._release_due_ms is None:
+            return store_due_ms
+        if store_due_ms is None:
+            return self._release_due_ms
+        return min(store_due_ms, self._release_due_ms)
 
     def on_timer(self, now_ms: int) -> list[Effect]:
         effects: list[Effect] = []
+        if self._release_due_ms is not None and self._release_due_ms <= now_ms:
+            self._release_due_ms = None
+            release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+            effects.extend(Send(node, release) for node in sorted(self._release_owed))
+            self._release_owed.clear()
         timers = self._timers
         while timers and timers[0][0] <= now_ms:
             _, first_esn, wave = heapq.heappop(timers)

@@ -102,10 +102,10 @@ def test_nothing_written_answer_for_a_stored_append_is_caught_by_c4(
         monkeypatch: pytest.MonkeyPatch) -> None:
     original: Callable[..., list[Any]] = Sequencer._complete
 
-    def complete(self: Sequencer, appender: Appender) -> list[Any]:
+    def complete(self: Sequencer, appender: Appender, now_ms: int) -> list[Any]:
         return [AppendReply(e.request_id, Status.SEQNOBUFS)
                 if type(e) is AppendReply and e.request_id % 5 == 0 else e
-                for e in original(self, appender)]
+                for e in original(self, appender, now_ms)]
 
     monkeypatch.setattr(Sequencer, "_complete", complete)
     assert_caught_by("C4", "nothing written")

@@ -50,7 +50,24 @@ def test_release_follows_reaping_in_order_and_tells_copyset() -> None:
     effects = sequencer.on_stored(a.node, a.message.lsn, 1, Status.OK, Epoch(0), None, 2)
     assert sequencer.release_lsn == b.message.lsn
     assert ReleaseAdvanced(LogId(1), b.message.lsn) in effects
+    # No STORE went to the copyset within release_delay_ms: it gets an explicit RELEASE.
+    assert sequencer.deadline_ms() == 2 + sequencer.config.release_delay_ms
+    effects = sequencer.on_timer(2 + sequencer.config.release_delay_ms)
     assert Send(a.node, Release(log_id=LogId(1), release_lsn=b.message.lsn)) in effects
+
+
+def test_release_rides_on_the_next_store() -> None:
+    sequencer = active_sequencer(replication=3)
+    first = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    for send in first:
+        sequencer.on_stored(send.node, send.message.lsn, 1, Status.OK, Epoch(0), None, 1)
+    released = sequencer.release_lsn
+    assert released == first[0].message.lsn
+    following = stores(sequencer.on_append(3, (b"b",), None, 1, 2))
+    assert {s.message.release_lsn for s in following} == {released}
+    # Every copyset node got the pointer with that STORE: nothing else is owed.
+    late = sequencer.on_timer(100)
+    assert not [e for e in late if type(e) is Send and type(e.message) is Release]
 
 
 def test_full_window_answers_seqnobufs_and_sends_nothing() -> None:

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Seqlog's append benchmark beside NATS JetStream R3, measured in the same run on this machine.
+# Needs the peers set up once (see ../shared/peers/README.md: nats-server and a venv in
+# /tmp/perf/venv with nats-py). Writes JSON lines to $OUT (default /tmp/seqlog-bench.jsonl).
+#   loadtests/run_benchmarks.sh [REPS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPS=${1:-1}
+OUT=${OUT:-/tmp/seqlog-bench.jsonl}
+PEERS=$(cd ../shared/peers && pwd)
+PEER_PY=${PEER_PY:-/tmp/perf/venv/bin/python}
+DIR=$(mktemp -d /tmp/seqlog-bench.XXXXXX)
+: > "$OUT"
+
+nats() {
+    (cd "$PEERS" && ./nats_cluster.sh start >/dev/null)
+    "$PEER_PY" "$PEERS/bench_nats_js.py" --replicas 3 --inflight 1 --records 5000 | tail -1 >> "$OUT"
+    "$PEER_PY" "$PEERS/bench_nats_js.py" --replicas 3 --inflight 64 --records 50000 \
+        --mode workers | tail -1 >> "$OUT"
+    "$PEER_PY" "$PEERS/bench_nats_js.py" --replicas 3 --inflight 256 --records 50000 \
+        --mode async | tail -1 >> "$OUT"
+    (cd "$PEERS" && ./nats_cluster.sh stop >/dev/null)
+}
+
+seqlog() {
+    .venv/bin/seqlog local up --dir "$DIR/c" --replication 3 --fsync always >/dev/null
+    local bench=(.venv/bin/python -m loadtests.bench_append --dir "$DIR/c" --size 1024 --loop uvloop)
+    "${bench[@]}" --inflight 1 --records 3000 --label seqlog-r3-fsync | tail -1 >> "$OUT"
+    "${bench[@]}" --inflight 64 --records 20000 --label seqlog-r3-fsync | tail -1 >> "$OUT"
+    "${bench[@]}" --inflight 256 --records 20000 --label seqlog-r3-fsync | tail -1 >> "$OUT"
+    "${bench[@]}" --inflight 4 --batch 64 --records 128000 --label seqlog-r3-fsync \
+        | tail -1 >> "$OUT"
+    "${bench[@]}" --inflight 16 --batch 64 --records 256000 --label seqlog-r3-fsync \
+        | tail -1 >> "$OUT"
+    .venv/bin/seqlog local down --dir "$DIR/c" >/dev/null
+    rm -rf "$DIR/c"
+}
+
+for _ in $(seq "$REPS"); do
+    nats
+    seqlog
+done
+rm -rf "$DIR"
+.venv/bin/python -m loadtests.summarize "$OUT"
