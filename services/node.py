@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import signal
@@ -20,6 +21,10 @@ from services.app import create_app
 from shared.config import ProcessConfig, process_from_dict
 
 HTTP_SHUTDOWN_TIMEOUT_S = 10.0
+GC_GEN0_THRESHOLD = 50_000
+"""Every append allocates many short-lived objects; collecting generation 0 every 700
+allocations (the default) costs several percent of a node's CPU under load for nothing, since
+the hot path creates no reference cycles."""
 
 
 def load_config(path: str) -> ProcessConfig:
@@ -32,6 +37,9 @@ async def serve(config: ProcessConfig) -> None:
     runner = web.AppRunner(app, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S, access_log=None,
                            handle_signals=False)
     await runner.setup()
+    # Long-lived start-up objects never need scanning again.
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     me = config.me
     site = web.TCPSite(runner, me.host, me.http_port, reuse_address=True)
     await site.start()

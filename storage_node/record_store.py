@@ -50,15 +50,11 @@ log = logging.getLogger(__name__)
 
 DoneFn = Callable[[Status], None]
 RELEASE_LOGS_PENDING_MAX = 100_000
+"""Logs whose release pointer may wait for the writer; past it a pointer is only kept in
+memory (it is re-learned from the sequencer's periodic RELEASE after a restart)."""
 RELEASE_FLUSH_INTERVAL_MS = 5
 """Release pointers alone are written at most this often: they ride along with STORE batches
 under load, and a lost one is re-learned from the sequencer's broadcast after a restart."""
-
-
-def _now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-"""Logs whose release pointer may wait for the writer; past it a pointer is only kept in
-memory (it is re-learned from the sequencer's periodic RELEASE after a restart)."""
 READ_THREADS_COUNT = 4
 COUNTERS = (
     "stores", "store_records", "commit_batches", "fsyncs", "bytes_written", "overloaded",
@@ -67,6 +63,10 @@ COUNTERS = (
 )
 """Always present in ``stats()`` (monotonic totals)."""
 _ENTRY_OVERHEAD_BYTES = 96
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 @dataclass(slots=True)
