@@ -32,13 +32,19 @@ class NodeConfig:
     """One node of the cluster as every other node sees it."""
 
     node_id: NodeId
+    """Stable, unique node id (letters, digits, `_.-`; at most 63 characters)."""
     roles: tuple[Role, ...]
+    """`sequencer`, `storage` or both."""
     host: str = "127.0.0.1"
+    """Address the node listens on and peers connect to."""
     http_port: int = 0
+    """Port of the HTTP API."""
     data_port: int = 0
     """Port of the node-to-node transport (STORE, RELEASE, READ, forwarded APPEND)."""
     sequencer_weight: float = 1.0
+    """Share of logs this node sequences (weighted rendezvous hashing); 0: none."""
     storage_capacity: float = 1.0
+    """Relative weight of this node when copysets are drawn."""
 
     def __post_init__(self) -> None:
         if not node_id_valid(self.node_id):
@@ -60,7 +66,9 @@ class ClusterConfig:
     """Cluster-wide settings; nodes refuse peers whose fingerprint differs."""
 
     cluster_name: str = "seqlog"
+    """Name reported by GET /v1/cluster; part of the config fingerprint."""
     nodes: tuple[NodeConfig, ...] = ()
+    """Every node of the cluster (see `nodes[]`)."""
     replication_factor: int = 3
     """R for logs provisioned on first append."""
     nodeset_size: int = 0
@@ -108,17 +116,25 @@ class SequencerConfig:
     """Settings of the sequencer role (LogDevice defaults where LogDevice has one)."""
 
     window_appends_max: int = 1000
+    """In-flight appends (appenders) per log; a full window answers SEQNOBUFS."""
     store_timeout_ms_min: int = 10
+    """Store timeout of the first wave; it doubles per wave."""
     store_timeout_ms_max: int = 60_000
+    """Upper bound of the store timeout."""
     graylist_nodeset_fraction_max: float = 0.25
     """The gray list is cleared once it holds this fraction of the nodeset."""
     graylist_duration_ms: int = 600_000
+    """How long a node that timed out stays graylisted."""
     blacklist_nospc_ms: int = 60_000
+    """How long a node that answered NOSPC is not used."""
     blacklist_disabled_ms: int = 30_000
+    """How long a node that answered DISABLED is not used."""
     blacklist_overloaded_ms: int = 1_000
+    """How long a node that answered OVERLOADED is not used."""
     blacklist_error_ms: int = 1_000
     """Blacklist time for other error replies (connection failure, shutdown, bad checksum)."""
     release_broadcast_interval_ms: int = 500
+    """How often every node of each log's nodeset is sent the release pointer."""
     release_delay_ms: int = 10
     """A copyset node learns a new release pointer from the next STORE sent to it (which
     carries it); only a node that gets no STORE within this time is sent a RELEASE."""
@@ -156,9 +172,12 @@ class StorageConfig:
     """Settings of the storage role."""
 
     fsync: FsyncMode = "always"
+    """`always`: fsync before STORED; `interval`: every `fsync_interval_ms`; `never`: the
+    kernel decides."""
     fsync_interval_ms: int = 100
     """With ``fsync="interval"``: how often dirty segments are synced."""
     segment_bytes_max: int = 64 * 1024 * 1024
+    """Size at which a segment file is closed and a new one started."""
     store_queue_records_max: int = 20_000
     """STOREs waiting for the writer; more get OVERLOADED."""
     commit_batch_bytes_max: int = 8 * 1024 * 1024
@@ -183,12 +202,19 @@ class ApiConfig:
     """Limits of the HTTP API."""
 
     payload_bytes_max: int = 1024 * 1024
+    """Largest record payload (TOOBIG above)."""
     request_bytes_max: int = 32 * 1024 * 1024
+    """Largest HTTP request body (TOOBIG above)."""
     batch_records_max: int = 10_000
+    """Most records in one append-batch."""
     read_records_max: int = 10_000
+    """Most records one read returns (larger limits are clamped)."""
     read_bytes_max: int = 16 * 1024 * 1024
+    """Most payload bytes one read returns."""
     long_poll_ms_max: int = 60_000
+    """Longest `wait_ms` a read may ask for (larger values are clamped)."""
     provision_on_append: bool = True
+    """Create a log on its first append (else NOTFOUND)."""
     retry_after_s: int = 1
     """Retry-After sent with 429/503 answers."""
 
@@ -208,9 +234,13 @@ class TransportConfig:
     """Node-to-node connections."""
 
     peer_requests_inflight_max: int = 8192
+    """Requests in flight to one peer; more get OVERLOADED."""
     connect_timeout_ms: int = 1_000
+    """Connect plus HELLO deadline."""
     request_timeout_ms: int = 5_000
+    """Default deadline of a node-to-node request."""
     reconnect_backoff_ms_max: int = 1_000
+    """Longest wait before reconnecting to a peer that failed."""
 
     def __post_init__(self) -> None:
         _in_range("peer_requests_inflight_max", self.peer_requests_inflight_max, 1, 1_000_000)
