@@ -135,9 +135,11 @@ class SequencerConfig:
     """Blacklist time for other error replies (connection failure, shutdown, bad checksum)."""
     release_broadcast_interval_ms: int = 500
     """How often every node of each log's nodeset is sent the release pointer."""
-    release_delay_ms: int = 10
-    """A copyset node learns a new release pointer from the next STORE sent to it (which
-    carries it); only a node that gets no STORE within this time is sent a RELEASE."""
+    release_delay_ms: int = 0
+    """0: tell the copyset of each completed append the new release pointer at once, before
+    the client's answer leaves. Above 0: a copyset node learns it from the next STORE sent to
+    it (which carries it), and only one that gets no STORE within this time is sent a RELEASE;
+    fewer messages, but readers that are not on the sequencer's node see records later."""
     activation_appends_queued_max: int = 10_000
     """Appends that may wait for a log's sequencer to activate; more get SEQNOBUFS."""
     append_timeout_ms: int = 10_000

@@ -252,9 +252,12 @@ class Sequencer:
             before = self.release_lsn
             self._advance_release(compose_lsn(self.epoch, self.window.lng), effects)
             if self.release_lsn > before:
-                # The copyset of the append that completed learns the new pointer from the
-                # next STORE it gets, or from a RELEASE after release_delay_ms; the periodic
-                # broadcast reaches every other node.
+                # The copyset of the append that completed learns the new pointer (see
+                # release_delay_ms); the periodic broadcast reaches every other node.
+                if self.config.release_delay_ms == 0:
+                    release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+                    # Ahead of the answers, so that the RELEASE leaves before the client hears.
+                    return [Send(n, release) for n in appender.recipients] + effects
                 self._release_owed.update(appender.recipients)
                 if self._release_due_ms is None:
                     self._release_due_ms = now_ms + self.config.release_delay_ms

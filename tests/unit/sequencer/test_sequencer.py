@@ -40,8 +40,16 @@ def test_done_only_when_whole_current_wave_stored() -> None:
     assert done == [AppendReply(5, Status.OK, lsn, lsn, 1)]
 
 
-def test_release_follows_reaping_in_order_and_tells_copyset() -> None:
+def test_release_follows_reaping_in_order_and_tells_copyset_first() -> None:
     sequencer = active_sequencer(replication=1)
+    a = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
+    effects = sequencer.on_stored(a.node, a.message.lsn, 1, Status.OK, Epoch(0), None, 1)
+    release = Send(a.node, Release(log_id=LogId(1), release_lsn=a.message.lsn))
+    assert effects.index(release) < effects.index(replies(effects)[0])
+
+
+def test_delayed_release_goes_out_when_no_store_carries_it() -> None:
+    sequencer = active_sequencer(replication=1, release_delay_ms=10)
     a = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
     b = stores(sequencer.on_append(3, (b"b",), None, 1, 0))[0]
     effects = sequencer.on_stored(b.node, b.message.lsn, 1, Status.OK, Epoch(0), None, 1)
@@ -56,8 +64,8 @@ def test_release_follows_reaping_in_order_and_tells_copyset() -> None:
     assert Send(a.node, Release(log_id=LogId(1), release_lsn=b.message.lsn)) in effects
 
 
-def test_release_rides_on_the_next_store() -> None:
-    sequencer = active_sequencer(replication=3)
+def test_delayed_release_rides_on_the_next_store() -> None:
+    sequencer = active_sequencer(replication=3, release_delay_ms=10)
     first = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
     for send in first:
         sequencer.on_stored(send.node, send.message.lsn, 1, Status.OK, Epoch(0), None, 1)
