@@ -24,7 +24,7 @@ from shared.net.pool import PeerPool
 from shared.net.server import start_server
 from shared.net.types import ReplyFn
 from shared.types import NodeId
-from shared.wire.append import Append
+from shared.wire.append import Append, GetSequencerState
 from shared.wire.codec import Message
 from storage_node.runtime import StorageNode
 
@@ -43,6 +43,8 @@ class _Dispatcher:
     def on_message(self, peer: NodeId, message: Message, reply: ReplyFn) -> None:
         if type(message) is Append:
             self.service.on_forwarded_append(message, reply)
+        elif type(message) is GetSequencerState:
+            reply(self.service.sequencer_state(message.log_id))
         elif self.storage is not None:
             self.storage.on_message(peer, message, reply)
 

@@ -30,7 +30,7 @@ from shared.read_merge import NodeAnswer, f_majority, merge
 from shared.routing import sequencer_for
 from shared.status import Status
 from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId
-from shared.wire.append import Append, Appended
+from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 FORWARD_HOPS_MAX = 1
 READ_POLL_INTERVAL_S = 0.02
 STORAGE_CALL_TIMEOUT_MS = 2_000
+SEQUENCER_STATE_TIMEOUT_MS = 1_000
 
 
 class NodeService:
@@ -137,6 +138,26 @@ class NodeService:
     def _local_release(self, log_id: LogId) -> Lsn:
         return self.sequencer.release_lsn(log_id) if self.sequencer is not None else Lsn(0)
 
+    def sequencer_state(self, log_id: LogId) -> SequencerState:
+        """This node's sequencer of ``log_id``, for peers serving reads of it."""
+        active = self.sequencer is not None and self.sequencer.is_active(log_id)
+        return SequencerState(
+            status=Status.OK if active else Status.NOSEQUENCER, log_id=log_id,
+            release_lsn=self._local_release(log_id),
+            epoch=self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0))
+
+    async def _release_hint(self, log_id: LogId) -> Lsn:
+        """The freshest release pointer this node can get: its own sequencer's, or the one of
+        the log's sequencer node (one small round trip), or 0 when that node cannot say."""
+        owner = self.owner(log_id)
+        if owner is None or owner == self.node_id:
+            return self._local_release(log_id)
+        reply = await self.pool.call(owner, GetSequencerState(log_id=log_id),
+                                     SEQUENCER_STATE_TIMEOUT_MS)
+        if type(reply) is SequencerState and reply.status is Status.OK:
+            return reply.release_lsn
+        return self._local_release(log_id)
+
     async def read(
         self, log_id: LogId, from_lsn: Lsn, records_max: int, bytes_max: int, wait_ms: int
     ) -> ReadOutcome:
@@ -162,7 +183,7 @@ class NodeService:
         self, log_id: LogId, metadata: LogMetadata, from_lsn: Lsn, records_max: int,
         bytes_max: int,
     ) -> ReadOutcome:
-        release = self._local_release(log_id)
+        release = await self._release_hint(log_id)
         request = Read(log_id=log_id, from_lsn=from_lsn, until_lsn=LSN_MAX, release_lsn=release,
                        records_max=records_max, bytes_max=bytes_max)
         replies = await asyncio.gather(*(
@@ -191,7 +212,7 @@ class NodeService:
         if metadata is None:
             return TailOutcome(status=status, message=f"log {log_id}: {status.description}")
         owner = self.owner(log_id)
-        release = self._local_release(log_id)
+        release = await self._release_hint(log_id)
         epoch = self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0)
         replies: list[Any] = await asyncio.gather(*(
             self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)

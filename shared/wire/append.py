@@ -1,12 +1,14 @@
 """APPEND / APPENDED between sequencer nodes: a node that is not the log's sequencer forwards
-the client's append over the node-to-node transport and relays the answer."""
+the client's append over the node-to-node transport and relays the answer.
+GET_SEQUENCER_STATE / SEQUENCER_STATE: a node serving a read for a log it does not sequence
+asks the log's sequencer node for the authoritative release pointer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from shared.status import Status
-from shared.types import LogId, Lsn, NodeId
+from shared.types import Epoch, LogId, Lsn, NodeId
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,3 +29,17 @@ class Appended:
     timestamp_ms: int
     sequencer_node: NodeId | None
     message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetSequencerState:
+    log_id: LogId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SequencerState:
+    status: Status
+    """OK when the node runs an active sequencer for the log; NOSEQUENCER otherwise."""
+    log_id: LogId
+    release_lsn: Lsn
+    epoch: Epoch

@@ -17,7 +17,7 @@ from typing import Any, TypeAlias, Union
 import msgpack
 
 from shared.status import Status
-from shared.wire.append import Append, Appended
+from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.framing import frame
 from shared.wire.hello import Hello, HelloReply
 from shared.wire.message_type import RETIRED, MessageType
@@ -27,7 +27,7 @@ from shared.wire.store import Store, Stored
 
 Message: TypeAlias = (
     Hello | HelloReply | Store | Stored | Release | Read | ReadReply | GetLogState | LogState
-    | Append | Appended
+    | Append | Appended | GetSequencerState | SequencerState
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -42,6 +42,8 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.LOG_STATE: LogState,
     MessageType.APPEND: Append,
     MessageType.APPENDED: Appended,
+    MessageType.GET_SEQUENCER_STATE: GetSequencerState,
+    MessageType.SEQUENCER_STATE: SequencerState,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 

@@ -17,6 +17,8 @@ class MessageType(IntEnum):
     LOG_STATE = 9
     APPEND = 10
     APPENDED = 11
+    GET_SEQUENCER_STATE = 12
+    SEQUENCER_STATE = 13
 
 
 RETIRED: frozenset[MessageType] = frozenset()

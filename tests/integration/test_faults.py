@@ -245,3 +245,21 @@ async def test_full_window_answers_429_and_writes_nothing(cluster_dir: Path) -> 
 async def _in_flight_at_least(owner_url: str, count: int) -> bool:
     host = owner_url.removeprefix("http://")
     return _metric(host, "seqlog_sequencer_appends_in_flight") >= count
+
+
+async def test_acknowledged_append_is_readable_at_once_through_any_node(
+        cluster_dir: Path) -> None:
+    # R=2 of 3: one storage node is outside each copyset and hears of releases only from the
+    # periodic broadcast, so a node that is not the log's sequencer must ask the sequencer.
+    state = _start(cluster_dir, replication=2)
+    async with Client(state.sequencer_urls) as client:
+        first = await client.append(11, b"first")
+        owner = (await client.tail(11)).sequencer
+        other_url = next(f"http://{n.http}" for n in state.nodes
+                         if "sequencer" in n.roles and n.node_id != owner)
+        async with Client([other_url]) as reader:
+            for i in range(20):
+                appended = await client.append(11, b"r%d" % i)
+                result = await reader.read(11, appended.lsn, limit=1, wait_ms=0)
+                assert [r.payload for r in result.records] == [b"r%d" % i], (i, result)
+        assert first.lsn < appended.lsn
