@@ -35,6 +35,9 @@ from shared.wire.store import Store, Stored
 
 log = logging.getLogger(__name__)
 
+DRAIN_MARK_CLEAN_TIMEOUT_S = 2.0
+"""Time allowed for marking drained epochs clean even when the drain used up its own."""
+
 
 class Transport(Protocol):
     """What the driver needs from ``shared.net.PeerPool``."""
@@ -91,6 +94,8 @@ class SequencerRuntime:
         self._flush_scheduled = False
         self._expiries: deque[tuple[float, int]] = deque()
         self._expiry_task: asyncio.Task[None] | None = None
+        self._drained = asyncio.Event()
+        """Set once closing and no appender is in flight any more."""
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
 
     async def start(self) -> None:
@@ -121,15 +126,18 @@ class SequencerRuntime:
 
     def _stage(self, log_id: LogId, pending: PendingAppend) -> None:
         group_key = (log_id, pending.key)
-        group = self._staged.setdefault(group_key, [])
-        group.append(pending)
-        size = self._staged_bytes.get(group_key, 0) + sum(len(p) for p in pending.payloads)
-        self._staged_bytes[group_key] = size
-        records = sum(len(p.payloads) for p in group)
-        if (records >= self.config.append_group_records_max
-                or size >= self.config.append_group_bytes_max):
+        size = sum(len(p) for p in pending.payloads)
+        group = self._staged.get(group_key)
+        if group and (
+            sum(len(p.payloads) for p in group) + len(pending.payloads)
+            > self.config.append_group_records_max
+            or self._staged_bytes[group_key] + size > self.config.append_group_bytes_max
+        ):
+            # Never grow a group past the limits: one append alone may reach them, never more.
             self._flush_group(group_key)
-        elif not self._flush_scheduled:
+        self._staged.setdefault(group_key, []).append(pending)
+        self._staged_bytes[group_key] = self._staged_bytes.get(group_key, 0) + size
+        if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_staged)
 
@@ -178,10 +186,12 @@ class SequencerRuntime:
         """Return once this node's release pointer of the log passes ``lsn``, or at timeout."""
         if self.release_lsn(log_id) > lsn or timeout_s <= 0:
             return
-        event = self._release_events.setdefault(log_id, asyncio.Event())
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 while self.release_lsn(log_id) <= lsn:
+                    # A fresh event each round: a set one is popped by ReleaseAdvanced, and
+                    # awaiting an event that is already set would never yield to the loop.
+                    event = self._release_events.setdefault(log_id, asyncio.Event())
                     await event.wait()
 
     # ---- effects -------------------------------------------------------------------------
@@ -213,6 +223,12 @@ class SequencerRuntime:
             else:
                 raise AssertionError(f"unknown effect {effect!r}")
         self._rearm(sequencer)
+        if self._closing:
+            self._note_drained()
+
+    def _note_drained(self) -> None:
+        if not any(s.appenders for s in self.sequencers.values()):
+            self._drained.set()
 
     def _send(self, sequencer: Sequencer, effect: Send) -> None:
         message = effect.message
@@ -242,14 +258,23 @@ class SequencerRuntime:
             provision = ProvisionSpec(nodeset=self.cluster.default_nodeset(),
                                       replication_factor=self.cluster.replication_factor)
         try:
-            status, epoch, metadata = await self.epoch_store.activate(
-                log_id, writer=self.node_id, provision=provision)
-            lce = None
-            if status is Status.OK:
-                status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+            async with asyncio.timeout(self.config.activation_timeout_ms / 1000):
+                status, epoch, metadata = await self.epoch_store.activate(
+                    log_id, writer=self.node_id, provision=provision)
+                lce = None
+                if status is Status.OK:
+                    status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+        except TimeoutError:
+            log.warning("activation of log %d timed out", log_id)
+            status, epoch, metadata, lce = Status.TIMEDOUT, Epoch(0), None, None
         except Exception:
             log.exception("activation of log %d failed", log_id)
             status, epoch, metadata, lce = Status.INTERNAL, Epoch(0), None, None
+        if status is Status.OK and (epoch <= sequencer.epoch or metadata is None
+                                    or not metadata.nodeset):
+            log.error("log %d: the epoch store answered epoch %d with %r after epoch %d",
+                      log_id, epoch, metadata, sequencer.epoch)
+            status = Status.INTERNAL
         if status is Status.OK:
             log.info("log %d: sequencer active in epoch %d (last clean epoch %d)",
                      log_id, epoch, lce.epoch if lce else -1)
@@ -299,7 +324,11 @@ class SequencerRuntime:
         interval_s = self.config.release_broadcast_interval_ms / 1000
         while True:
             await asyncio.sleep(interval_s)
-            for sequencer in list(self.sequencers.values()):
+            for log_id, sequencer in list(self.sequencers.items()):
+                if sequencer.idle_unavailable():
+                    # Nothing to remember: a log id that never activated (e.g. NOTFOUND).
+                    del self.sequencers[log_id]
+                    continue
                 self._apply(sequencer, sequencer.release_broadcast())
 
     def _spawn(self, coro: Any) -> None:
@@ -308,39 +337,34 @@ class SequencerRuntime:
         task.add_done_callback(self._tasks.discard)
 
     async def drain(self, timeout_s: float) -> None:
-        """Stop taking appends, let in-flight ones finish, make sure the storage nodes know the
-        final release pointers, then mark every fully drained epoch clean in the epoch store,
-        so that the next sequencer of those logs can release at once."""
+        """Stop taking appends, let in-flight ones finish (until ``timeout_s``), then mark
+        every fully drained epoch clean in the epoch store, so that the next sequencer of those
+        logs releases at once. The tail stored with the last clean epoch is the authority: the
+        next sequencer starts its release pointer there and tells every storage node, so the
+        final RELEASE broadcast here is only a courtesy to readers in between."""
         self._closing = True
-        deadline_s = asyncio.get_running_loop().time() + timeout_s
-        while any(s.appenders for s in self.sequencers.values()):
-            if asyncio.get_running_loop().time() >= deadline_s:
-                return
-            await asyncio.sleep(0.01)
-        for sequencer in self.sequencers.values():
-            tail = sequencer.drained_clean_tail()
-            if tail is None or sequencer.metadata is None:
-                continue
-            if not await self._confirm_release(sequencer, deadline_s):
-                continue
-            status = await self.epoch_store.set_last_clean_epoch(
-                sequencer.log_id, sequencer.epoch, tail)
-            log.info("log %d: epoch %d drained, marked clean with tail %d: %s",
-                     sequencer.log_id, sequencer.epoch, tail, status.name)
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + timeout_s
+        self._note_drained()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._drained.wait()
+        drained = [(s, tail) for s in self.sequencers.values()
+                   if (tail := s.drained_clean_tail()) is not None]
+        for sequencer, _ in drained:
+            self._apply(sequencer, sequencer.release_broadcast())
+        if not drained:
+            return
+        remaining_s = max(deadline_s - loop.time(), DRAIN_MARK_CLEAN_TIMEOUT_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(remaining_s):
+                await asyncio.gather(*(self._mark_clean(s, tail) for s, tail in drained))
 
-    async def _confirm_release(self, sequencer: Sequencer, deadline_s: float) -> bool:
-        """Send RELEASE to every node of the nodeset and confirm each got it: a GET_LOG_STATE
-        on the same ordered connection answers only after the RELEASE was applied."""
-        assert sequencer.metadata is not None
-        self._apply(sequencer, sequencer.release_broadcast())
-        remaining_ms = int((deadline_s - asyncio.get_running_loop().time()) * 1000)
-        if remaining_ms <= 0:
-            return False
-        replies = await asyncio.gather(*(
-            self.transport.call(node, GetLogState(log_id=sequencer.log_id), remaining_ms)
-            for node in sequencer.metadata.nodeset))
-        return all(type(r) is LogState and r.release_lsn >= sequencer.release_lsn
-                   for r in replies)
+    async def _mark_clean(self, sequencer: Sequencer, tail: Lsn) -> None:
+        status = await self.epoch_store.set_last_clean_epoch(
+            sequencer.log_id, sequencer.epoch, tail)
+        log.info("log %d: epoch %d drained, marked clean with tail %d: %s",
+                 sequencer.log_id, sequencer.epoch, tail, status.name)
 
     async def close(self) -> None:
         self._closing = True
@@ -351,6 +375,15 @@ class SequencerRuntime:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for future in self._waiters.values():
-            if not future.done():
-                future.set_result(AppendReply(0, Status.SHUTDOWN, message="shutting down"))
+        # An append that got an LSN may have been stored: its outcome is unknown.
+        with_lsn = {request_id for s in self.sequencers.values()
+                    for a in s.appenders.values() for request_id, _ in a.requests}
+        for request_id, future in self._waiters.items():
+            if future.done():
+                continue
+            if request_id in with_lsn:
+                future.set_result(AppendReply(request_id, Status.TIMEDOUT,
+                                              message="shutting down; outcome unknown"))
+            else:
+                future.set_result(AppendReply(request_id, Status.SHUTDOWN,
+                                              message="shutting down; nothing was written"))

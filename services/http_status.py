@@ -7,6 +7,8 @@ API.md fixes the codes of the statuses a caller is told about. The rest are chos
   API.md, nothing was written. A role that cannot promise "nothing was written" after one of
   these must report ``TIMEDOUT`` instead.
 - ``STALE``, ``UPTODATE`` and ``EXISTS`` are 409: the request conflicts with stored state.
+- ``PEER_CLOSED`` (a node-to-node request was sent, then its connection dropped) is 504, like
+  ``TIMEDOUT``: the outcome is unknown.
 - ``CHECKSUM_MISMATCH`` and ``DATALOSS`` are 500: something the cluster stored is damaged,
   which the caller cannot fix by retrying and must treat like a bug (outcome unknown).
 
@@ -38,6 +40,7 @@ HTTP_STATUS: dict[Status, int] = {
     Status.INVALID_PARAM: 400,
     Status.INTERNAL: 500,
     Status.CONNFAILED: 503,
+    Status.PEER_CLOSED: 504,
     Status.NOTINCONFIG: 503,
     Status.PROTONOSUPPORT: 503,
     Status.EXISTS: 409,

@@ -23,13 +23,14 @@ from services.log_service import (
 )
 from shared.config import ProcessConfig
 from shared.epoch_metadata import LogMetadata
+from shared.limits import KEY_BYTES_MAX
 from shared.net.pool import PeerPool
 from shared.net.types import ReplyFn
 from shared.ports import EpochStore
 from shared.read_merge import NodeAnswer, f_majority, merge
 from shared.routing import sequencer_for
 from shared.status import Status
-from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId
+from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, log_id_valid
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
 
@@ -93,7 +94,6 @@ class NodeService:
         self, owner: NodeId, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
         hops: int,
     ) -> AppendOutcome:
-        was_connected = self.pool.connected(owner)
         timeout_ms = self.config.sequencer.append_timeout_ms + 1_000
         reply = await self.pool.call(
             owner, Append(log_id=log_id, payloads=payloads, key=key, hops=hops + 1), timeout_ms)
@@ -102,8 +102,8 @@ class NodeService:
                                  last_lsn=reply.last_lsn, timestamp_ms=reply.timestamp_ms,
                                  sequencer_node=reply.sequencer_node, message=reply.message)
         status = reply if isinstance(reply, Status) else Status.BADMSG
-        if status in (Status.CONNFAILED, Status.SHUTDOWN) and not was_connected:
-            # The append never left this node: nothing was written.
+        if status is Status.CONNFAILED:
+            # The pool never handed it to a connection: nothing was written.
             return AppendOutcome(status=Status.NOSEQUENCER, sequencer_node=owner,
                                  message=f"sequencer node {owner} is unreachable")
         if status is Status.OVERLOADED:
@@ -113,7 +113,30 @@ class NodeService:
                              message=f"forwarding to {owner} failed ({status.name}); "
                                      "outcome unknown")
 
+    def _forwarded_append_status(self, message: Append) -> Status:
+        """Peers are checked like HTTP clients: a bad APPEND must not reach the core."""
+        api = self.config.api
+        payloads, key = message.payloads, message.key
+        if not log_id_valid(message.log_id) or not payloads:
+            return Status.BADMSG
+        if len(payloads) > api.batch_records_max:
+            return Status.TOOBIG
+        if any(type(p) is not bytes for p in payloads):
+            return Status.BADMSG
+        if any(len(p) > api.payload_bytes_max for p in payloads):
+            return Status.TOOBIG
+        if key is not None and len(key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
+            return Status.BADMSG
+        return Status.OK
+
     def on_forwarded_append(self, message: Append, reply: ReplyFn) -> None:
+        status = self._forwarded_append_status(message)
+        if status is not Status.OK:
+            reply(Appended(status=status, log_id=message.log_id, first_lsn=Lsn(0),
+                           last_lsn=Lsn(0), timestamp_ms=0, sequencer_node=None,
+                           message="malformed forwarded append; nothing written"))
+            return
+
         async def run() -> None:
             r = await self._append(message.log_id, message.payloads, message.key, message.hops)
             reply(Appended(status=r.status, log_id=message.log_id, first_lsn=r.first_lsn,

@@ -140,6 +140,9 @@ class SequencerConfig:
     the client's answer leaves. Above 0: a copyset node learns it from the next STORE sent to
     it (which carries it), and only one that gets no STORE within this time is sent a RELEASE;
     fewer messages, but readers that are not on the sequencer's node see records later."""
+    activation_timeout_ms: int = 10_000
+    """How long taking an epoch from the epoch store may take before the waiting appends are
+    answered NOSEQUENCER (nothing written) and the next append tries again."""
     activation_appends_queued_max: int = 10_000
     """Appends that may wait for a log's sequencer to activate; more get SEQNOBUFS."""
     append_timeout_ms: int = 10_000
@@ -162,6 +165,7 @@ class SequencerConfig:
         _in_range("release_broadcast_interval_ms", self.release_broadcast_interval_ms, 10,
                   3_600_000)
         _in_range("release_delay_ms", self.release_delay_ms, 0, 60_000)
+        _in_range("activation_timeout_ms", self.activation_timeout_ms, 1, 600_000)
         _in_range("activation_appends_queued_max", self.activation_appends_queued_max, 1,
                   1_000_000)
         _in_range("append_timeout_ms", self.append_timeout_ms, 1, 3_600_000)

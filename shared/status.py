@@ -35,6 +35,7 @@ class Status(IntEnum):
     PROTONOSUPPORT = 21
     EXISTS = 22
     DATALOSS = 23
+    PEER_CLOSED = 24
 
     @property
     def description(self) -> str:
@@ -70,6 +71,7 @@ _DESCRIPTIONS: dict[Status, str] = {
     Status.PROTONOSUPPORT: "the peer speaks an incompatible protocol or cluster config",
     Status.EXISTS: "the object already exists",
     Status.DATALOSS: "records that may have been acknowledged cannot be found",
+    Status.PEER_CLOSED: "the connection closed after the request was sent; outcome unknown",
 }
 
 RETRYABLE: frozenset[Status] = frozenset(
@@ -84,6 +86,7 @@ RETRYABLE: frozenset[Status] = frozenset(
         Status.OVERLOADED,
         Status.NOSPC,
         Status.CONNFAILED,
+        Status.PEER_CLOSED,
     }
 )
 

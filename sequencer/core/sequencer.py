@@ -324,6 +324,11 @@ class Sequencer:
 
     # ---- release broadcast and draining -------------------------------------------------
 
+    def idle_unavailable(self) -> bool:
+        """Never activated and nothing waiting: this object holds no state worth keeping."""
+        return (self.state is SequencerState.UNAVAILABLE and self.epoch == 0
+                and not self._pending)
+
     def release_broadcast(self) -> list[Effect]:
         if self.metadata is None or self.release_lsn == 0:
             return []

@@ -167,7 +167,8 @@ class _Peer:
         if conn is not self.conn:
             return
         self.conn = None
-        self.fail_all(status)
+        # These requests reached a live connection: the peer may have acted on them.
+        self.fail_all(Status.PEER_CLOSED if status is Status.CONNFAILED else status)
 
     def fail_all(self, status: Status) -> None:
         pending = self._pending

@@ -1,0 +1,163 @@
+"""The sequencer's asyncio driver on a real in-process stack: three StorageNodes behind real
+TCP servers, a PeerPool and a file epoch store in a temporary directory."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from epoch_store import open_epoch_store
+from sequencer.runtime import SequencerRuntime
+from shared.clock import SystemClock
+from shared.config import (
+    ClusterConfig,
+    NodeConfig,
+    SequencerConfig,
+    StorageConfig,
+    TransportConfig,
+)
+from shared.epoch_metadata import ProvisionSpec
+from shared.net.pool import PeerPool
+from shared.net.server import Server, start_server
+from shared.ports import EpochStore
+from shared.status import Status
+from shared.types import Epoch, LogId, Lsn, NodeId
+from storage_node.runtime import StorageNode
+
+STORAGE = (NodeId("st1"), NodeId("st2"), NodeId("st3"))
+
+
+@dataclass
+class Stack:
+    runtime: SequencerRuntime
+    store: EpochStore
+    servers: dict[NodeId, Server]
+    nodes: list[StorageNode]
+    pool: PeerPool
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    transport = TransportConfig(connect_timeout_ms=500, reconnect_backoff_ms_max=100)
+    nodes, servers, ports = [], {}, {}
+    for node_id in STORAGE:
+        node = StorageNode(node_id=node_id, data_dir=str(tmp_path / node_id),
+                           config=StorageConfig(fsync="never"))
+        await node.start()
+        server = await start_server("127.0.0.1", 0, node_id=node_id, cluster_fingerprint="t",
+                                    handler=node, config=transport)
+        nodes.append(node)
+        servers[node_id] = server
+        ports[node_id] = server.port
+    cluster = ClusterConfig(
+        nodes=(NodeConfig(node_id=NodeId("seq"), roles=("sequencer",)),
+               *(NodeConfig(node_id=n, roles=("storage",), data_port=ports[n])
+                 for n in STORAGE)),
+        replication_factor=2)
+    pool = PeerPool(node_id=NodeId("seq"), cluster_fingerprint="t", config=transport,
+                    addresses=lambda n: ("127.0.0.1", ports[n]) if n in ports else None)
+    store = open_epoch_store(f"file://{tmp_path / 'epochs'}")
+    runtime = SequencerRuntime(
+        node_id=NodeId("seq"), config=SequencerConfig(append_timeout_ms=5_000),
+        cluster=cluster, transport=pool, epoch_store=store, clock=SystemClock(),
+        rng=random.Random(3))
+    await runtime.start()
+    yield Stack(runtime, store, servers, nodes, pool)
+    await runtime.close()
+    await pool.close()
+    for server in servers.values():
+        await server.close()
+    for node in nodes:
+        await node.close()
+    await store.close()
+
+
+async def _busy_log(stack: Stack, log_id: LogId) -> asyncio.Task[object]:
+    """A log stored only on st3, whose server is then closed: its append stays in flight."""
+    status, epoch, _ = await stack.store.activate(
+        log_id, writer=NodeId("seq"),
+        provision=ProvisionSpec(nodeset=(NodeId("st3"),), replication_factor=1))
+    assert status is Status.OK
+    assert await stack.store.set_last_clean_epoch(log_id, epoch, Lsn(0)) is Status.OK
+    await stack.servers[NodeId("st3")].close()
+    task: asyncio.Task[object] = asyncio.create_task(
+        stack.runtime.append(log_id, (b"stuck",), None))
+    sequencer = None
+    for _ in range(200):
+        sequencer = stack.runtime.sequencers.get(log_id)
+        if sequencer is not None and sequencer.appenders:
+            break
+        await asyncio.sleep(0.01)
+    assert sequencer is not None and sequencer.appenders
+    return task
+
+
+@pytest.mark.timeout(30)
+async def test_long_poll_does_not_spin_while_release_moves_in_small_steps(
+        stack: Stack) -> None:
+    runtime = stack.runtime
+    first = await runtime.append(LogId(1), (b"a",), None)
+    assert first.status is Status.OK
+    loop = asyncio.get_running_loop()
+    started_s = loop.time()
+    waiter = asyncio.create_task(
+        runtime.wait_release_above(LogId(1), Lsn(first.first_lsn + 10), 0.5))
+    await asyncio.sleep(0)
+    for i in range(3):  # each append moves the release pointer by one: not far enough
+        assert (await runtime.append(LogId(1), (b"x%d" % i,), None)).status is Status.OK
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not waiter.done():
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(asyncio.gather(waiter, ticker()), 5)
+    assert loop.time() - started_s >= 0.45  # it waited for its timeout...
+    assert ticks >= 10  # ...while the loop kept serving others
+
+
+@pytest.mark.timeout(60)
+async def test_drain_marks_drained_logs_clean_even_if_another_log_is_busy(
+        stack: Stack) -> None:
+    runtime = stack.runtime
+    done = await runtime.append(LogId(2), (b"done",), None)
+    assert done.status is Status.OK
+    stuck = await _busy_log(stack, LogId(3))
+    await runtime.drain(1.0)
+    status, lce = await stack.store.get_last_clean_epoch(LogId(2))
+    assert status is Status.OK and lce is not None
+    assert lce.epoch == runtime.epoch(LogId(2)) and lce.tail_lsn == done.last_lsn
+    status, busy_lce = await stack.store.get_last_clean_epoch(LogId(3))
+    assert busy_lce is not None and busy_lce.epoch < runtime.epoch(LogId(3))
+    await runtime.close()
+    result = await stuck
+    # It had an LSN and its STORE was sent: "nothing written" would be a lie.
+    assert getattr(result, "status", None) is Status.TIMEDOUT
+
+
+@pytest.mark.timeout(30)
+async def test_appends_after_close_of_activation_queue_get_shutdown(stack: Stack) -> None:
+    await stack.runtime.close()
+    result = await stack.runtime.append(LogId(4), (b"late",), None)
+    assert result.status is Status.SHUTDOWN
+
+
+async def test_grouped_appends_never_exceed_the_group_limits(stack: Stack) -> None:
+    runtime = stack.runtime
+    runtime.config = SequencerConfig(append_group_records_max=4)
+    assert (await runtime.append(LogId(5), (b"warm",), None)).status is Status.OK
+    results = await asyncio.gather(*(
+        runtime.append(LogId(5), (b"p%d" % i, b"q%d" % i, b"r%d" % i), None)
+        for i in range(5)))
+    assert all(r.status is Status.OK for r in results)
+    stores = sum(n.stats()["stores"] for n in stack.nodes)
+    # 3 records each, at most 4 per group: every append is its own STORE (R=2 copies each).
+    assert stores == 2 * (1 + 5)
+    assert runtime.epoch(LogId(5)) == Epoch(1)
