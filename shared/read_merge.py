@@ -70,11 +70,11 @@ def merge(
             gaps.extend(_gaps_between(Lsn(cursor), Lsn(lsn - 1)))
         records.append(by_lsn[lsn])
         cursor = lsn + 1
-    if not records and cursor <= until and lsn_to_epoch(Lsn(until)) > lsn_to_epoch(Lsn(cursor)):
-        # Nothing found, but the release pointer is in a later epoch: bridge to it.
-        end = compose_lsn(lsn_to_epoch(Lsn(until)), lsn_to_esn(Lsn(0)))
-        gaps.append(Gap("BRIDGE", Lsn(cursor), end))
-        cursor = end + 1
+    if cursor <= until:
+        # Nothing more is held below ``until`` by an f-majority of the nodeset: an epoch
+        # boundary is a bridge, a released LSN inside an epoch is lost.
+        gaps.extend(_gaps_between(Lsn(cursor), Lsn(until)))
+        cursor = until + 1
     return Merged(records, gaps, Lsn(cursor))
 
 
