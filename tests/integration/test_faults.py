@@ -263,3 +263,21 @@ async def test_acknowledged_append_is_readable_at_once_through_any_node(
                 result = await reader.read(11, appended.lsn, limit=1, wait_ms=0)
                 assert [r.payload for r in result.records] == [b"r%d" % i], (i, result)
         assert first.lsn < appended.lsn
+
+
+async def test_graceful_restart_marks_epoch_clean_and_next_epoch_releases(
+        cluster_dir: Path) -> None:
+    state = _start(cluster_dir, replication=3)
+    async with Client(state.sequencer_urls) as client:
+        before = [await client.append(21, b"before %d" % i) for i in range(5)]
+        owner = (await client.tail(21)).sequencer
+    await asyncio.to_thread(lc.restart, cluster_dir, owner)  # SIGTERM: drain, mark clean
+    async with Client(state.sequencer_urls) as client:
+        after = await client.append(21, b"after")
+        assert after.lsn >> 32 == (before[-1].lsn >> 32) + 1
+        await _poll(lambda: _released(client, 21, after.lsn), 10, "release in the new epoch")
+        result = await client.read(21, before[0].lsn, limit=100, wait_ms=1000)
+    assert [r.payload for r in result.records] == [b"before %d" % i for i in range(5)] + [
+        b"after"]
+    assert [(g.type, g.lo, g.hi) for g in result.gaps] == [
+        ("BRIDGE", before[-1].lsn + 1, (after.lsn >> 32) << 32)]
