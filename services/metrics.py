@@ -7,6 +7,8 @@ status code. Durations are in seconds, the Prometheus base unit (the metric name
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 UNMATCHED_ROUTE = "unmatched"
@@ -17,6 +19,9 @@ _DURATION_BUCKETS_S: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     30.0, 60.0,
 )
+
+
+CHILDREN_CACHED_MAX = 1024
 
 
 class HttpMetrics:
@@ -41,9 +46,17 @@ class HttpMetrics:
             "HTTP requests being handled",
             registry=registry,
         )
+        # Label lookups take a lock and hash the labels: done once per label set, not per
+        # request. Bounded: routes are the app's templates, methods and codes are few.
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def observe(self, route: str, method: str, code: int, duration_s: float) -> None:
-        method_label = method if method in KNOWN_METHODS else "OTHER"
-        code_label = str(code)
-        self.requests.labels(route, method_label, code_label).inc()
-        self.duration.labels(route, method_label, code_label).observe(duration_s)
+        children = self._children.get((route, method, code))
+        if children is None:
+            method_label = method if method in KNOWN_METHODS else "OTHER"
+            labels = (route, method_label, str(code))
+            children = (self.requests.labels(*labels), self.duration.labels(*labels))
+            if len(self._children) < CHILDREN_CACHED_MAX:
+                self._children[(route, method, code)] = children
+        children[0].inc()
+        children[1].observe(duration_s)
