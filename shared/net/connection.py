@@ -44,6 +44,7 @@ class FramedProtocol(asyncio.Protocol):
         "_lost",
         "_out",
         "_out_bytes",
+        "_out_frames",
         "_transport",
         "_write_paused",
     )
@@ -54,7 +55,9 @@ class FramedProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder()
         self._out: list[bytes] = []
+        """Frames, or frame parts, waiting for this loop iteration's single write."""
         self._out_bytes = 0
+        self._out_frames = 0
         self._flush_scheduled = False
         self._write_paused = False
         self._closed = False
@@ -129,13 +132,25 @@ class FramedProtocol(asyncio.Protocol):
             return
         self._out.append(frame)
         self._out_bytes += len(frame)
+        self._out_frames += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
-    def send_many(self, frames: list[bytes]) -> None:
-        for frame in frames:
-            self.send(frame)
+    def send_parts(self, parts: tuple[bytes, ...]) -> None:
+        """Queue one frame given as consecutive parts (written without joining them)."""
+        if self._closed:
+            return
+        self._out.extend(parts)
+        self._out_bytes += sum(map(len, parts))
+        self._out_frames += 1
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def send_many(self, frames: list[tuple[bytes, ...]]) -> None:
+        for parts in frames:
+            self.send_parts(parts)
 
     def buffered_bytes(self) -> int:
         """Bytes accepted but not yet handed to the kernel, as far as we can tell cheaply."""
@@ -155,14 +170,18 @@ class FramedProtocol(asyncio.Protocol):
         transport = self._transport
         if not out or transport is None:
             return
-        data = out[0] if len(out) == 1 else b"".join(out)
         counters = self._counters
-        counters.frames_sent += len(out)
+        counters.frames_sent += self._out_frames
         counters.writes += 1
-        counters.bytes_sent += len(data)
+        counters.bytes_sent += self._out_bytes
         self._out = []
         self._out_bytes = 0
-        transport.write(data)
+        self._out_frames = 0
+        if len(out) == 1:
+            transport.write(out[0])
+        else:
+            # One vectored write: big payload parts are not copied into a joined buffer.
+            transport.writelines(out)
 
     # ----- closing
 
@@ -184,6 +203,7 @@ class FramedProtocol(asyncio.Protocol):
         self._closed = True
         self._out = []
         self._out_bytes = 0
+        self._out_frames = 0
         if self._transport is not None:
             self._transport.abort()
         self._on_closed(status)

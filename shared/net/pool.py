@@ -22,7 +22,7 @@ from shared.net.connection import OUTPUT_BUFFER_BYTES_MAX, FramedProtocol, wait_
 from shared.net.types import Counters, RequestCallback
 from shared.status import Status
 from shared.types import NodeId
-from shared.wire.codec import Message, encode
+from shared.wire.codec import Message, encode, encode_fields, encode_parts
 from shared.wire.hello import PROTOCOL_VERSION, Hello, HelloReply
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class _Peer:
         self._abandoned: set[int] = set()
         """Correlation ids whose caller timed out: their late replies are dropped, not a
         desync."""
-        self._outbox: list[bytes] = []
+        self._outbox: list[tuple[bytes, ...]] = []
         """Frames waiting for the HELLO exchange to finish."""
         self._next_correlation_id = 1
         self._backoff_ms = 0
@@ -124,7 +124,7 @@ class _Peer:
             loop.call_soon(callback, Status.OVERLOADED)
             return
         correlation_id = self._next_correlation_id
-        frame = encode(message, correlation_id)
+        frame = encode_parts(message, self._pool.fields_of(message), correlation_id)
         self._next_correlation_id = correlation_id + 1
         self._pending[correlation_id] = callback
         if timeout_ms is not None:
@@ -133,7 +133,7 @@ class _Peer:
         if conn is None:
             self._outbox.append(frame)
         else:
-            conn.send(frame)
+            conn.send_parts(frame)
 
     def send(self, message: Message) -> bool:
         conn = self.conn
@@ -142,7 +142,7 @@ class _Peer:
                 return False
             if len(self._outbox) >= self._pool.config.peer_requests_inflight_max:
                 return False
-            self._outbox.append(encode(message))
+            self._outbox.append((encode(message),))
             return True
         if conn.buffered_bytes() >= OUTPUT_BUFFER_BYTES_MAX:
             return False
@@ -277,6 +277,16 @@ class PeerPool:
         self.counters = Counters()
         self._peers: dict[NodeId, _Peer] = {}
         self._closed = False
+        self._last_fields: tuple[Message | None, bytes] = (None, b"")
+
+    def fields_of(self, message: Message) -> bytes:
+        """The packed fields of ``message``, packed once when it goes to several peers in a row
+        (a STORE to its copyset): a one-entry cache keyed by the message object itself."""
+        last, packed = self._last_fields
+        if last is not message:
+            packed = encode_fields(message)
+            self._last_fields = (message, packed)
+        return packed
 
     def request(self, node: NodeId, message: Message, callback: RequestCallback, *,
                 timeout_ms: int | None = None) -> None:

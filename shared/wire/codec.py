@@ -16,9 +16,10 @@ from typing import Any, TypeAlias, Union
 
 import msgpack
 
+from shared.limits import FRAME_BYTES_MAX
 from shared.status import Status
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
-from shared.wire.framing import frame
+from shared.wire.framing import LENGTH as _LENGTH
 from shared.wire.hello import Hello, HelloReply
 from shared.wire.message_type import RETIRED, MessageType
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
@@ -109,9 +110,27 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 def encode(message: Message, correlation_id: int = 0) -> bytes:
     """The complete frame (length prefix included) for ``message``."""
-    cls = type(message)
-    fields = [getattr(message, name) for name in _FIELDS[cls]]
-    return frame(_packer.pack((_TYPE_OF_CLASS[cls], correlation_id, fields)))
+    return b"".join(encode_parts(message, encode_fields(message), correlation_id))
+
+
+def encode_fields(message: Message) -> bytes:
+    """The packed field array of ``message``: the bulk of a frame, the same for every peer it
+    goes to, so a message sent to R nodes is packed once."""
+    packed: bytes = _packer.pack([getattr(message, name) for name in _FIELDS[type(message)]])
+    return packed
+
+
+def encode_parts(
+    message: Message, fields_packed: bytes, correlation_id: int
+) -> tuple[bytes, bytes]:
+    """The frame of ``message`` as (length prefix and header, packed fields), for vectored
+    writes. A fixarray of 3 is 0x93 followed by its elements, so this is byte for byte what
+    packing ``[type, correlation id, fields]`` gives."""
+    header = b"\x93" + _packer.pack(_TYPE_OF_CLASS[type(message)]) + _packer.pack(
+        correlation_id)
+    length = len(header) + len(fields_packed)
+    assert length <= FRAME_BYTES_MAX, length
+    return _LENGTH.pack(length) + header, fields_packed
 
 
 def decode(body: bytes) -> tuple[int, Message] | Status:

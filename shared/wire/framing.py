@@ -9,8 +9,10 @@ import struct
 
 from shared.limits import FRAME_BYTES_MAX
 
-_LENGTH = struct.Struct(">I")
-HEADER_BYTES = _LENGTH.size
+LENGTH = struct.Struct(">I")
+"""The length prefix of every frame."""
+HEADER_BYTES = LENGTH.size
+_LENGTH = LENGTH
 
 
 def frame(body: bytes) -> bytes:
