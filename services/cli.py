@@ -1,4 +1,5 @@
-"""The ``seqlog`` command: local cluster control plus append/read/tail/demo through the client.
+"""The ``seqlog`` command: local cluster control plus append/read/tail/demo through the client,
+and ``epochs``, which reads a log's epoch metadata straight from the epoch store.
 
 Exit codes: 0 success, 1 the operation failed (a ``LogError``, a launcher error or a demo
 mismatch), 2 bad usage (argparse), 130 interrupted.
@@ -15,11 +16,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+from epoch_store import read_log_state
 from seqlog import Client, Gap, LogError, Record
 from seqlog.demo import run_demo
 from services import local_cluster as lc
 from shared.config import FSYNC_MODES
-from shared.types import LOG_ID_MAX, LOG_ID_MIN, format_lsn, parse_lsn
+from shared.status import Status
+from shared.types import LOG_ID_MAX, LOG_ID_MIN, LogId, format_lsn, parse_lsn
 
 DEFAULT_URL = f"http://127.0.0.1:{lc.DEFAULT_BASE_PORT}"
 _BATCH_RECORDS_MAX = 1000
@@ -63,7 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--sequencers", type=_positive, default=2)
     up.add_argument("--replication", type=_positive, default=3)
     up.add_argument("--base-port", type=_positive, default=lc.DEFAULT_BASE_PORT)
-    up.add_argument("--epoch-store", default="file", help="file or zk://host:port/path")
+    up.add_argument("--epoch-store", default="file",
+                    help="file, or zk://host:port[,host:port...]/root of a running ZooKeeper")
+    up.add_argument("--with-zookeeper", action="store_true",
+                    help="start a local ZooKeeper server (data in DIR/zookeeper) and use it")
     up.add_argument("--fsync", choices=FSYNC_MODES, default="always")
     up.add_argument("--ready-timeout-ms", type=_positive, default=30_000)
     down = actions.add_parser("down", help="stop a local cluster")
@@ -94,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = commands.add_parser("cluster", help="show the cluster's nodes")
     _add_target(cluster)
+
+    epochs = commands.add_parser("epochs", help="show a log's epoch metadata and last clean "
+                                 "epoch, read from the epoch store")
+    epochs.add_argument("log_id", type=_log_id, metavar="LOG")
+    source = epochs.add_mutually_exclusive_group(required=True)
+    source.add_argument("--dir", type=Path, help="local cluster directory (reads cluster.json)")
+    source.add_argument("--epoch-store", help="file:///dir or zk://host:port[,...]/root")
 
     demo = commands.add_parser("demo", help="write, read back and check a small workload")
     _add_target(demo)
@@ -199,7 +212,7 @@ def _local(args: argparse.Namespace) -> int:
         spec = lc.LocalClusterSpec(
             dir=args.dir, storage_nodes=args.storage_nodes, sequencers=args.sequencers,
             replication=args.replication, base_port=args.base_port,
-            epoch_store=args.epoch_store, fsync=args.fsync,
+            epoch_store=args.epoch_store, fsync=args.fsync, with_zookeeper=args.with_zookeeper,
         )
         started_s = time.monotonic()
         state = lc.up(spec, ready_timeout_ms=args.ready_timeout_ms)
@@ -220,6 +233,33 @@ def _local(args: argparse.Namespace) -> int:
     return 0
 
 
+def _epochs(args: argparse.Namespace) -> int:
+    url = args.epoch_store
+    if args.dir is not None:
+        recorded = lc.load_state(args.dir.resolve())
+        if recorded is None:
+            raise lc.LocalClusterError(f"no {lc.STATE_FILE} in {args.dir}")
+        url = recorded.epoch_store
+    try:
+        state = read_log_state(url, LogId(args.log_id))
+    except ValueError as exc:
+        raise lc.LocalClusterError(str(exc)) from None
+    meta, lce = state.metadata, state.last_clean_epoch
+    if state.status != Status.OK or meta is None:
+        print(f"seqlog: log {args.log_id} in {url}: {state.status.name} "
+              f"({state.status.description})", file=sys.stderr)
+        return 1
+    _print(f"log {meta.log_id} in {url}")
+    _print(f"next_epoch {meta.next_epoch} (last epoch handed out: {meta.next_epoch - 1})")
+    _print(f"last_writer {meta.last_writer or '-'}")
+    _print(f"nodeset {','.join(meta.nodeset)}  replication {meta.replication_factor}")
+    _print(f"version {meta.version}")
+    if lce is not None:
+        _print(f"last_clean_epoch {lce.epoch}  tail_lsn {format_lsn(lce.tail_lsn)} "
+               f"({lce.tail_lsn})  version {lce.version}")
+    return 0
+
+
 _HANDLERS: dict[str, Handler] = {
     "read": _read, "tail": _tail, "cluster": _cluster, "demo": _demo,
 }
@@ -234,6 +274,8 @@ def _read_payloads(args: argparse.Namespace) -> list[bytes]:
 def run(args: argparse.Namespace) -> int:
     if args.command == "local":
         return _local(args)
+    if args.command == "epochs":
+        return _epochs(args)
     urls = target_urls(args)
     if args.command == "append":
         payloads = _read_payloads(args)

@@ -1,10 +1,13 @@
-"""Local cluster launcher: one OS process per node on this machine, file epoch store.
+"""Local cluster launcher: one OS process per node on this machine, file epoch store or
+ZooKeeper (``with_zookeeper`` starts a real local server in ``DIR/zookeeper``).
 
 ``up`` writes one ``config.json`` per node (``shared.config.to_dict(ProcessConfig)``), starts
 ``python -m services.node --config ...`` for each in its own session with output in
 ``node.log``, waits until every ``/readyz`` answers 200 and writes ``DIR/cluster.json``.
 ``down`` and ``restart`` find the processes again through ``cluster.json``. A pid is only
 signalled after its command line was checked to be that node's, so a reused pid is never hit.
+A local ZooKeeper is started before the nodes and stopped after them; its data survives
+``down``, so a later ``up`` on the same directory continues the epochs.
 
 Everything here blocks (subprocess, files, urllib polling): it is meant for the CLI and for
 test fixtures; async callers must use ``asyncio.to_thread``.
@@ -23,10 +26,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from epoch_store import zk_server
+from epoch_store.zk_server import ServerHandle
 from shared.config import (
     ClusterConfig,
     FsyncMode,
@@ -46,6 +51,8 @@ _STARTING_FILE = "cluster.starting.json"
 _LOG_TAIL_LINES = 30
 _POLL_S = 0.05
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+ZOOKEEPER_DIR = "zookeeper"
+ZOOKEEPER_ROOT = "/seqlog"
 NODE_MODULE = "services.node"
 """What ``python -m`` runs for each node; tests point it at a stand-in."""
 # Popen objects of nodes started by this process, so their exit is reaped (no zombies
@@ -66,6 +73,9 @@ class LocalClusterSpec:
     base_port: int = DEFAULT_BASE_PORT
     epoch_store: str = "file"
     """``file`` or a ``zk://host:port/path`` URL, passed through to the nodes."""
+    with_zookeeper: bool = False
+    """Start a local ZooKeeper server in ``DIR/zookeeper`` and use it (``epoch_store`` must
+    then be ``file``, the default)."""
     fsync: FsyncMode = "always"
     host: str = "127.0.0.1"
     sequencer: SequencerConfig = field(default_factory=SequencerConfig)
@@ -85,6 +95,8 @@ class NodeEntry:
 class ClusterState:
     nodes: tuple[NodeEntry, ...]
     epoch_store: str
+    zookeeper: ServerHandle | None = None
+    """The local ZooKeeper server started with the cluster, if any."""
 
     @property
     def sequencer_urls(self) -> list[str]:
@@ -96,7 +108,9 @@ class ClusterState:
              "data_dir": n.data_dir}
             for n in self.nodes
         ]
-        return {"nodes": nodes, "epoch_store": self.epoch_store}
+        zk = self.zookeeper
+        return {"nodes": nodes, "epoch_store": self.epoch_store, "zookeeper": None if zk is None
+                else {"pid": zk.pid, "client_port": zk.client_port, "dir": str(zk.dir)}}
 
 
 # -- plan -------------------------------------------------------------------------------
@@ -190,7 +204,10 @@ def _state_from_json(data: dict[str, Any]) -> ClusterState:
         )
         for n in data["nodes"]
     )
-    return ClusterState(nodes=nodes, epoch_store=str(data["epoch_store"]))
+    zk = data.get("zookeeper")
+    zookeeper = None if zk is None else ServerHandle(
+        dir=Path(str(zk["dir"])), client_port=int(zk["client_port"]), pid=int(zk["pid"]))
+    return ClusterState(nodes=nodes, epoch_store=str(data["epoch_store"]), zookeeper=zookeeper)
 
 
 def _save_state(root: Path, state: ClusterState, name: str = STATE_FILE) -> None:
@@ -345,24 +362,38 @@ def up(spec: LocalClusterSpec, *, ready_timeout_ms: int = 30_000) -> ClusterStat
             f"{root} already has a running cluster ({', '.join(n.node_id for n in alive)}); "
             "run `seqlog local down` first"
         )
+    recorded = load_state(root)
+    if recorded is not None and recorded.zookeeper and zk_server.alive(recorded.zookeeper):
+        raise LocalClusterError(f"{root} already has a running ZooKeeper (pid "
+                                f"{recorded.zookeeper.pid}); run `seqlog local down` first")
+    if spec.with_zookeeper and spec.epoch_store != "file":
+        raise LocalClusterError("use either a local ZooKeeper or --epoch-store, not both")
     configs = plan(spec)
     ports = [p for c in configs for p in (c.me.http_port, c.me.data_port)]
     busy = _busy_ports(spec.host, ports)
     if busy:
         raise LocalClusterError(f"ports already in use on {spec.host}: {busy}")
-    write_configs(spec, configs)
-    (root / STATE_FILE).unlink(missing_ok=True)
+    zookeeper = None
+    if spec.with_zookeeper:
+        zookeeper = _start_zookeeper(root, avoid_ports=ports, ready_timeout_ms=ready_timeout_ms)
+        spec = replace(spec, epoch_store=zookeeper_url(zookeeper))
+        configs = plan(spec)
     started: list[NodeEntry] = []
     try:
+        write_configs(spec, configs)
+        (root / STATE_FILE).unlink(missing_ok=True)
+        _save_state(root, _state(spec, started, zookeeper), _STARTING_FILE)
         for config in configs:
             started.append(_entry(config, _start(root, config.node_id)))
-            _save_state(root, _state(spec, started), _STARTING_FILE)
+            _save_state(root, _state(spec, started, zookeeper), _STARTING_FILE)
         wait_ready(root, started, ready_timeout_ms=ready_timeout_ms)
     except BaseException:
         stop_nodes(root, started)
+        if zookeeper is not None:
+            zk_server.stop(zookeeper)
         (root / _STARTING_FILE).unlink(missing_ok=True)
         raise
-    state = _state(spec, started)
+    state = _state(spec, started, zookeeper)
     _save_state(root, state)
     (root / _STARTING_FILE).unlink(missing_ok=True)
     return state
@@ -376,8 +407,12 @@ def down(root: Path, *, stop_timeout_ms: int = 10_000) -> list[NodeId]:
         raise LocalClusterError(f"no {STATE_FILE} in {root}")
     alive = [n for n in state.nodes if node_alive(root, n)]
     stop_nodes(root, alive, stop_timeout_ms=stop_timeout_ms)
+    stopped = [n.node_id for n in alive]
+    if state.zookeeper is not None and zk_server.alive(state.zookeeper):
+        _stop_zookeeper(state.zookeeper)
+        stopped.append(NodeId("zookeeper"))
     (root / _STARTING_FILE).unlink(missing_ok=True)
-    return [n.node_id for n in alive]
+    return stopped
 
 
 def restart(
@@ -398,7 +433,7 @@ def restart(
         data_dir=old.data_dir,
     )
     nodes = tuple(new if n.node_id == node_id else n for n in state.nodes)
-    _save_state(root, ClusterState(nodes=nodes, epoch_store=state.epoch_store))
+    _save_state(root, replace(state, nodes=nodes))
     wait_ready(root, [new], ready_timeout_ms=ready_timeout_ms)
     return new
 
@@ -410,8 +445,58 @@ def _entry(config: ProcessConfig, pid: int) -> NodeEntry:
     )
 
 
-def _state(spec: LocalClusterSpec, nodes: list[NodeEntry]) -> ClusterState:
-    return ClusterState(nodes=tuple(nodes), epoch_store=epoch_store_url(spec))
+def _state(
+    spec: LocalClusterSpec, nodes: list[NodeEntry], zookeeper: ServerHandle | None
+) -> ClusterState:
+    return ClusterState(nodes=tuple(nodes), epoch_store=epoch_store_url(spec),
+                        zookeeper=zookeeper)
+
+
+# -- local ZooKeeper --------------------------------------------------------------------
+
+
+def zookeeper_url(server: ServerHandle) -> str:
+    return f"zk://{server.address}{ZOOKEEPER_ROOT}"
+
+
+def _start_zookeeper(
+    root: Path, *, avoid_ports: list[int], ready_timeout_ms: int, port: int | None = None
+) -> ServerHandle:
+    try:
+        return zk_server.start_standalone(root / ZOOKEEPER_DIR, client_port=port,
+                                          avoid_ports=tuple(avoid_ports),
+                                          ready_timeout_ms=ready_timeout_ms)
+    except zk_server.ZooKeeperServerError as exc:
+        raise LocalClusterError(str(exc)) from None
+
+
+def _stop_zookeeper(server: ServerHandle, *, kill: bool = False) -> None:
+    try:
+        zk_server.stop(server, kill=kill)
+    except zk_server.ZooKeeperServerError as exc:
+        raise LocalClusterError(str(exc)) from None
+
+
+def stop_zookeeper(root: Path, *, kill: bool = False) -> None:
+    """Stop the cluster's local ZooKeeper (the nodes keep running; for fault tests)."""
+    state = load_state(root.resolve())
+    if state is None or state.zookeeper is None:
+        raise LocalClusterError(f"no local ZooKeeper recorded in {root}")
+    _stop_zookeeper(state.zookeeper, kill=kill)
+
+
+def start_zookeeper(root: Path, *, ready_timeout_ms: int = 30_000) -> ServerHandle:
+    """Start the cluster's local ZooKeeper again on its port and data, and record its pid."""
+    root = root.resolve()
+    state = load_state(root)
+    if state is None or state.zookeeper is None:
+        raise LocalClusterError(f"no local ZooKeeper recorded in {root}")
+    if zk_server.alive(state.zookeeper):
+        return state.zookeeper
+    server = _start_zookeeper(root, avoid_ports=[], ready_timeout_ms=ready_timeout_ms,
+                              port=state.zookeeper.client_port)
+    _save_state(root, replace(state, zookeeper=server))
+    return server
 
 
 def format_table(state: ClusterState, root: Path) -> str:
@@ -422,4 +507,9 @@ def format_table(state: ClusterState, root: Path) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
-    return "\n".join([*lines, f"epoch store: {state.epoch_store}"])
+    footer = [f"epoch store: {state.epoch_store}"]
+    if state.zookeeper is not None:
+        running = "running" if zk_server.alive(state.zookeeper) else "stopped"
+        footer.append(f"zookeeper: pid {state.zookeeper.pid}, {running}, "
+                      f"data in {state.zookeeper.dir}")
+    return "\n".join([*lines, *footer])

@@ -1,8 +1,14 @@
 """How the epoch store's two per-log objects are written down: plain JSON-compatible dicts.
 
-Used by every persistent backend (the file backend today, a ZooKeeper backend next), so that
-the stored form is defined once. Decoding treats the stored bytes as untrusted: anything that
-does not decode to a valid object yields a reason string, never an exception.
+Used by every persistent backend (file and ZooKeeper), so that the stored form is defined once.
+Decoding treats the stored bytes as untrusted: anything that does not decode to a valid object
+yields a reason string, never an exception.
+
+The ZooKeeper backend adds one key, ``write_id``: a random id per write. A writer whose
+connection dropped before the reply arrived re-reads the object and knows the write was its own
+only if the stored bytes carry its id; two writers may otherwise store identical values (same
+epoch, same ``last_writer``), and mistaking another's write for one's own would hand out an
+epoch twice.
 """
 
 from __future__ import annotations
@@ -55,6 +61,18 @@ def lce_to_dict(value: LastCleanEpoch) -> dict[str, Any]:
         "tail_lsn": value.tail_lsn,
         "version": value.version,
     }
+
+
+WRITE_ID_KEY = "write_id"
+
+
+def with_write_id(data: dict[str, Any], write_id: str) -> dict[str, Any]:
+    return {**data, WRITE_ID_KEY: write_id}
+
+
+def without_write_id(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as the ``*_from_dict`` functions expect it (they reject unknown keys)."""
+    return {k: v for k, v in data.items() if k != WRITE_ID_KEY}
 
 
 def encode(data: dict[str, Any]) -> bytes:

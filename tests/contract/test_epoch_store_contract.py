@@ -1,4 +1,5 @@
-"""The ``EpochStore`` contract, run against every backend (memory and file)."""
+"""The ``EpochStore`` contract, run against every backend: memory, file, and ZooKeeper (a real
+standalone server, see conftest.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from epoch_store import CasEpochStore, FileEpochStore, MemoryEpochStore, MemoryObjects
+from epoch_store import (
+    CasEpochStore,
+    FileEpochStore,
+    MemoryEpochStore,
+    MemoryObjects,
+    ZooKeeperEpochStore,
+)
+from epoch_store.zk_server import ServerHandle
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata, ProvisionSpec
 from shared.status import Status
 from shared.types import EPOCH_MAX, Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
+from tests.zk_support import unique_root
 
 N1, N2 = NodeId("n1"), NodeId("n2")
 SPEC = ProvisionSpec(nodeset=(NodeId("s1"), NodeId("s2"), NodeId("s3")), replication_factor=2)
@@ -21,15 +30,21 @@ LOG = LogId(7)
 StoreOpener = Callable[[], CasEpochStore]
 
 
-@pytest.fixture(params=["memory", "file"])
+@pytest.fixture(params=["memory", "file", "zookeeper"])
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreOpener]:
     shared_memory = MemoryObjects()
     opened: list[CasEpochStore] = []
+    zk_root = unique_root()
+    zk: ServerHandle | None = None
+    if request.param == "zookeeper":
+        zk = request.getfixturevalue("zk_server_handle")
 
     def opener() -> CasEpochStore:
         store: CasEpochStore
         if request.param == "memory":
             store = MemoryEpochStore(shared_memory)
+        elif zk is not None:
+            store = ZooKeeperEpochStore(zk.address, zk_root)
         else:
             store = FileEpochStore(str(tmp_path / "epochs"))
         opened.append(store)

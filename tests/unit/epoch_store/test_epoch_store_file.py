@@ -106,7 +106,7 @@ async def test_open_epoch_store_urls(tmp_path: Path) -> None:
     opened = open_epoch_store(f"file://{tmp_path}/epochs/")
     assert isinstance(opened, FileEpochStore) and opened.files.root_dir == f"{tmp_path}/epochs"
     await opened.close()
-    for bad in ["file://host/x", "file:relative", "file:///", "zk://h:2181/x", "memory:x", ""]:
+    for bad in ["file://host/x", "file:relative", "file:///", "zk://h:2181", "memory:x", ""]:
         with pytest.raises(ValueError):
             open_epoch_store(bad)
 
