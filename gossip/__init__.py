@@ -1,1 +1,1 @@
-"""The gossip failure detector (issue 4); nothing here yet but the package."""
+"""The gossip failure detector: a pure core (``gossip.core``) and its asyncio driver."""

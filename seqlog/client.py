@@ -1,10 +1,15 @@
 """The public asyncio client of Seqlog's HTTP API (msgpack on the wire).
 
-One ``aiohttp`` session per client. Appends go straight to the log's sequencer once an answer
-has named it (``X-Seqlog-Sequencer``); node addresses come from ``GET /v1/cluster``. A request
-that could not even connect is tried on the other nodes. Answers that guarantee nothing was
-written (429 SEQNOBUFS, most 503s) are retried with bounded backoff; an append whose outcome is
-unknown (504, 500, connection lost after sending, client timeout) is never retried and raises
+One ``aiohttp`` session per client. Appends go straight to the log's sequencer: the node an
+answer named (``X-Seqlog-Sequencer``), else the one the sequencer hash picks over the ALIVE
+nodes of ``GET /v1/cluster``. Appends sent to the expected owner carry ``X-Seqlog-No-Forward``,
+so a node whose view differs answers 307 with the owner instead of forwarding; the client
+follows (at most ``redirects_max`` times, and never back to a node it already tried, after
+which it lets the nodes forward) and refreshes its cluster view. Connection failures and
+timeouts refresh it too. A request that could not even connect is tried on the other nodes.
+Answers that guarantee nothing was written (429 SEQNOBUFS, most 503s) are retried with
+bounded backoff; an append whose outcome is unknown (504, 500, connection lost after
+sending, client timeout) is never retried and raises
 ``LogError(TIMEDOUT)`` or ``LogError(INTERNAL)``. Reads are idempotent and retried more freely.
 
 Cancelling an append leaves its outcome unknown, exactly like a timeout.
@@ -32,11 +37,13 @@ from seqlog.results import (
     Record,
     TailResult,
 )
-from seqlog.routing import Router
+from seqlog.routing import Router, normalize_url
 from shared.status import LogError, Status
 from shared.types import LSN_OLDEST, LogId, Lsn, log_id_valid, lsn_valid
 
 SEQUENCER_HEADER = "X-Seqlog-Sequencer"
+NO_FORWARD_HEADER = "X-Seqlog-No-Forward"
+_REDIRECT_CODES = frozenset({307, 308})
 _HEADERS = {"Content-Type": wire.MSGPACK, "Accept": wire.MSGPACK}
 # Answers after which nothing was written, so trying again cannot duplicate a record.
 _NOTHING_WRITTEN = frozenset(
@@ -69,6 +76,7 @@ class Client:
         cluster_refresh_ms_min: int = 1_000,
         follow_wait_ms: int = 10_000,
         follow_idle_ms: int = 100,
+        redirects_max: int = 3,
     ) -> None:
         seeds = [urls] if isinstance(urls, str) else list(urls)
         if not seeds:
@@ -88,6 +96,7 @@ class Client:
         self._cluster_refreshed_at_ms = -cluster_refresh_ms_min
         self._follow_wait_ms = follow_wait_ms
         self._follow_idle_ms = follow_idle_ms
+        self._redirects_max = redirects_max
         self._session: aiohttp.ClientSession | None = None
         self._default_timeout = self._timeout(0)
         self._rng = random.Random()
@@ -240,14 +249,36 @@ class Client:
         """Send with retries; ``writes`` marks a request whose repetition could duplicate."""
         data = wire.encode(request) if request is not None else None
         attempt = 0
+        redirects = 0
+        tried: set[str] = set()
+        no_forward = writes and log is not None
         while True:
             if self._router.cluster_stale:
                 await self._refresh_cluster()
-            url, status, headers, raw = await self._send(method, log, path, data, writes, extra_ms)
+            # Only ask a node not to forward when the client thinks it is the owner.
+            ask = no_forward and self._router.owner_url(log) is not None
+            url, status, headers, raw = await self._send(
+                method, log, path, data, writes, extra_ms, no_forward=ask)
+            tried.add(url)
             content_type = headers.get("Content-Type", wire.JSON)
             node = headers.get(SEQUENCER_HEADER)
             if node and log is not None:
                 self._router.learn_route(log, node)
+            if status in _REDIRECT_CODES and log is not None:
+                target = self._redirect_target(headers, raw, content_type)
+                if node and target:
+                    self._router.learn_node_url(node, target)
+                self._router.cluster_stale = True
+                redirects += 1
+                if (target is None or target in tried or redirects >= self._redirects_max
+                        or not ask):
+                    # Views disagree (a loop) or the redirects go on: let the nodes forward,
+                    # which they bound by hops.
+                    no_forward = False
+                    self._router.forget_route(log)
+                if redirects > self._redirects_max + 1:
+                    raise LogError(Status.NOSEQUENCER, f"redirected {redirects} times")
+                continue
             if 200 <= status < 300:
                 return wire.decode(raw, content_type)
             error = wire.error_from(status, raw, content_type)
@@ -269,15 +300,19 @@ class Client:
         data: bytes | None,
         writes: bool,
         extra_ms: int,
+        *,
+        no_forward: bool = False,
     ) -> tuple[str, int, Mapping[str, str], bytes]:
         session = self._ensure_session()
         # Passing timeout=None would switch aiohttp's timeout off, so always pass one.
         timeout = self._timeout(extra_ms) if extra_ms else self._default_timeout
+        headers = {**_HEADERS, NO_FORWARD_HEADER: "1"} if no_forward else _HEADERS
         failures: list[str] = []
         for url in self._router.candidates(log):
             try:
                 async with session.request(
-                    method, url + path, data=data, headers=_HEADERS, timeout=timeout
+                    method, url + path, data=data, headers=headers, timeout=timeout,
+                    allow_redirects=False,
                 ) as resp:
                     raw = await resp.read()
                     return url, resp.status, resp.headers, raw
@@ -286,6 +321,8 @@ class Client:
                 self._router.demote(url)
                 self._router.cluster_stale = True
             except (aiohttp.ClientError, TimeoutError) as exc:
+                # A node that does not answer in time may be paused or partitioned away.
+                self._router.cluster_stale = True
                 if writes:
                     raise LogError(
                         Status.TIMEDOUT, f"{url}: {exc!r} after sending; the outcome is unknown"
@@ -293,6 +330,21 @@ class Client:
                 failures.append(f"{url}: {exc!r}")
                 self._router.demote(url)
         raise LogError(Status.CONNFAILED, "no node reachable: " + "; ".join(failures))
+
+    @staticmethod
+    def _redirect_target(headers: Mapping[str, str], raw: bytes, content_type: str
+                         ) -> str | None:
+        """The owner's base URL from a redirect: the body's ``sequencer_http``, else the
+        ``Location`` header's scheme and host."""
+        with contextlib.suppress(LogError):
+            http = wire.decode(raw, content_type).data.get("sequencer_http")
+            if isinstance(http, str) and http:
+                return normalize_url(http)
+        location = headers.get("Location", "")
+        if "://" in location:
+            scheme, rest = location.split("://", 1)
+            return f"{scheme}://{rest.split('/', 1)[0]}"
+        return None
 
     async def _refresh_cluster(self) -> None:
         """Re-read the cluster view, at most once per ``cluster_refresh_ms_min``."""

@@ -1,8 +1,11 @@
 """Where the client sends each request: the log's sequencer when known, else any live node.
 
 Pure bookkeeping, no I/O: the client feeds it the cluster view (GET /v1/cluster), the
-``X-Seqlog-Sequencer`` header of answers and connection failures, and asks it for the URLs to
-try, best first. Routes are a bounded map; the oldest route is dropped when it is full.
+``X-Seqlog-Sequencer`` header of answers, redirects and connection failures, and asks it for
+the URLs to try, best first. A log's sequencer is the node an answer last named, else the one
+that weighted rendezvous hashing (``shared.routing``, the nodes' own rule) picks over the
+ALIVE sequencer nodes of the cluster view. Routes are a bounded map; the oldest route is
+dropped when it is full.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from seqlog.results import ClusterInfo
+from shared.routing import routable_sequencers, sequencer_for
 from shared.types import LogId, NodeId
 
 
@@ -30,8 +34,11 @@ class Router:
         self._node_urls: dict[NodeId, str] = {}
         self._routes: dict[LogId, NodeId] = {}
         self._routes_max = routes_max
+        self._routable: list[tuple[NodeId, float]] = []
+        """ALIVE sequencer nodes with their weights, as the hash sees them."""
         self.cluster_stale = False
-        """Set when an answer named a node the cluster view does not know yet."""
+        """Set when the cluster view may be out of date: an answer named a node it does not
+        know, a redirect, a connection failure or a timeout."""
 
     @property
     def urls(self) -> list[str]:
@@ -43,15 +50,20 @@ class Router:
         live: list[str] = []
         dead: list[str] = []
         node_urls: dict[NodeId, str] = {}
+        weights: list[tuple[NodeId, float]] = []
+        states: dict[NodeId, str] = {}
         for node in info.nodes:
             if "sequencer" not in node.roles:
                 continue
             url = normalize_url(node.http)
             node_urls[node.node_id] = url
+            weights.append((node.node_id, node.sequencer_weight))
+            states[node.node_id] = node.state
             (dead if node.state == "DEAD" else live).append(url)
         if not node_urls:
             return
         self._node_urls = node_urls
+        self._routable = routable_sequencers(weights, states)
         # Seed URLs stay as a fallback: they may be a load balancer rather than a node.
         self._urls = list(dict.fromkeys([*live, *self._urls, *dead]))
         self.cluster_stale = False
@@ -67,6 +79,23 @@ class Router:
             del self._routes[next(iter(self._routes))]
         self._routes[log_id] = node
 
+    def learn_node_url(self, node_id: str, url: str) -> None:
+        """A redirect named ``node_id`` at ``url``."""
+        self._node_urls.setdefault(NodeId(node_id), normalize_url(url))
+
+    def owner(self, log_id: LogId) -> NodeId | None:
+        """The log's sequencer node as far as the client knows, or None."""
+        node = self._routes.get(log_id)
+        if node is not None and node in self._node_urls:
+            return node
+        return sequencer_for(log_id, self._routable)
+
+    def owner_url(self, log_id: LogId | None) -> str | None:
+        if log_id is None:
+            return None
+        owner = self.owner(log_id)
+        return self._node_urls.get(owner) if owner is not None else None
+
     def forget_route(self, log_id: LogId) -> None:
         self._routes.pop(log_id, None)
 
@@ -78,15 +107,10 @@ class Router:
         dead_nodes = {node for node, u in self._node_urls.items() if u == url}
         if dead_nodes:
             self._routes = {log: n for log, n in self._routes.items() if n not in dead_nodes}
+            self._routable = [(n, w) for n, w in self._routable if n not in dead_nodes]
 
     def primary(self, log_id: LogId | None) -> str:
-        if log_id is not None:
-            node = self._routes.get(log_id)
-            if node is not None:
-                url = self._node_urls.get(node)
-                if url is not None:
-                    return url
-        return self._urls[0]
+        return self.owner_url(log_id) or self._urls[0]
 
     def candidates(self, log_id: LogId | None) -> Iterator[str]:
         """The primary URL, then every other known URL once."""

@@ -97,6 +97,7 @@ class SequencerRuntime:
         self._drained = asyncio.Event()
         """Set once closing and no appender is in flight any more."""
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+        self._unavailable: frozenset[NodeId] = frozenset()
 
     async def start(self) -> None:
         self._broadcast_task = asyncio.create_task(self._broadcast_loop())
@@ -194,6 +195,14 @@ class SequencerRuntime:
                     event = self._release_events.setdefault(log_id, asyncio.Event())
                     await event.wait()
 
+    def set_unavailable_nodes(self, nodes: frozenset[NodeId]) -> None:
+        """Storage nodes the failure detector reports DEAD; copyset selection skips them."""
+        if nodes == self._unavailable:
+            return
+        self._unavailable = nodes
+        for sequencer in self.sequencers.values():
+            sequencer.set_unavailable_nodes(nodes)
+
     # ---- effects -------------------------------------------------------------------------
 
     def _sequencer(self, log_id: LogId) -> Sequencer:
@@ -201,6 +210,7 @@ class SequencerRuntime:
         if sequencer is None:
             sequencer = Sequencer(log_id=log_id, node_id=self.node_id, config=self.config,
                                   rng=self.rng, weights=self._weights)
+            sequencer.set_unavailable_nodes(self._unavailable)
             self.sequencers[log_id] = sequencer
         return sequencer
 

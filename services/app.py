@@ -15,6 +15,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epoch_store import open_epoch_store
+from gossip.core.failure_detector import NodeState
+from gossip.runtime import GossipRuntime
 from sequencer.runtime import SequencerRuntime
 from services.http_api import create_api_app
 from services.node_service import NodeService
@@ -26,6 +28,7 @@ from shared.net.types import ReplyFn
 from shared.types import NodeId
 from shared.wire.append import Append, GetSequencerState
 from shared.wire.codec import Message
+from shared.wire.gossip import Gossip
 from storage_node.runtime import StorageNode
 
 log = logging.getLogger(__name__)
@@ -36,12 +39,16 @@ DRAIN_TIMEOUT_S = 5.0
 class _Dispatcher:
     """Routes node-to-node messages to the role that handles them."""
 
-    def __init__(self, service: NodeService, storage: StorageNode | None) -> None:
+    def __init__(self, service: NodeService, storage: StorageNode | None,
+                 gossip: GossipRuntime) -> None:
         self.service = service
         self.storage = storage
+        self.gossip = gossip
 
     def on_message(self, peer: NodeId, message: Message, reply: ReplyFn) -> None:
-        if type(message) is Append:
+        if type(message) is Gossip:
+            self.gossip.on_message(message)
+        elif type(message) is Append:
             self.service.on_forwarded_append(message, reply)
         elif type(message) is GetSequencerState:
             reply(self.service.sequencer_state(message.log_id))
@@ -53,8 +60,9 @@ class _RoleCollector(Collector):
     """Exposes the roles' counters to Prometheus at scrape time."""
 
     def __init__(self, storage: StorageNode | None, sequencer: SequencerRuntime | None,
-                 pool: PeerPool) -> None:
+                 pool: PeerPool, gossip: GossipRuntime) -> None:
         self.storage, self.sequencer, self.pool = storage, sequencer, pool
+        self.gossip = gossip
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.storage is not None:
@@ -68,6 +76,14 @@ class _RoleCollector(Collector):
             yield GaugeMetricFamily("seqlog_sequencer_appends_in_flight",
                                     "appends waiting for their copies",
                                     value=sum(len(s.appenders) for s in sequencers))
+        view = self.gossip.view()
+        for state in NodeState:
+            yield GaugeMetricFamily(f"seqlog_gossip_nodes_{state.value.lower()}",
+                                    f"nodes this node's failure detector sees {state.value}",
+                                    value=sum(1 for s in view.values() if s is state))
+        yield GaugeMetricFamily("seqlog_gossip_dropped", "gossip messages dropped (malformed, "
+                                "skewed, old instance, unknown sender)",
+                                value=self.gossip.gossips_dropped)
         counters = self.pool.counters
         for name in ("frames_sent", "writes", "frames_received", "connect_failures"):
             yield GaugeMetricFamily(f"seqlog_transport_{name}", f"node-to-node {name}",
@@ -96,10 +112,17 @@ def create_app(config: ProcessConfig) -> web.Application:
             node_id=config.node_id, config=config.sequencer, cluster=cluster, transport=pool,
             epoch_store=epoch_store, clock=SystemClock(), rng=random.Random(),
             provision_on_append=config.api.provision_on_append)
+    gossip = GossipRuntime(node_id=config.node_id,
+                           nodes=tuple(n.node_id for n in cluster.nodes), config=config.gossip,
+                           transport=pool, clock=SystemClock(), rng=random.Random())
+    if sequencer is not None:
+        seq = sequencer
+        gossip.subscribe(lambda view: seq.set_unavailable_nodes(
+            frozenset(n for n, s in view.items() if s is NodeState.DEAD)))
     service = NodeService(config=config, pool=pool, sequencer=sequencer,
-                          epoch_store=epoch_store)
+                          epoch_store=epoch_store, gossip=gossip)
     registry = CollectorRegistry()
-    registry.register(_RoleCollector(storage, sequencer, pool))
+    registry.register(_RoleCollector(storage, sequencer, pool, gossip))
     app = create_api_app(service, config.api, registry)
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
@@ -107,8 +130,9 @@ def create_app(config: ProcessConfig) -> web.Application:
             await storage.start()
         server = await start_server(me.host, me.data_port, node_id=config.node_id,
                                     cluster_fingerprint=fingerprint,
-                                    handler=_Dispatcher(service, storage),
+                                    handler=_Dispatcher(service, storage, gossip),
                                     config=config.transport)
+        await gossip.start()
         if sequencer is not None:
             await sequencer.start()
         service.started = True
@@ -116,10 +140,12 @@ def create_app(config: ProcessConfig) -> web.Application:
                  ",".join(me.roles), me.http_address, me.data_port)
         yield
         service.started = False
+        gossip.begin_failover()
         if sequencer is not None:
             await sequencer.drain(DRAIN_TIMEOUT_S)
             await sequencer.close()
         await service.close()
+        await gossip.close()
         await server.close()
         await pool.close()
         if storage is not None:

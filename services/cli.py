@@ -1,5 +1,6 @@
 """The ``seqlog`` command: local cluster control plus append/read/tail/demo through the client,
-and ``epochs``, which reads a log's epoch metadata straight from the epoch store.
+``status`` (the cluster's nodes with their gossip states, as a table), and ``epochs``, which
+reads a log's epoch metadata straight from the epoch store.
 
 Exit codes: 0 success, 1 the operation failed (a ``LogError``, a launcher error or a demo
 mismatch), 2 bad usage (argparse), 130 interrupted.
@@ -19,6 +20,7 @@ from typing import Any
 from epoch_store import read_log_state
 from seqlog import Client, Gap, LogError, Record
 from seqlog.demo import run_demo
+from seqlog.results import ClusterInfo
 from services import local_cluster as lc
 from shared.config import FSYNC_MODES
 from shared.status import Status
@@ -100,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = commands.add_parser("cluster", help="show the cluster's nodes")
     _add_target(cluster)
+
+    status = commands.add_parser(
+        "status", help="table of the cluster's nodes: gossip state, roles, weights")
+    _add_target(status)
 
     epochs = commands.add_parser("epochs", help="show a log's epoch metadata and last clean "
                                  "epoch, read from the epoch store")
@@ -186,6 +192,27 @@ async def _cluster(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def format_cluster_table(info: ClusterInfo, observer: str) -> str:
+    """``seqlog status``: one row per node, states as the answering node's failure detector
+    sees them."""
+    rows = [("NODE", "STATE", "ROLES", "HTTP", "SEQUENCER_WEIGHT", "STORAGE_CAPACITY")]
+    rows += [(n.node_id, n.state, ",".join(n.roles), n.http, f"{n.sequencer_weight:g}",
+              f"{n.storage_capacity:g}") for n in info.nodes]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    counts = {state: sum(1 for n in info.nodes if n.state == state)
+              for state in ("ALIVE", "SUSPECT", "DEAD")}
+    summary = ", ".join(f"{count} {state}" for state, count in counts.items())
+    return "\n".join([f"cluster {info.cluster} as seen by {observer}: {summary}", *lines])
+
+
+async def _status(client: Client, args: argparse.Namespace) -> int:
+    info = await client.cluster()
+    _print(format_cluster_table(info, client.urls[0]))
+    return 0
+
+
 async def _demo(client: Client, args: argparse.Namespace) -> int:
     report = await run_demo(client, logs_count=args.logs, seed=args.seed)
     _print(
@@ -261,7 +288,7 @@ def _epochs(args: argparse.Namespace) -> int:
 
 
 _HANDLERS: dict[str, Handler] = {
-    "read": _read, "tail": _tail, "cluster": _cluster, "demo": _demo,
+    "read": _read, "tail": _tail, "cluster": _cluster, "status": _status, "demo": _demo,
 }
 
 

@@ -51,6 +51,9 @@ from shared.types import LogId, NodeId
 logger = logging.getLogger(__name__)
 
 SEQUENCER_HEADER = "X-Seqlog-Sequencer"
+NO_FORWARD_HEADER = "X-Seqlog-No-Forward"
+NO_FORWARD_QUERY = "no_forward"
+_TRUE_VALUES = frozenset({"1", "true", "yes"})
 BODY_READ_TIMEOUT_MS_DEFAULT = 30_000
 _CLIENT_CLOSED_CODE = 499
 """Recorded in metrics for requests whose client went away before the answer (nginx's code)."""
@@ -149,7 +152,28 @@ async def _append_request(
     return log_id, parsed
 
 
+def _no_forward(request: web.Request) -> bool:
+    """docs/API-EXTENSIONS.md: ``?no_forward=1`` or ``X-Seqlog-No-Forward: 1``."""
+    values = (request.query.get(NO_FORWARD_QUERY), request.headers.get(NO_FORWARD_HEADER))
+    return any(v is not None and v.strip().lower() in _TRUE_VALUES for v in values)
+
+
+async def _run_append(request: web.Request, log_id: LogId, append: AppendRequest
+                      ) -> AppendOutcome:
+    service = request.app[SERVICE_KEY]
+    if _no_forward(request):
+        return await service.append(log_id, append.payloads, append.key, no_forward=True)
+    return await service.append(log_id, append.payloads, append.key)
+
+
 def _append_failed(request: web.Request, outcome: AppendOutcome) -> web.Response:
+    if outcome.redirect_http is not None:
+        # 307 keeps the method and body; the client re-sends to the log's sequencer node.
+        doc = {"status": outcome.status.name, "message": outcome.message,
+               "sequencer_node": outcome.sequencer_node, "sequencer_http": outcome.redirect_http}
+        response = _answer(request, doc, code=307, sequencer=outcome.sequencer_node)
+        response.headers["Location"] = f"http://{outcome.redirect_http}{request.path_qs}"
+        return response
     return _error(request, outcome.status, outcome.message, sequencer=outcome.sequencer_node)
 
 
@@ -158,7 +182,7 @@ async def on_append(request: web.Request) -> web.StreamResponse:
     if isinstance(parsed, web.StreamResponse):
         return parsed
     log_id, append = parsed
-    outcome = await request.app[SERVICE_KEY].append(log_id, append.payloads, append.key)
+    outcome = await _run_append(request, log_id, append)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
     assert outcome.first_lsn == outcome.last_lsn > 0, outcome
@@ -171,7 +195,7 @@ async def on_append_batch(request: web.Request) -> web.StreamResponse:
     if isinstance(parsed, web.StreamResponse):
         return parsed
     log_id, append = parsed
-    outcome = await request.app[SERVICE_KEY].append(log_id, append.payloads, append.key)
+    outcome = await _run_append(request, log_id, append)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
     count = len(append.payloads)

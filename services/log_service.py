@@ -23,6 +23,9 @@ class AppendOutcome:
     timestamp_ms: int = 0
     sequencer_node: NodeId | None = None
     message: str = ""
+    redirect_http: str | None = None
+    """Set (with ``NOSEQUENCER``) when the append asked ``no_forward`` and another node,
+    ``sequencer_node`` at this HTTP address, sequences the log: nothing was written."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,10 +86,12 @@ class LogService(Protocol):
     cluster_name: str
 
     async def append(
-        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
+        no_forward: bool = False,
     ) -> AppendOutcome:
         """Append one record (one payload) or an atomic batch (several payloads, consecutive
-        LSNs in one epoch, request order)."""
+        LSNs in one epoch, request order). With ``no_forward`` a node that does not sequence
+        the log answers with ``redirect_http`` instead of forwarding."""
         ...
 
     async def read(

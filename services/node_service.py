@@ -1,17 +1,26 @@
 """``NodeService``: the node's implementation of ``LogService`` behind the HTTP API.
 
 It routes each append to the log's sequencer node (weighted rendezvous hashing over the
-configured sequencer nodes until the gossip failure detector exists), runs it on the local
-sequencer runtime or forwards it over the node-to-node transport, and serves reads by asking
-the log's storage nodes for released records and merging their answers.
+sequencer nodes the gossip failure detector reports ALIVE), runs it on the local sequencer
+runtime, forwards it over the node-to-node transport or, when the client asks with
+``no_forward``, redirects the client to the owner; and it serves reads by asking the log's
+storage nodes for released records and merging their answers.
+
+Views of different nodes may disagree for a moment. A forwarded append goes at most
+``FORWARD_HOPS_MAX`` hops; the node where it lands then runs it even if its own view names
+another owner, which breaks forwarding loops. Two sequencers of one log are safe: the newer
+epoch seals the older one's storage nodes, which answer it PREEMPTED.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
+from gossip.core.failure_detector import NodeState
+from gossip.runtime import GossipRuntime
 from sequencer.runtime import SequencerRuntime
 from services.log_service import (
     AppendOutcome,
@@ -28,7 +37,7 @@ from shared.net.pool import PeerPool
 from shared.net.types import ReplyFn
 from shared.ports import EpochStore
 from shared.read_merge import NodeAnswer, f_majority, merge
-from shared.routing import sequencer_for
+from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
 from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, log_id_valid
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
@@ -36,10 +45,12 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 
 log = logging.getLogger(__name__)
 
-FORWARD_HOPS_MAX = 1
+FORWARD_HOPS_MAX = 2
 READ_POLL_INTERVAL_S = 0.02
 STORAGE_CALL_TIMEOUT_MS = 2_000
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
+_STATE_NAMES: dict[NodeState, Literal["ALIVE", "SUSPECT", "DEAD"]] = {
+    NodeState.ALIVE: "ALIVE", NodeState.SUSPECT: "SUSPECT", NodeState.DEAD: "DEAD"}
 
 
 class NodeService:
@@ -50,6 +61,7 @@ class NodeService:
         pool: PeerPool,
         sequencer: SequencerRuntime | None,
         epoch_store: EpochStore,
+        gossip: GossipRuntime | None = None,
     ) -> None:
         self.config = config
         self.node_id = config.node_id
@@ -60,18 +72,36 @@ class NodeService:
         self.started = False
         self._metadata: dict[LogId, LogMetadata] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self.gossip = gossip
         self._sequencer_weights = [
             (n.node_id, n.sequencer_weight) for n in config.cluster.sequencer_nodes
         ]
+        self._routable = list(self._sequencer_weights)
+        if gossip is not None:
+            gossip.subscribe(self._on_view)
+
+    def _on_view(self, view: Mapping[NodeId, NodeState]) -> None:
+        self._routable = routable_sequencers(self._sequencer_weights, view)
 
     def owner(self, log_id: LogId) -> NodeId | None:
-        return sequencer_for(log_id, self._sequencer_weights)
+        return sequencer_for(log_id, self._routable)
 
     # ---- appends -------------------------------------------------------------------------
 
     async def append(
-        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
+        no_forward: bool = False,
     ) -> AppendOutcome:
+        if no_forward:
+            owner = self.owner(log_id)
+            if owner is not None and owner != self.node_id:
+                node = self.config.cluster.node(owner)
+                assert node is not None
+                return AppendOutcome(
+                    status=Status.NOSEQUENCER, sequencer_node=owner,
+                    redirect_http=node.http_address,
+                    message=f"node {self.node_id} does not sequence log {log_id}; "
+                            f"its sequencer is {owner} ({node.http_address})")
         return await self._append(log_id, payloads, key, hops=0)
 
     async def _append(
@@ -79,7 +109,8 @@ class NodeService:
     ) -> AppendOutcome:
         owner = self.owner(log_id)
         if owner is None:
-            return AppendOutcome(status=Status.NOSEQUENCER, message="no sequencer nodes")
+            return AppendOutcome(status=Status.NOSEQUENCER,
+                                 message="no sequencer node is alive")
         if owner == self.node_id or hops >= FORWARD_HOPS_MAX:
             if self.sequencer is None:
                 return AppendOutcome(status=Status.NOSEQUENCER,
@@ -253,11 +284,12 @@ class NodeService:
     # ---- cluster -------------------------------------------------------------------------
 
     def cluster_nodes(self) -> list[NodeOut]:
-        # Until the gossip failure detector (issue 4) exists, states come from the
-        # configuration: every configured node is reported ALIVE.
+        """Every configured node with its state in this node's gossip view."""
+        view = self.gossip.view() if self.gossip is not None else {}
         return [
             NodeOut(node_id=n.node_id, roles=tuple(n.roles), http=n.http_address,
-                    state="ALIVE", sequencer_weight=n.sequencer_weight,
+                    state=_STATE_NAMES[view.get(n.node_id, NodeState.ALIVE)],
+                    sequencer_weight=n.sequencer_weight,
                     storage_capacity=n.storage_capacity)
             for n in self.config.cluster.nodes
         ]

@@ -21,6 +21,7 @@ SECTIONS = (
     ("storage", config.StorageConfig, "The storage role."),
     ("api", config.ApiConfig, "Limits of the HTTP API."),
     ("transport", config.TransportConfig, "Node-to-node connections."),
+    ("gossip", config.GossipConfig, "The gossip failure detector."),
 )
 
 

@@ -256,6 +256,40 @@ class TransportConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GossipConfig:
+    """The gossip failure detector (LogDevice's defaults; tests shorten them)."""
+
+    gossip_interval_ms: int = 100
+    """How often a node sends its view (heartbeat counters) to one random peer."""
+    gossip_threshold_intervals: int = 30
+    """A node not heard of for this many intervals is DEAD."""
+    suspect_duration_ms: int = 10_000
+    """How long a node seen again stays SUSPECT before it is ALIVE; 0: straight to ALIVE."""
+    min_gossips_for_stable_state: int = 3
+    """Gossips a starting node must receive before it changes any node's state, so that it
+    does not declare the world dead."""
+    startup_wait_ms: int = 1_000
+    """A node that has received no gossip this long after starting (say, the only one up)
+    becomes stable anyway."""
+    gossip_time_skew_ms: int = 10_000
+    """A gossip whose send time differs from the receiver's clock by more than this is
+    dropped (delayed in a queue, or from a badly skewed clock)."""
+    failover_duration_ms: int = 3_000
+    """On graceful shutdown the node tells every peer at once that it is going away (they
+    treat it as DEAD), then keeps gossiping that flag while its roles drain, for at most
+    this long."""
+
+    def __post_init__(self) -> None:
+        _in_range("gossip_interval_ms", self.gossip_interval_ms, 1, 60_000)
+        _in_range("gossip_threshold_intervals", self.gossip_threshold_intervals, 2, 10_000)
+        _in_range("suspect_duration_ms", self.suspect_duration_ms, 0, 3_600_000)
+        _in_range("min_gossips_for_stable_state", self.min_gossips_for_stable_state, 0, 1_000)
+        _in_range("startup_wait_ms", self.startup_wait_ms, 0, 600_000)
+        _in_range("gossip_time_skew_ms", self.gossip_time_skew_ms, 1, 3_600_000)
+        _in_range("failover_duration_ms", self.failover_duration_ms, 0, 600_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessConfig:
     """Everything one node process needs: who it is, where its data lives, and each role's
     settings."""
@@ -270,6 +304,7 @@ class ProcessConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
+    gossip: GossipConfig = field(default_factory=GossipConfig)
 
     def __post_init__(self) -> None:
         if self.cluster.node(self.node_id) is None:
@@ -305,6 +340,7 @@ def process_from_dict(data: dict[str, Any]) -> ProcessConfig:
         "storage": StorageConfig,
         "api": ApiConfig,
         "transport": TransportConfig,
+        "gossip": GossipConfig,
     }
     built: dict[str, Any] = {k: v for k, v in data.items() if k not in sections and k != "cluster"}
     built["cluster"] = cluster_from_dict(data.get("cluster", {}))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from shared.types import LogId, NodeId
 
@@ -31,3 +31,18 @@ def sequencer_for(log_id: LogId, nodes: Iterable[tuple[NodeId, float]]) -> NodeI
         if score > best_score or (score == best_score and best is not None and node_id < best):
             best, best_score = node_id, score
     return best
+
+
+def routable_sequencers(
+    weights: Iterable[tuple[NodeId, float]], states: Mapping[NodeId, str]
+) -> list[tuple[NodeId, float]]:
+    """The sequencer nodes appends may go to: those the failure detector reports ``ALIVE``
+    (a node missing from ``states`` counts as ALIVE); when none is, the ``SUSPECT`` ones,
+    since a node that may be back beats no sequencer at all. Nodes and clients both apply
+    this to the same view (GET /v1/cluster) and so pick the same owner."""
+    candidates = [(n, w) for n, w in weights if w > 0]
+    for state in ("ALIVE", "SUSPECT"):
+        chosen = [(n, w) for n, w in candidates if states.get(n, "ALIVE") == state]
+        if chosen:
+            return chosen
+    return []

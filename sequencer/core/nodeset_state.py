@@ -15,7 +15,8 @@ from shared.types import NodeId
 
 
 class NodesetState:
-    __slots__ = ("_blacklist_until_ms", "_config", "_graylist_until_ms", "_weights", "nodeset")
+    __slots__ = ("_blacklist_until_ms", "_config", "_graylist_until_ms", "_weights", "nodeset",
+                 "unavailable")
 
     def __init__(
         self,
@@ -29,6 +30,8 @@ class NodesetState:
         self._weights = weights or {}
         self._blacklist_until_ms: dict[NodeId, int] = {}
         self._graylist_until_ms: dict[NodeId, int] = {}
+        self.unavailable: frozenset[NodeId] = frozenset()
+        """Nodes the failure detector reports DEAD; set by the driver through the sequencer."""
 
     def blacklist(self, node: NodeId, status: Status, now_ms: int) -> None:
         config = self._config
@@ -63,9 +66,15 @@ class NodesetState:
     ) -> tuple[NodeId, ...] | None:
         """``replication`` distinct available nodes, drawn in proportion to storage capacity,
         taking available ``preferred`` nodes (those already holding a copy) first; None when
-        not enough nodes are available."""
+        not enough nodes are available. Nodes in ``unavailable`` (DEAD to the failure
+        detector) are skipped unless too few others remain: gossip views can be wrong, and a
+        store that times out costs less than refusing the append."""
         self._expire(now_ms)
         candidates = [n for n in self.nodeset if n not in self._blacklist_until_ms]
+        if self.unavailable:
+            alive = [n for n in candidates if n not in self.unavailable]
+            if len(alive) >= replication:
+                candidates = alive
         usable = [n for n in candidates if n not in self._graylist_until_ms]
         if len(usable) < replication:
             self._graylist_until_ms.clear()

@@ -95,6 +95,13 @@ class Sequencer:
         """Copyset nodes not yet told the current release pointer (see release_delay_ms)."""
         self._release_due_ms: int | None = None
         self._pending: deque[PendingAppend] = deque()
+        self._unavailable: frozenset[NodeId] = frozenset()
+
+    def set_unavailable_nodes(self, nodes: frozenset[NodeId]) -> None:
+        """Storage nodes the failure detector reports DEAD: copysets avoid them."""
+        self._unavailable = nodes
+        if self.nodeset is not None:
+            self.nodeset.unavailable = nodes
 
     # ---- appends ------------------------------------------------------------------------
 
@@ -197,6 +204,7 @@ class Sequencer:
             window_appends_max=self.config.window_appends_max, esn_max=self.esn_max
         )
         self.nodeset = NodesetState(metadata.nodeset, self.config, self.weights)
+        self.nodeset.unavailable = self._unavailable
         self.releasable = lce.epoch >= epoch - 1
         effects: list[Effect] = []
         if self.releasable:

@@ -20,6 +20,7 @@ from shared.limits import FRAME_BYTES_MAX
 from shared.status import Status
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.framing import LENGTH as _LENGTH
+from shared.wire.gossip import Gossip
 from shared.wire.hello import Hello, HelloReply
 from shared.wire.message_type import RETIRED, MessageType
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
@@ -28,7 +29,7 @@ from shared.wire.store import Store, Stored
 
 Message: TypeAlias = (
     Hello | HelloReply | Store | Stored | Release | Read | ReadReply | GetLogState | LogState
-    | Append | Appended | GetSequencerState | SequencerState
+    | Append | Appended | GetSequencerState | SequencerState | Gossip
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -45,6 +46,7 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.APPENDED: Appended,
     MessageType.GET_SEQUENCER_STATE: GetSequencerState,
     MessageType.SEQUENCER_STATE: SequencerState,
+    MessageType.GOSSIP: Gossip,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 

@@ -19,6 +19,7 @@ class MessageType(IntEnum):
     APPENDED = 11
     GET_SEQUENCER_STATE = 12
     SEQUENCER_STATE = 13
+    GOSSIP = 14
 
 
 RETIRED: frozenset[MessageType] = frozenset()

@@ -116,14 +116,15 @@ async def test_kill9_storage_node_under_load_loses_nothing(cluster_dir: Path) ->
         os.kill(victim.pid, signal.SIGKILL)
         at_kill = len(acked)
         # Appends go on through new waves that avoid the dead node.
-        await _poll(lambda: _true_after(len(acked) >= at_kill + 300), 30,
+        await _poll(lambda: _true_after(len(acked) >= at_kill + 300), 60,
                     "300 more acks with st2 dead")
         stores_before = 0.0
         await asyncio.to_thread(lc.restart, cluster_dir, "st2")
         restarted = _node(lc.load_state(cluster_dir) or state, "st2")
         stores_before = _metric(restarted.http, "seqlog_storage_stores")
+        # Peers hold a restarted node SUSPECT (unused) for suspect_duration_ms (10 s) first.
         await _poll(lambda: _true_after(
-            _metric(restarted.http, "seqlog_storage_stores") > stores_before + 50), 30,
+            _metric(restarted.http, "seqlog_storage_stores") > stores_before + 50), 90,
             "the restarted node to take STOREs again")
         stop.set()
         await load
