@@ -298,7 +298,7 @@ class ProcessConfig:
     cluster: ClusterConfig
     data_dir: str
     epoch_store: str = "file"
-    """``file`` (a directory shared by the nodes of one machine) or, later, ``zk://...``."""
+    """``file`` (a directory shared by the nodes of one machine) or ``zk://host:port[,...]/root``."""
     epoch_store_dir: str = ""
     sequencer: SequencerConfig = field(default_factory=SequencerConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
