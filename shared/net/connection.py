@@ -32,6 +32,10 @@ OUTPUT_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 new requests are refused with OVERLOADED: a peer that does not read must not grow our memory."""
 
 
+JOIN_BYTES_MAX = 256 * 1024
+"""Queued frames smaller than this in total are joined into one buffer before writing."""
+
+
 class FramedProtocol(asyncio.Protocol):
     """Frames, decoding, write coalescing and close bookkeeping shared by both sides."""
 
@@ -44,6 +48,7 @@ class FramedProtocol(asyncio.Protocol):
         "_lost",
         "_out",
         "_out_bytes",
+        "_out_bytes_last",
         "_out_frames",
         "_transport",
         "_write_paused",
@@ -57,6 +62,7 @@ class FramedProtocol(asyncio.Protocol):
         self._out: list[bytes] = []
         """Frames, or frame parts, waiting for this loop iteration's single write."""
         self._out_bytes = 0
+        self._out_bytes_last = 0
         self._out_frames = 0
         self._flush_scheduled = False
         self._write_paused = False
@@ -174,13 +180,18 @@ class FramedProtocol(asyncio.Protocol):
         counters.frames_sent += self._out_frames
         counters.writes += 1
         counters.bytes_sent += self._out_bytes
+        self._out_bytes_last = self._out_bytes
         self._out = []
         self._out_bytes = 0
         self._out_frames = 0
         if len(out) == 1:
             transport.write(out[0])
+        elif self._out_bytes_last < JOIN_BYTES_MAX:
+            # One write call: uvloop's writelines issues a send per part, and every extra
+            # segment costs the receiver a wake-up; copying small frames is far cheaper.
+            transport.write(b"".join(out))
         else:
-            # One vectored write: big payload parts are not copied into a joined buffer.
+            # Big batches: skip the copy of their payload parts.
             transport.writelines(out)
 
     # ----- closing
