@@ -51,6 +51,11 @@ API = ApiConfig(
 
 ApiClient = TestClient[web.Request, web.Application]
 
+APPEND = "/v1/logs/7/append"
+BATCH = "/v1/logs/7/append-batch"
+RECORDS = "/v1/logs/7/records"
+DEADLINE_S = 5.0
+
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")

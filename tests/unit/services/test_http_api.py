@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -13,35 +12,22 @@ import orjson
 import pytest
 from http_fakes import (
     API,
+    APPEND,
+    BATCH,
+    DEADLINE_S,
     FIRST_LSN,
     JSON_TYPE,
     MSGPACK_TYPE,
+    RECORDS,
     TIMESTAMP_MS,
     ApiClient,
     FakeLogService,
     b64,
-    serve,
 )
 
 from services.http_status import HTTP_STATUS
 from shared.status import Status
 from shared.types import LogId
-
-APPEND = "/v1/logs/7/append"
-BATCH = "/v1/logs/7/append-batch"
-RECORDS = "/v1/logs/7/records"
-DEADLINE_S = 5.0
-
-
-@pytest.fixture
-def fake() -> FakeLogService:
-    return FakeLogService()
-
-
-@pytest.fixture
-async def client(fake: FakeLogService) -> AsyncIterator[ApiClient]:
-    async with serve(fake) as api_client:
-        yield api_client
 
 
 async def _post(

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-import pytest
-from http_fakes import API, JSON_TYPE, ApiClient, FakeLogService, b64, serve
+from http_fakes import API, JSON_TYPE, ApiClient, FakeLogService, b64
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
@@ -17,17 +15,6 @@ from shared.status import Status
 from shared.types import LogId
 
 DOC_URI = "urn:seqlog:openapi"
-
-
-@pytest.fixture
-def fake() -> FakeLogService:
-    return FakeLogService()
-
-
-@pytest.fixture
-async def client(fake: FakeLogService) -> AsyncIterator[ApiClient]:
-    async with serve(fake) as api_client:
-        yield api_client
 
 
 async def _openapi(client: ApiClient) -> dict[str, Any]:

@@ -9,27 +9,23 @@ from typing import Any
 import msgpack
 import orjson
 import pytest
-from http_fakes import API, JSON_TYPE, MSGPACK_TYPE, ApiClient, FakeLogService, b64, serve
+from http_fakes import (
+    API,
+    APPEND,
+    BATCH,
+    DEADLINE_S,
+    JSON_TYPE,
+    MSGPACK_TYPE,
+    RECORDS,
+    ApiClient,
+    FakeLogService,
+    b64,
+    serve,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.limits import KEY_BYTES_MAX
-
-APPEND = "/v1/logs/7/append"
-BATCH = "/v1/logs/7/append-batch"
-RECORDS = "/v1/logs/7/records"
-DEADLINE_S = 5.0
-
-
-@pytest.fixture
-def fake() -> FakeLogService:
-    return FakeLogService()
-
-
-@pytest.fixture
-async def client(fake: FakeLogService) -> AsyncIterator[ApiClient]:
-    async with serve(fake) as api_client:
-        yield api_client
 
 
 async def _expect(resp_ctx: Any, code: int, status: str) -> None:
