@@ -234,6 +234,7 @@ async def _post(url: str, log: LogId) -> tuple[int, str | None, dict[str, Any]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 20 kill and restart cycles
 async def test_twenty_kills_report_failover_time(cluster: GossipCluster) -> None:
     """Kill -9 a sequencer node 20 times (restarting it in between) and report the time until
     appends to its logs succeed again: median and maximum."""

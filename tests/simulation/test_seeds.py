@@ -25,6 +25,7 @@ def test_seed(seed: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 5000 seeds take several minutes on 2 cores
 def test_soak_seeds() -> None:
     failures: list[str] = []
     for seed in SOAK_SEEDS:
