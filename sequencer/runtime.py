@@ -90,7 +90,8 @@ class SequencerRuntime:
         self._broadcast_task: asyncio.Task[None] | None = None
         self._closing = False
         self._staged: dict[tuple[LogId, str | None], list[PendingAppend]] = {}
-        self._staged_bytes: dict[tuple[LogId, str | None], int] = {}
+        self._staged_size: dict[tuple[LogId, str | None], tuple[int, int]] = {}
+        """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
         self._flush_scheduled = False
         self._expiries: deque[tuple[float, int]] = deque()
         self._expiry_task: asyncio.Task[None] | None = None
@@ -127,17 +128,17 @@ class SequencerRuntime:
 
     def _stage(self, log_id: LogId, pending: PendingAppend) -> None:
         group_key = (log_id, pending.key)
-        size = sum(len(p) for p in pending.payloads)
-        group = self._staged.get(group_key)
-        if group and (
-            sum(len(p.payloads) for p in group) + len(pending.payloads)
-            > self.config.append_group_records_max
-            or self._staged_bytes[group_key] + size > self.config.append_group_bytes_max
+        records, size = len(pending.payloads), sum(len(p) for p in pending.payloads)
+        staged_records, staged_size = self._staged_size.get(group_key, (0, 0))
+        if staged_records and (
+            staged_records + records > self.config.append_group_records_max
+            or staged_size + size > self.config.append_group_bytes_max
         ):
             # Never grow a group past the limits: one append alone may reach them, never more.
             self._flush_group(group_key)
+            staged_records, staged_size = 0, 0
         self._staged.setdefault(group_key, []).append(pending)
-        self._staged_bytes[group_key] = self._staged_bytes.get(group_key, 0) + size
+        self._staged_size[group_key] = (staged_records + records, staged_size + size)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_staged)
@@ -149,7 +150,7 @@ class SequencerRuntime:
 
     def _flush_group(self, group_key: tuple[LogId, str | None]) -> None:
         group = self._staged.pop(group_key, None)
-        self._staged_bytes.pop(group_key, None)
+        self._staged_size.pop(group_key, None)
         if group:
             sequencer = self._sequencer(group_key[0])
             self._apply(sequencer, sequencer.on_append_group(group, self.clock.now_ms()))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -161,7 +160,3 @@ def _epoch_store_url(config: ProcessConfig) -> str:
         return f"file://{config.epoch_store_dir}"
     return config.epoch_store
 
-
-def describe(config: ProcessConfig) -> dict[str, Any]:
-    return {"node_id": config.node_id, "roles": list(config.me.roles),
-            "http": config.me.http_address}
