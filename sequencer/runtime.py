@@ -20,8 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
+from sequencer.core.effects import (
+    ActivateEpoch,
+    AppendReply,
+    FetchLogState,
+    RecoveryProgress,
+    ReleaseAdvanced,
+    WriteLastCleanEpoch,
+)
 from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
+from shared import failpoints
 from shared.clock import Clock
 from shared.config import ClusterConfig, SequencerConfig
 from shared.effects import Send
@@ -231,6 +239,13 @@ class SequencerRuntime:
                 self._spawn(self._activate(sequencer))
             elif type(effect) is FetchLogState:
                 self._fetch_log_state(sequencer, effect)
+            elif type(effect) is WriteLastCleanEpoch:
+                self._spawn(self._write_lce(sequencer, effect))
+            elif type(effect) is RecoveryProgress:
+                log.info("log %d: recovery attempt %d: %s", effect.log_id, effect.attempt,
+                         effect.phase)
+                if effect.phase == "DIGESTING":
+                    failpoints.hit("recovery.after_seal")
             else:
                 raise AssertionError(f"unknown effect {effect!r}")
         self._rearm(sequencer)
@@ -246,12 +261,16 @@ class SequencerRuntime:
         if type(message) is Release:
             self.transport.send(effect.node, message)
             return
-        assert type(message) is Store
         node = effect.node
+        if type(message) is not Store or message.flags:
+            self._send_recovery(sequencer, node, message)
+            return
 
         def on_reply(reply: Any) -> None:
             now_ms = self.clock.now_ms()
             if type(reply) is Stored:
+                if reply.status is Status.OK:
+                    failpoints.hit("appender.after_k_stores")
                 effects = sequencer.on_stored(node, reply.lsn, reply.wave, reply.status,
                                               reply.sealed_epoch, reply.sealed_by, now_ms)
             else:
@@ -261,6 +280,33 @@ class SequencerRuntime:
             self._apply(sequencer, effects)
 
         self.transport.request(node, message, on_reply)
+
+    def _send_recovery(self, sequencer: Sequencer, node: NodeId, message: Any) -> None:
+        def on_reply(reply: Any) -> None:
+            self._apply(sequencer, sequencer.on_recovery_reply(node, message, reply,
+                                                               self.clock.now_ms()))
+
+        self.transport.request(node, message, on_reply)
+
+    async def _write_lce(self, sequencer: Sequencer, effect: WriteLastCleanEpoch) -> None:
+        stored = Epoch(0)
+        try:
+            async with asyncio.timeout(self.config.activation_timeout_ms / 1000):
+                status = await self.epoch_store.set_last_clean_epoch(
+                    effect.log_id, effect.epoch, effect.tail_lsn)
+                if status is Status.STALE:
+                    read_status, lce = await self.epoch_store.get_last_clean_epoch(
+                        effect.log_id)
+                    if read_status is Status.OK and lce is not None:
+                        stored = lce.epoch
+        except TimeoutError:
+            status = Status.TIMEDOUT
+        except Exception:
+            log.exception("log %d: writing the last clean epoch failed", effect.log_id)
+            status = Status.INTERNAL
+        log.info("log %d: last clean epoch -> %d (tail %d): %s", effect.log_id, effect.epoch,
+                 effect.tail_lsn, status.name)
+        self._apply(sequencer, sequencer.on_lce_written(status, stored, self.clock.now_ms()))
 
     async def _activate(self, sequencer: Sequencer) -> None:
         log_id = sequencer.log_id
@@ -287,6 +333,7 @@ class SequencerRuntime:
                       log_id, epoch, metadata, sequencer.epoch)
             status = Status.INTERNAL
         if status is Status.OK:
+            failpoints.hit("sequencer.after_epoch_bump")
             log.info("log %d: sequencer active in epoch %d (last clean epoch %d)",
                      log_id, epoch, lce.epoch if lce else -1)
         self._apply(sequencer, sequencer.on_activated(status, epoch, metadata, lce,

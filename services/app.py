@@ -97,7 +97,10 @@ def create_app(config: ProcessConfig) -> web.Application:
 
     def address(node_id: NodeId) -> tuple[str, int] | None:
         node = cluster.node(node_id)
-        return (node.host, node.data_port) if node is not None else None
+        if node is None:
+            return None
+        # A proxy or NAT in front of the peer (transport.peer_addresses), else its own port.
+        return config.transport.peer_address(node_id) or (node.host, node.data_port)
 
     pool = PeerPool(node_id=config.node_id, cluster_fingerprint=fingerprint,
                     config=config.transport, addresses=address)

@@ -26,6 +26,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,13 @@ from epoch_store.zk_server import ServerHandle
 from shared.config import (
     ClusterConfig,
     FsyncMode,
+    GossipConfig,
     NodeConfig,
     ProcessConfig,
     Role,
     SequencerConfig,
     StorageConfig,
+    TransportConfig,
     to_dict,
 )
 from shared.types import NodeId
@@ -80,6 +83,11 @@ class LocalClusterSpec:
     host: str = "127.0.0.1"
     sequencer: SequencerConfig = field(default_factory=SequencerConfig)
     """Sequencer-role settings for every node (tests shrink the window with it)."""
+    gossip: GossipConfig = field(default_factory=GossipConfig)
+    """Failure-detector timing for every node (tests shorten it)."""
+    peer_addresses: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Per node id, its ``transport.peer_addresses``: where it connects to some peers instead
+    of their data ports (the chaos tests put a proxy on every link this way)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,6 +158,9 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
                 epoch_store_dir=str(root / "epochs") if file_store else "",
                 storage=StorageConfig(fsync=spec.fsync),
                 sequencer=spec.sequencer,
+                gossip=spec.gossip,
+                transport=TransportConfig(
+                    peer_addresses=dict(spec.peer_addresses.get(node.node_id, {}))),
             )
             for node in nodes
         ]
@@ -238,8 +249,9 @@ def node_alive(root: Path, node: NodeEntry) -> bool:
     return str(config_path(root, node.node_id)).encode() in cmdline
 
 
-def _start(root: Path, node_id: str) -> int:
+def _start(root: Path, node_id: str, extra_env: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ)
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     command = [sys.executable, "-m", NODE_MODULE, "--config", str(config_path(root, node_id))]
@@ -416,10 +428,12 @@ def down(root: Path, *, stop_timeout_ms: int = 10_000) -> list[NodeId]:
 
 
 def restart(
-    root: Path, node_id: str, *, stop_timeout_ms: int = 10_000, ready_timeout_ms: int = 30_000
+    root: Path, node_id: str, *, stop_timeout_ms: int = 10_000, ready_timeout_ms: int = 30_000,
+    extra_env: Mapping[str, str] | None = None,
 ) -> NodeEntry:
-    """Stop ``node_id`` (if running), start it again on the same config and data, wait until
-    it is ready and record its new pid."""
+    """Stop ``node_id`` (if running), start it again on the same config and data (with
+    ``extra_env`` added to its environment, e.g. armed failpoints), wait until it is ready and
+    record its new pid."""
     root = root.resolve()
     state = load_state(root)
     if state is None:
@@ -429,8 +443,8 @@ def restart(
         raise LocalClusterError(f"no node {node_id!r} in {root / STATE_FILE}")
     stop_nodes(root, [old], stop_timeout_ms=stop_timeout_ms)
     new = NodeEntry(
-        node_id=old.node_id, pid=_start(root, old.node_id), roles=old.roles, http=old.http,
-        data_dir=old.data_dir,
+        node_id=old.node_id, pid=_start(root, old.node_id, extra_env), roles=old.roles,
+        http=old.http, data_dir=old.data_dir,
     )
     nodes = tuple(new if n.node_id == node_id else n for n in state.nodes)
     _save_state(root, replace(state, nodes=nodes))

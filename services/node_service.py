@@ -243,7 +243,8 @@ class NodeService:
         replies = await asyncio.gather(*(
             self.pool.call(node, request, STORAGE_CALL_TIMEOUT_MS) for node in metadata.nodeset))
         answers = [
-            NodeAnswer(records=r.records, next_lsn=r.next_lsn, release_lsn=r.release_lsn)
+            NodeAnswer(records=r.records, next_lsn=r.next_lsn, release_lsn=r.release_lsn,
+                       markers=r.markers)
             for r in replies if type(r) is ReadReply and r.status is Status.OK
         ]
         needed = f_majority(len(metadata.nodeset), metadata.replication_factor)

@@ -140,6 +140,14 @@ class SequencerConfig:
     the client's answer leaves. Above 0: a copyset node learns it from the next STORE sent to
     it (which carries it), and only one that gets no STORE within this time is sent a RELEASE;
     fewer messages, but readers that are not on the sequencer's node see records later."""
+    recovery_grace_ms: int = 100
+    """Once an f-majority of the nodeset has sealed, how long epoch recovery waits for the
+    other nodes before it goes on without them."""
+    recovery_retry_ms: int = 500
+    """Epoch recovery resends a SEAL, digest, mutation or CLEAN that failed after this long
+    (LogDevice's mutation timeout)."""
+    recovery_timeout_ms: int = 30_000
+    """An epoch recovery not done after this long starts over with a new SEAL round."""
     activation_timeout_ms: int = 10_000
     """How long taking an epoch from the epoch store may take before the waiting appends are
     answered NOSEQUENCER (nothing written) and the next append tries again."""
@@ -165,6 +173,9 @@ class SequencerConfig:
         _in_range("release_broadcast_interval_ms", self.release_broadcast_interval_ms, 10,
                   3_600_000)
         _in_range("release_delay_ms", self.release_delay_ms, 0, 60_000)
+        _in_range("recovery_grace_ms", self.recovery_grace_ms, 0, 600_000)
+        _in_range("recovery_retry_ms", self.recovery_retry_ms, 1, 600_000)
+        _in_range("recovery_timeout_ms", self.recovery_timeout_ms, 1, 3_600_000)
         _in_range("activation_timeout_ms", self.activation_timeout_ms, 1, 600_000)
         _in_range("activation_appends_queued_max", self.activation_appends_queued_max, 1,
                   1_000_000)
@@ -247,12 +258,39 @@ class TransportConfig:
     """Default deadline of a node-to-node request."""
     reconnect_backoff_ms_max: int = 1_000
     """Longest wait before reconnecting to a peer that failed."""
+    peer_addresses: dict[str, str] = field(default_factory=dict)
+    """Per peer node id, a `host:port` to connect to instead of the peer's `host` and
+    `data_port` in the cluster config: a proxy, sidecar or NAT in between (the fault-injection
+    tests route every link through a proxy this way). Only this node's outgoing connections
+    change; not part of the cluster fingerprint."""
 
     def __post_init__(self) -> None:
         _in_range("peer_requests_inflight_max", self.peer_requests_inflight_max, 1, 1_000_000)
         _in_range("connect_timeout_ms", self.connect_timeout_ms, 1, 600_000)
         _in_range("request_timeout_ms", self.request_timeout_ms, 1, 600_000)
         _in_range("reconnect_backoff_ms_max", self.reconnect_backoff_ms_max, 1, 600_000)
+        if not isinstance(self.peer_addresses, dict):
+            raise ValueError("peer_addresses must map node ids to 'host:port'")
+        for node_id, address in self.peer_addresses.items():
+            if not node_id_valid(node_id):
+                raise ValueError(f"peer_addresses: bad node id {node_id!r}")
+            _parse_host_port(f"peer_addresses[{node_id}]", address)
+
+    def peer_address(self, node_id: str) -> tuple[str, int] | None:
+        """The overridden address of ``node_id``, or None to use the cluster config's."""
+        address = self.peer_addresses.get(node_id)
+        return None if address is None else _parse_host_port("peer_addresses", address)
+
+
+def _parse_host_port(name: str, address: object) -> tuple[str, int]:
+    if not isinstance(address, str):
+        raise ValueError(f"{name}={address!r} is not a 'host:port' string")
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"{name}={address!r} is not 'host:port'")
+    port = int(port_text)
+    _in_range(f"{name} port", port, 1, 65535)
+    return host, port
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,6 +347,10 @@ class ProcessConfig:
     def __post_init__(self) -> None:
         if self.cluster.node(self.node_id) is None:
             raise ValueError(f"node {self.node_id} is not in the cluster config")
+        unknown = sorted(n for n in self.transport.peer_addresses
+                         if self.cluster.node(NodeId(n)) is None)
+        if unknown:
+            raise ValueError(f"transport.peer_addresses names nodes not in the cluster: {unknown}")
 
     @property
     def me(self) -> NodeConfig:

@@ -2,9 +2,15 @@
 
 Each released record is stored on R nodes of the nodeset, so once an f-majority
 (``|nodeset| - R + 1``) of nodes has answered, every released record below the lowest
-``next_lsn`` among them has been seen at least once. Up to that point each LSN is a record
-(copies deduplicated), or a gap: a ``BRIDGE`` where one epoch ends and a later one begins, or
-``DATALOSS`` for a missing LSN inside an epoch, below the release pointer.
+``next_lsn`` among them has been seen at least once; so has every hole and bridge that epoch
+recovery wrote (it writes them to R nodes too). Per LSN the copy with the highest precedence
+wins (``shared.wire.store.copy_precedence``): recovery's decision beats a stray copy that a node
+got from a dead sequencer and recovery never saw. Each LSN is then a record, or a gap:
+
+- ``HOLE``: recovery plugged it (an append that was never acknowledged);
+- ``BRIDGE``: recovery's bridge ends the epoch there, or (for an epoch that was drained
+  cleanly, without a bridge record) one epoch ends and a later one begins;
+- ``DATALOSS``: a missing LSN inside an epoch, below the release pointer.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from shared.types import Lsn, compose_lsn, lsn_to_epoch, lsn_to_esn
-from shared.wire.read import WireRecord
+from shared.types import ESN_MAX, Lsn, compose_lsn, lsn_to_epoch, lsn_to_esn
+from shared.wire.read import Marker, WireRecord
+from shared.wire.store import RecordFlags, copy_precedence
 
 GapKind = Literal["HOLE", "BRIDGE", "TRIM", "DATALOSS"]
 
@@ -30,6 +37,7 @@ class NodeAnswer:
     records: tuple[WireRecord, ...]
     next_lsn: Lsn
     release_lsn: Lsn
+    markers: tuple[Marker, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +51,9 @@ def f_majority(nodeset_size: int, replication: int) -> int:
     return max(nodeset_size - replication + 1, 1)
 
 
+_SEQUENCER_COPY = copy_precedence(0, 0)
+
+
 def merge(
     answers: list[NodeAnswer], from_lsn: Lsn, release_lsn: Lsn, records_max: int,
     bytes_max: int,
@@ -53,29 +64,66 @@ def merge(
     The caller must pass answers from at least an f-majority of the nodeset."""
     assert answers
     until = min(min(a.next_lsn for a in answers) - 1, release_lsn)
-    by_lsn: dict[int, WireRecord] = {}
-    for answer in answers:
-        for record in answer.records:
-            if from_lsn <= record[0] <= until:
-                by_lsn.setdefault(record[0], record)
+    best = _best_copies(answers, from_lsn, until)
     records: list[WireRecord] = []
     gaps: list[Gap] = []
     cursor: int = from_lsn
     payload_bytes = 0
-    for lsn in sorted(by_lsn):
+    for lsn in sorted(best):
+        if lsn < cursor:
+            continue  # inside an epoch that a bridge already ended
+        _, flags, record = best[lsn]
+        if flags & RecordFlags.HOLE:
+            if lsn > cursor:
+                gaps.extend(_gaps_between(Lsn(cursor), Lsn(lsn - 1)))
+            if flags & RecordFlags.BRIDGE:
+                # Nothing of this epoch after its bridge is a record: jump to the next epoch.
+                end = min(compose_lsn(lsn_to_epoch(Lsn(lsn)), ESN_MAX) + 1, release_lsn)
+                gaps.append(Gap("BRIDGE", Lsn(lsn), Lsn(max(end, lsn))))
+                cursor = max(end, lsn) + 1
+            else:
+                gaps.append(Gap("HOLE", Lsn(lsn), Lsn(lsn)))
+                cursor = lsn + 1
+            continue
+        assert record is not None
         if len(records) >= records_max or (records and payload_bytes >= bytes_max):
-            return Merged(records, gaps, Lsn(cursor))
-        payload_bytes += len(by_lsn[lsn][3])
+            return Merged(records, _joined(gaps), Lsn(cursor))
+        payload_bytes += len(record[3])
         if lsn > cursor:
             gaps.extend(_gaps_between(Lsn(cursor), Lsn(lsn - 1)))
-        records.append(by_lsn[lsn])
+        records.append(record)
         cursor = lsn + 1
     if cursor <= until:
         # Nothing more is held below ``until`` by an f-majority of the nodeset: an epoch
         # boundary is a bridge, a released LSN inside an epoch is lost.
         gaps.extend(_gaps_between(Lsn(cursor), Lsn(until)))
         cursor = until + 1
-    return Merged(records, gaps, Lsn(cursor))
+    return Merged(records, _joined(gaps), Lsn(cursor))
+
+
+def _best_copies(answers: list[NodeAnswer], from_lsn: Lsn,
+                 until: int) -> dict[int, tuple[tuple[int, int], int, WireRecord | None]]:
+    """Per LSN in range: (precedence, flags, record or None for holes) of the winning copy."""
+    best: dict[int, tuple[tuple[int, int], int, WireRecord | None]] = {}
+    for answer in answers:
+        recovered: dict[int, tuple[int, int]] = {}
+        for first, last, flags, seal in answer.markers:
+            for lsn in range(max(first, from_lsn), min(last, until) + 1):
+                precedence = copy_precedence(flags, seal)
+                if flags & RecordFlags.HOLE:
+                    current = best.get(lsn)
+                    if current is None or precedence > current[0]:
+                        best[lsn] = (precedence, flags, None)
+                else:
+                    recovered[lsn] = precedence
+        for record in answer.records:
+            lsn = record[0]
+            if from_lsn <= lsn <= until:
+                precedence = recovered.get(lsn, _SEQUENCER_COPY)
+                current = best.get(lsn)
+                if current is None or precedence > current[0]:
+                    best[lsn] = (precedence, 0, record)
+    return best
 
 
 def _gaps_between(lo: Lsn, hi: Lsn) -> list[Gap]:
@@ -88,3 +136,14 @@ def _gaps_between(lo: Lsn, hi: Lsn) -> list[Gap]:
     if hi > bridge_end:
         gaps.append(Gap("DATALOSS", Lsn(bridge_end + 1), hi))
     return gaps
+
+
+def _joined(gaps: list[Gap]) -> list[Gap]:
+    """Adjacent gaps of one kind as one gap."""
+    joined: list[Gap] = []
+    for gap in gaps:
+        if joined and joined[-1].kind == gap.kind and joined[-1].hi + 1 == gap.lo:
+            joined[-1] = Gap(gap.kind, joined[-1].lo, gap.hi)
+        else:
+            joined.append(gap)
+    return joined

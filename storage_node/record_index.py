@@ -2,7 +2,8 @@
 
 Each entry maps a batch ``[first_lsn, last_lsn]`` to where its bytes are in the segment files.
 Entries of one log never overlap: a STORE of LSNs that are already stored (a later wave of the
-same append, whose payload is the same by protocol) replaces the entries it overlaps.
+same append, or a copy written by epoch recovery) replaces them. An older entry only partly
+covered by a newer one stays visible for the LSNs the newer one does not cover.
 Rebuilt from the segments at open; lives on the event loop only.
 """
 
@@ -22,6 +23,18 @@ class Location:
     """Header plus body bytes of the entry."""
     first_lsn: Lsn
     last_lsn: Lsn
+    """The LSNs this location serves: all of the entry's, or part of them once a newer
+    entry covers the rest."""
+    entry_first_lsn: Lsn = Lsn(0)
+    """The first LSN of the entry in the file (0: ``first_lsn``)."""
+
+    @property
+    def stored_first_lsn(self) -> Lsn:
+        return self.entry_first_lsn or self.first_lsn
+
+    def narrowed(self, first_lsn: int, last_lsn: int) -> Location:
+        return Location(self.segment_id, self.offset, self.length, Lsn(first_lsn),
+                        Lsn(last_lsn), self.stored_first_lsn)
 
 
 class LogIndex:
@@ -53,9 +66,24 @@ class LogIndex:
             start -= 1
         end = bisect.bisect_right(firsts, location.last_lsn, lo=start)
         replaced = end - start
-        firsts[start:end] = [location.first_lsn]
-        self._locations[start:end] = [location]
-        return replaced
+        kept: list[Location] = []
+        if replaced:
+            head, tail = self._locations[start], self._locations[end - 1]
+            if head.first_lsn < location.first_lsn:
+                kept.append(head.narrowed(head.first_lsn, location.first_lsn - 1))
+            kept.append(location)
+            if tail.last_lsn > location.last_lsn:
+                kept.append(tail.narrowed(location.last_lsn + 1, tail.last_lsn))
+        else:
+            kept.append(location)
+        firsts[start:end] = [k.first_lsn for k in kept]
+        self._locations[start:end] = kept
+        return replaced - len(kept) + 1
+
+    def ranges(self, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
+        """The LSN ranges held within ``[from_lsn, until_lsn]``."""
+        return [(Lsn(max(loc.first_lsn, from_lsn)), Lsn(min(loc.last_lsn, until_lsn)))
+                for loc in self.locate(from_lsn, until_lsn, 2**62)]
 
     def locate(self, from_lsn: Lsn, until_lsn: Lsn, records_max: int) -> list[Location]:
         """Entries holding LSNs in ``[from_lsn, until_lsn]``, in LSN order, enough to cover
@@ -96,6 +124,10 @@ class RecordIndex:
         if log is None or from_lsn > until_lsn:
             return []
         return log.locate(from_lsn, until_lsn, records_max)
+
+    def ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
+        log = self._logs.get(log_id)
+        return log.ranges(from_lsn, until_lsn) if log is not None else []
 
     def last_lsn(self, log_id: LogId) -> Lsn:
         log = self._logs.get(log_id)

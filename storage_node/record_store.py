@@ -28,13 +28,23 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from shared import failpoints
 from shared.config import StorageConfig
 from shared.status import LogError, Status
-from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn, NodeId, lsn_to_epoch
+from shared.types import (
+    EPOCH_INVALID,
+    LSN_INVALID,
+    Epoch,
+    LogId,
+    Lsn,
+    NodeId,
+    lsn_to_epoch,
+    lsn_to_esn,
+)
 from shared.wire.store import Store
 from storage_node.core.store_machine import LogStorageState
 from storage_node.record_index import Location, RecordIndex
-from storage_node.record_reads import ReadResult, read_locations
+from storage_node.record_reads import CopiesResult, ReadResult, read_locations
 from storage_node.segment_files import AppendResult, RecoveryReport, SegmentReader, SegmentWriter
 from storage_node.segment_format import (
     ReleaseEntry,
@@ -56,6 +66,7 @@ RELEASE_FLUSH_INTERVAL_MS = 5
 """Release pointers alone are written at most this often: they ride along with STORE batches
 under load, and a lost one is re-learned from the sequencer's broadcast after a restart."""
 READ_THREADS_COUNT = 4
+_FAILPOINT_BEFORE_FSYNC = "storage.after_write_before_fsync"
 COUNTERS = (
     "stores", "store_records", "commit_batches", "fsyncs", "bytes_written", "overloaded",
     "release_entries", "releases_dropped", "reads", "read_records", "read_checksum_failures",
@@ -147,23 +158,34 @@ class RecordStore:
 
     async def read(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
                    bytes_max: int) -> ReadResult:
-        """Records of ``log_id`` in ``[from_lsn, until_lsn]``, at most ``records_max`` and,
-        past the first, at most ``bytes_max`` payload bytes; a batch entry is split into its
-        records and may be entered in the middle."""
+        """Records of ``log_id`` in ``[from_lsn, until_lsn]``, at most ``records_max`` copies
+        and, past the first, at most ``bytes_max`` payload bytes; a batch entry is split into
+        its records and may be entered in the middle. Copies written by recovery also come
+        as markers (holes and bridges only as markers)."""
+        return ReadResult.of(await self.read_copies(log_id, from_lsn, until_lsn, records_max,
+                                                    bytes_max))
+
+    async def read_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn,
+                          records_max: int, bytes_max: int) -> CopiesResult:
+        """Like ``read``, with every copy's flags and wave (recovery's digest needs them)."""
         assert until_lsn < 2**64 - 1 and records_max >= 1
         if not self._opened or self._closing:
             status = Status.SHUTDOWN if self._closing else Status.NOTREADY
-            return ReadResult(status, (), from_lsn)
+            return CopiesResult(status, (), from_lsn)
         locations = self._index.locate(log_id, from_lsn, until_lsn, records_max)
         if not locations:
-            return ReadResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
+            return CopiesResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
         loop = asyncio.get_running_loop()
         result, corrupt = await loop.run_in_executor(
             self._read_threads, read_locations, self._reader, log_id, locations, from_lsn,
             until_lsn, records_max, bytes_max)
-        self._counts.update(reads=1, read_records=len(result.records),
+        self._counts.update(reads=1, read_records=len(result.copies),
                             read_checksum_failures=int(corrupt))
         return result
+
+    def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
+        """The LSN ranges of ``log_id`` this store holds copies of within the range."""
+        return self._index.ranges(log_id, from_lsn, until_lsn)
 
     def stats(self) -> dict[str, int]:
         counts = dict(self._counts)
@@ -274,7 +296,10 @@ class RecordStore:
         self._releases = {}
         self._releases_written_ms = _now_ms()
         mode = self._config.fsync
-        has_seal = any(isinstance(p.chunk_source, SealEntry) for p in batch)
+        # Seals and recovery's writes are what later recoveries rely on: synced in every mode
+        # but "never".
+        has_seal = any(isinstance(p.chunk_source, SealEntry) or p.chunk_source.flags
+                       for p in batch)
         fsync = (mode == "always" and bool(batch)) or (mode != "never" and has_seal) or (
             mode == "interval" and self._interval_sync_due_ms() <= 0)
         self._inflight = batch
@@ -359,6 +384,22 @@ class RecordStore:
                                    p.chunk_source.sealed_by)
                   for p in batch]
         chunks += [encode_release(log_id, lsn) for log_id, lsn in releases]
+        if fsync and failpoints.armed(_FAILPOINT_BEFORE_FSYNC):
+            # Fault-injection runs only: split the write from its fsync so that the process
+            # can die between them (with SIGKILL the written bytes stay in the page cache).
+            result = self._writer.append(chunks, fsync=False)
+            if result.status is Status.OK:
+                failpoints.hit(_FAILPOINT_BEFORE_FSYNC)
+                try:
+                    synced = self._writer.sync()
+                except OSError:
+                    # Like a failed fsync inside append(): the store can no longer be trusted.
+                    result = AppendResult(Status.DISABLED, result.segment_id, result.offset,
+                                          result.fsyncs_count, True)
+                    return result, [len(c) for c in chunks[: len(batch)]]
+                result = AppendResult(Status.OK, result.segment_id, result.offset,
+                                      result.fsyncs_count + synced, False)
+            return result, [len(c) for c in chunks[: len(batch)]]
         result = self._writer.append(chunks, fsync=fsync)
         return result, [len(c) for c in chunks[: len(batch)]]
 
@@ -387,6 +428,7 @@ class _Recovery:
         self._last: dict[LogId, tuple[Lsn, NodeId]] = {}
         self._releases: dict[LogId, Lsn] = {}
         self._seals: dict[LogId, tuple[Epoch, NodeId]] = {}
+        self._tails: dict[LogId, dict[Epoch, tuple[int, int]]] = {}
 
     def on_entry(self, segment_id: int, scanned: ScannedEntry) -> None:
         entry = scanned.entry
@@ -397,6 +439,11 @@ class _Recovery:
             last = self._last.get(log_id)
             if last is None or entry.last_lsn > last[0]:
                 self._last[log_id] = (entry.last_lsn, entry.sequencer_node)
+            tails = self._tails.setdefault(log_id, {})
+            epoch = lsn_to_epoch(entry.first_lsn)
+            lng, last_esn = tails.get(epoch, (0, 0))
+            tails[epoch] = (max(lng, entry.last_known_good),
+                            max(last_esn, lsn_to_esn(entry.last_lsn)))
         elif isinstance(entry, ReleaseEntry):
             if entry.release_lsn > self._releases.get(log_id, 0):
                 self._releases[log_id] = entry.release_lsn
@@ -415,5 +462,6 @@ class _Recovery:
                 sealed_epoch=sealed_epoch, sealed_by=sealed_by,
                 soft_sealed_epoch=soft_epoch,
                 soft_sealed_by=newest_sequencer if soft_epoch > EPOCH_INVALID else None,
-                release_lsn=self._releases.get(log_id, LSN_INVALID), last_lsn=last_lsn)
+                release_lsn=self._releases.get(log_id, LSN_INVALID), last_lsn=last_lsn,
+                epoch_tails=self._tails.get(log_id, {}))
         return result

@@ -20,15 +20,30 @@ from typing import Any
 
 from shared.config import StorageConfig
 from shared.status import Status
-from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn, NodeId
+from shared.types import (
+    EPOCH_INVALID,
+    ESN_MAX,
+    LSN_INVALID,
+    Epoch,
+    Esn,
+    LogId,
+    Lsn,
+    NodeId,
+    compose_lsn,
+    lsn_to_epoch,
+    lsn_to_esn,
+)
 from shared.wire.codec import Message
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
+from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import Store
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
+    purge_ranges,
     read_fields_status,
+    recovery_hole_stores,
     stored_reply,
 )
 from storage_node.record_store import RecordStore
@@ -43,6 +58,7 @@ _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", 
                   "OVERLOADED", "NOTREADY", "SHUTDOWN", "INTERNAL")
 COUNTERS = (
     "store_messages", "release_messages", "read_messages", "seals", "unexpected_messages",
+    "digests", "cleans", "purged_records",
     *(f"stored_{name.lower()}" for name in _STORE_REPLIES),
     *(f"read_{name.lower()}" for name in ("BADMSG", "OVERLOADED", "NOTREADY", "SHUTDOWN")),
 )
@@ -64,6 +80,9 @@ class StorageNode:
             Release: self._on_release,
             Read: self._on_read,
             GetLogState: self._on_get_log_state,
+            Seal: self._on_seal,
+            GetDigest: self._on_get_digest,
+            Clean: self._on_clean,
         }
 
     async def start(self) -> None:
@@ -190,12 +209,113 @@ class StorageNode:
                                             read.records_max, read.bytes_max)
             answer = ReadReply(status=result.status, log_id=read.log_id,
                                release_lsn=release_lsn, records=result.records,
-                               next_lsn=result.next_lsn)
+                               next_lsn=result.next_lsn, markers=result.markers)
         except Exception:
             log.exception("storage node %s: read of log %d failed", self.node_id, read.log_id)
             answer = ReadReply(status=Status.INTERNAL, log_id=read.log_id,
                                release_lsn=release_lsn, records=(), next_lsn=read.from_lsn)
         reply(answer)
+
+    # ---- epoch recovery ----
+
+    def _not_serving(self) -> Status | None:
+        if not self._started or self._closing:
+            return Status.SHUTDOWN if self._closing else Status.NOTREADY
+        return None
+
+    def _on_seal(self, seal: Seal, reply: ReplyFn) -> None:
+        refused = self._not_serving()
+        if refused is not None:
+            reply(self._machine.sealed(seal, refused))
+            return
+        answer = self._machine.on_seal(seal)
+        if answer is not None:
+            reply(answer)
+            return
+
+        def persisted(status: Status) -> None:
+            # Tails are taken once the seal is durable: no STORE of a sealed epoch can be
+            # accepted after that, so they cannot grow any more.
+            reply(self._machine.sealed(seal, status))
+
+        status = self._store.submit_seal(SealEntry(seal.log_id, seal.seal_epoch, seal.sealed_by),
+                                         persisted)
+        if status != Status.OK:
+            reply(self._machine.sealed(seal, status))
+        else:
+            self._counts["seals"] += 1
+
+    def _on_get_digest(self, request: GetDigest, reply: ReplyFn) -> None:
+        status = self._not_serving() or self._machine.digest_status(request)
+        if status is Status.OK and len(self._reads) >= READS_INFLIGHT_MAX:
+            status = Status.OVERLOADED
+        if status is not Status.OK:
+            reply(self._machine.digest_refused(request, status))
+            return
+        self._counts["digests"] += 1
+        task = asyncio.get_running_loop().create_task(self._serve_digest(request, reply))
+        self._reads.add(task)
+        task.add_done_callback(self._reads.discard)
+
+    async def _serve_digest(self, request: GetDigest, reply: ReplyFn) -> None:
+        try:
+            result = await self._store.read_copies(
+                request.log_id, compose_lsn(request.epoch, Esn(max(request.from_esn, 1))),
+                compose_lsn(request.epoch, ESN_MAX), request.records_max, request.bytes_max)
+        except Exception:
+            log.exception("storage node %s: digest of log %d failed", self.node_id,
+                          request.log_id)
+            reply(self._machine.digest_refused(request, Status.INTERNAL))
+            return
+        if result.status is not Status.OK:
+            reply(self._machine.digest_refused(request, result.status))
+            return
+        next_esn = (lsn_to_esn(result.next_lsn) if lsn_to_epoch(result.next_lsn) == request.epoch
+                    else ESN_MAX + 1)
+        entries = tuple((lsn_to_esn(Lsn(lsn)), flags, wave, timestamp_ms, key, payload)
+                        for lsn, timestamp_ms, key, payload, flags, wave in result.copies)
+        reply(Digest(status=Status.OK, log_id=request.log_id, epoch=request.epoch,
+                     entries=entries, next_esn=next_esn))
+
+    def _on_clean(self, clean: Clean, reply: ReplyFn) -> None:
+        refused = self._not_serving()
+        answer = (self._machine.cleaned(clean, refused) if refused is not None
+                  else self._machine.clean_status(clean))
+        if answer is not None:
+            reply(answer)
+            return
+        self._counts["cleans"] += 1
+        held = [(lsn_to_esn(lo), lsn_to_esn(hi)) for lo, hi in self._store.held_ranges(
+            clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
+        stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)
+        if not stores:
+            reply(self._machine.cleaned(clean, Status.OK))
+            return
+        pending = [len(stores)]
+        failed: list[Status] = []
+
+        def persisted(status: Status) -> None:
+            if status is not Status.OK:
+                failed.append(status)
+            pending[0] -= 1
+            if pending[0] == 0:
+                reply(self._machine.cleaned(clean, failed[0] if failed else Status.OK))
+
+        for store in stores:
+            decision = self._machine.on_store(store, disk_low=self._store.disk_low)
+            if decision.status is not Status.OK:
+                persisted(decision.status)
+                continue
+            self._counts["purged_records"] += len(store.payloads)
+
+            def done(status: Status, store: Store = store) -> None:
+                if status is Status.OK:
+                    self._machine.on_persisted(store)
+                persisted(status)
+
+            status = self._store.submit_store(store, done)
+            if status is not Status.OK:
+                persisted(status)
 
     def _on_get_log_state(self, message: GetLogState, reply: ReplyFn) -> None:
         if not self._started or self._closing:

@@ -6,7 +6,9 @@ first 8 header bytes and the body, so a flipped type or length byte is caught as
 body is a msgpack array:
 
 * STORE: ``[log_id, first_lsn, record_count, sequencer_node, timestamp_ms, last_known_good,
-  wave, copyset, key, payloads]`` (one entry per STORE message, a batch has consecutive LSNs);
+  wave, copyset, key, payloads, flags]`` (one entry per STORE message, a batch has
+  consecutive LSNs; ``flags`` are ``RecordFlags``, absent in entries written before they
+  existed, and with WRITTEN_BY_RECOVERY ``wave`` is recovery's seal epoch);
 * RELEASE: ``[log_id, release_lsn]``;
 * SEAL: ``[log_id, epoch, sealed_by]``.
 
@@ -51,6 +53,8 @@ class StoreMeta:
     first_lsn: Lsn
     record_count: int
     sequencer_node: NodeId
+    last_known_good: int = 0
+    flags: int = 0
 
     @property
     def last_lsn(self) -> Lsn:
@@ -107,6 +111,7 @@ def encode_store(store: Store) -> bytes:
     body = _packer.pack([
         store.log_id, store.lsn, len(store.payloads), store.sequencer_node, store.timestamp_ms,
         store.last_known_good, store.wave, list(store.copyset), store.key, list(store.payloads),
+        store.flags,
     ])
     return _frame(EntryType.STORE, body)
 
@@ -149,12 +154,21 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
         if entry_type == EntryType.STORE:
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(body)
-            if unpacker.read_array_header() != 10:
+            fields_count = unpacker.read_array_header()
+            if fields_count not in (10, 11):
                 return None
-            log_id, first_lsn, count, node = (unpacker.unpack() for _ in range(4))
-            if not (_ints(log_id, first_lsn, count) and isinstance(node, str) and count >= 1):
+            log_id, first_lsn, count, node, _ts, lng = (unpacker.unpack() for _ in range(6))
+            if not (_ints(log_id, first_lsn, count, lng) and isinstance(node, str)
+                    and count >= 1):
                 return None
-            return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node))
+            flags = 0
+            if fields_count == 11:
+                for _ in range(4):  # wave, copyset, key, payloads
+                    unpacker.skip()
+                flags = unpacker.unpack()
+                if not _ints(flags):
+                    return None
+            return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node), lng, flags)
         fields = msgpack.unpackb(body, raw=False)
         if entry_type == EntryType.RELEASE and len(fields) == 2 and _ints(*fields):
             return ReleaseEntry(LogId(fields[0]), Lsn(fields[1]))
@@ -166,19 +180,32 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
     return None
 
 
-def decode_store_records(body: bytes | memoryview) -> tuple[LogId, Lsn, list[WireRecord]] | None:
-    """``(log_id, first_lsn, records)`` of a CRC-checked STORE body; None if malformed."""
+@dataclass(frozen=True, slots=True)
+class StoredCopies:
+    """The decoded records of one STORE entry and how they were written."""
+
+    log_id: LogId
+    first_lsn: Lsn
+    flags: int
+    wave: int
+    records: list[WireRecord]
+
+
+def decode_store_records(body: bytes | memoryview) -> StoredCopies | None:
+    """The records of a CRC-checked STORE body; None if malformed."""
     try:
         fields: Any = msgpack.unpackb(body, raw=False)
-        log_id, first_lsn, count, _node, timestamp_ms, _lng, _wave, _cs, key, payloads = fields
-    except (ValueError, TypeError, msgpack.UnpackException):
+        flags = fields[10] if len(fields) == 11 else 0
+        log_id, first_lsn, count, _node, timestamp_ms, _lng, wave, _cs, key, payloads = (
+            fields[:10])
+    except (ValueError, TypeError, IndexError, msgpack.UnpackException):
         return None
-    if not _ints(log_id, first_lsn, count, timestamp_ms) or len(payloads) != count:
+    if not _ints(log_id, first_lsn, count, timestamp_ms, wave, flags) or len(payloads) != count:
         return None
     records: list[WireRecord] = [
         (first_lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(payloads)
     ]
-    return LogId(log_id), Lsn(first_lsn), records
+    return StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave, records)
 
 
 def scan_segment(data: bytes) -> SegmentScan:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.status import Status
-from shared.types import LogId, Lsn, NodeId
+from shared.types import Epoch, LogId, Lsn, NodeId
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,3 +44,22 @@ class ReleaseAdvanced:
 
     log_id: LogId
     release_lsn: Lsn
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLastCleanEpoch:
+    """Advance the log's last clean epoch in the epoch store to ``epoch`` with ``tail_lsn``;
+    report with ``Sequencer.on_lce_written``."""
+
+    log_id: LogId
+    epoch: Epoch
+    tail_lsn: Lsn
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryProgress:
+    """Recovery of the log entered ``phase`` (for logs, metrics and failpoints)."""
+
+    log_id: LogId
+    phase: str
+    attempt: int

@@ -10,8 +10,9 @@ one):
   appends end with TIMEDOUT (outcome unknown); the next append reactivates in a new epoch.
 
 Release: records of the current epoch are released only when every earlier epoch is clean
-(the epoch store's last clean epoch is ``epoch - 1``). Until epoch recovery exists, a newer
-epoch over an unclean one never releases anything: reads stall rather than lie.
+(the epoch store's last clean epoch is ``epoch - 1``). When it is not, activation starts epoch
+recovery (``sequencer.core.recovery``) of the unclean epochs: appends are taken and stored
+meanwhile, and released once recovery has advanced the last clean epoch.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from sequencer.core.appender import Appender, AppenderResult
 from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
 from sequencer.core.nodeset_state import NodesetState
+from sequencer.core.recovery import LogRecovery, Phase
 from sequencer.core.sliding_window import SlidingWindow
 from shared.config import SequencerConfig
 from shared.effects import Send
@@ -96,6 +98,8 @@ class Sequencer:
         self._release_due_ms: int | None = None
         self._pending: deque[PendingAppend] = deque()
         self._unavailable: frozenset[NodeId] = frozenset()
+        self.recovery: LogRecovery | None = None
+        """Recovery of the epochs between the last clean one and ours, while it runs."""
 
     def set_unavailable_nodes(self, nodes: frozenset[NodeId]) -> None:
         """Storage nodes the failure detector reports DEAD: copysets avoid them."""
@@ -131,6 +135,7 @@ class Sequencer:
 
     def _begin_activation(self, now_ms: int) -> list[Effect]:
         effects = self._abort_epoch("sequencer is reactivating in a new epoch")
+        self.recovery = None  # the next epoch's recovery covers this one's too
         self.state = SequencerState.ACTIVATING
         effects.append(ActivateEpoch(self.log_id))
         return effects
@@ -142,8 +147,8 @@ class Sequencer:
             payload for pending in group for payload in pending.payloads)
         esn_count = len(payloads)
         if esn_count > window.esns_left():
-            # The epoch ran out of ESNs: continue in a new one. Its earlier epoch is ours and
-            # unclean until recovery exists, so this log stops releasing.
+            # The epoch ran out of ESNs: continue in a new one, whose recovery seals this one
+            # (its in-flight appends end with TIMEDOUT: recovery settles their outcome).
             self._pending.extendleft(reversed(group))
             return self._begin_activation(now_ms)
         first_esn = window.grow(esn_count)
@@ -210,10 +215,59 @@ class Sequencer:
         if self.releasable:
             self._advance_release(max(lce.tail_lsn, self.release_lsn), effects)
         else:
+            # Readers keep reading what earlier sequencers released while recovery runs.
             effects.append(FetchLogState(self.log_id, metadata.nodeset))
+            self.recovery = LogRecovery(
+                log_id=self.log_id, node_id=self.node_id, seal_epoch=Epoch(epoch - 1), lce=lce,
+                nodeset=metadata.nodeset, replication=metadata.replication_factor,
+                config=self.config)
+            effects.extend(self.recovery.start(now_ms))
         pending, self._pending = self._pending, deque()
         for item in pending:
             effects.extend(self.on_append_group([item], now_ms))
+        return effects
+
+    # ---- recovery ------------------------------------------------------------------------
+
+    def on_recovery_reply(self, node: NodeId, request: Any, reply: Any,
+                          now_ms: int) -> list[Effect]:
+        """The answer (or failure ``Status``) to a request recovery sent."""
+        recovery = self.recovery
+        if recovery is None:
+            return []
+        return self._recovery_step(recovery.on_reply(node, request, reply, now_ms), now_ms)
+
+    def on_lce_written(self, status: Status, stored_epoch: Epoch, now_ms: int) -> list[Effect]:
+        recovery = self.recovery
+        if recovery is None:
+            return []
+        return self._recovery_step(recovery.on_lce_written(status, stored_epoch, now_ms),
+                                   now_ms)
+
+    def _recovery_step(self, effects: list[Effect], now_ms: int) -> list[Effect]:
+        recovery = self.recovery
+        assert recovery is not None
+        if recovery.phase is Phase.PREEMPTED:
+            self.recovery = None
+            epoch, by = recovery.preempted_by
+            if epoch >= self.epoch or self.state is not SequencerState.ACTIVE:
+                effects.extend(self._on_preempted(epoch, by))
+            else:
+                # Sealed by a recovery of an older epoch than ours: recover again.
+                self.recovery = LogRecovery(
+                    log_id=self.log_id, node_id=self.node_id, seal_epoch=recovery.seal_epoch,
+                    lce=recovery.lce, nodeset=recovery.nodeset,
+                    replication=recovery.replication, config=self.config)
+                effects.extend(self.recovery.start(now_ms))
+        elif recovery.phase is Phase.DONE:
+            self.recovery = None
+            if self.state is SequencerState.ACTIVE and self.window is not None:
+                self.releasable = True
+                release = max(recovery.tail_lsn, compose_lsn(self.epoch, self.window.lng))
+                before = self.release_lsn
+                self._advance_release(release, effects)
+                if self.release_lsn > before:
+                    effects.extend(self.release_broadcast())
         return effects
 
     def on_release_hint(self, release_lsn: Lsn) -> list[Effect]:
@@ -280,6 +334,7 @@ class Sequencer:
         if sealed_epoch > self.sealed_epoch:
             self.sealed_epoch, self.sealed_by = sealed_epoch, sealed_by
         self.state = SequencerState.PREEMPTED
+        self.recovery = None
         return self._abort_epoch(f"epoch {self.epoch} preempted by {sealed_by}")
 
     def _abort_epoch(self, why: str) -> list[Effect]:
@@ -305,15 +360,20 @@ class Sequencer:
             if appender is not None and appender.wave == wave:
                 break
             heapq.heappop(timers)
-        store_due_ms = timers[0][0] if timers else None
-        if self._release_due_ms is None:
-            return store_due_ms
-        if store_due_ms is None:
-            return self._release_due_ms
-        return min(store_due_ms, self._release_due_ms)
+        due = [timers[0][0]] if timers else []
+        if self._release_due_ms is not None:
+            due.append(self._release_due_ms)
+        if self.recovery is not None and (
+                recovery_due_ms := self.recovery.deadline_ms()) is not None:
+            due.append(recovery_due_ms)
+        return min(due) if due else None
 
     def on_timer(self, now_ms: int) -> list[Effect]:
         effects: list[Effect] = []
+        recovery = self.recovery
+        if recovery is not None and (
+                due_ms := recovery.deadline_ms()) is not None and due_ms <= now_ms:
+            effects.extend(self._recovery_step(recovery.on_timer(now_ms), now_ms))
         if self._release_due_ms is not None and self._release_due_ms <= now_ms:
             self._release_due_ms = None
             release = Release(log_id=self.log_id, release_lsn=self.release_lsn)

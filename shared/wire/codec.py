@@ -24,12 +24,14 @@ from shared.wire.gossip import Gossip
 from shared.wire.hello import Hello, HelloReply
 from shared.wire.message_type import RETIRED, MessageType
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
+from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
 
 Message: TypeAlias = (
     Hello | HelloReply | Store | Stored | Release | Read | ReadReply | GetLogState | LogState
-    | Append | Appended | GetSequencerState | SequencerState | Gossip
+    | Append | Appended | GetSequencerState | SequencerState | Gossip | Seal | Sealed
+    | GetDigest | Digest | Clean | Cleaned
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -47,6 +49,12 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.GET_SEQUENCER_STATE: GetSequencerState,
     MessageType.SEQUENCER_STATE: SequencerState,
     MessageType.GOSSIP: Gossip,
+    MessageType.SEAL: Seal,
+    MessageType.SEALED: Sealed,
+    MessageType.GET_DIGEST: GetDigest,
+    MessageType.DIGEST: Digest,
+    MessageType.CLEAN: Clean,
+    MessageType.CLEANED: Cleaned,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 

@@ -20,6 +20,12 @@ class MessageType(IntEnum):
     GET_SEQUENCER_STATE = 12
     SEQUENCER_STATE = 13
     GOSSIP = 14
+    SEAL = 15
+    SEALED = 16
+    GET_DIGEST = 17
+    DIGEST = 18
+    CLEAN = 19
+    CLEANED = 20
 
 
 RETIRED: frozenset[MessageType] = frozenset()

@@ -14,6 +14,9 @@ from shared.types import Epoch, LogId, Lsn
 
 WireRecord = tuple[int, int, str | None, bytes]
 """(lsn, timestamp_ms, key, payload): one record as it crosses the wire."""
+Marker = tuple[int, int, int, int]
+"""(first_lsn, last_lsn, flags, seal_epoch) of copies written by epoch recovery: a plugged
+hole or bridge (not in ``records``), or a record recovery re-replicated (in ``records``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,6 +37,7 @@ class ReadReply:
     records: tuple[WireRecord, ...]
     next_lsn: Lsn
     """The node has delivered everything it holds below this LSN (within the read's range)."""
+    markers: tuple[Marker, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

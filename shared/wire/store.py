@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from enum import IntFlag
 
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId
@@ -20,6 +21,29 @@ def payloads_checksum(payloads: tuple[bytes, ...]) -> int:
     for payload in payloads:
         crc = zlib.crc32(payload, crc)
     return crc
+
+
+class RecordFlags(IntFlag):
+    """How a stored copy came to be (LogDevice's STORE flags)."""
+
+    WRITTEN_BY_RECOVERY = 1
+    """Written by epoch recovery; ``wave`` then holds recovery's seal epoch."""
+    HOLE = 2
+    """A plugged hole: no record at this LSN (the payload is empty)."""
+    BRIDGE = 4
+    """The end of the epoch: no record at or after this LSN in its epoch (a hole too)."""
+
+
+RECOVERY_HOLE = RecordFlags.WRITTEN_BY_RECOVERY | RecordFlags.HOLE
+RECOVERY_BRIDGE = RECOVERY_HOLE | RecordFlags.BRIDGE
+FLAGS_ALL = int(RECOVERY_BRIDGE)
+
+
+def copy_precedence(flags: int, wave: int) -> tuple[int, int]:
+    """Which of two copies of one LSN wins (LogDevice ``Digest::RecordMetadata``): a copy
+    written by recovery beats one written by the sequencer; between recovery copies the higher
+    seal epoch wins; between sequencer copies the higher wave."""
+    return (flags & RecordFlags.WRITTEN_BY_RECOVERY, wave)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +60,8 @@ class Store:
     key: str | None
     payloads: tuple[bytes, ...]
     checksum: int
+    flags: int = 0
+    """``RecordFlags``; 0 for the sequencer's own STOREs."""
 
     @property
     def last_lsn(self) -> Lsn:
@@ -43,6 +69,11 @@ class Store:
 
     def validate(self) -> Status:
         if not self.payloads or self.wave < 1 or self.timeout_ms < 0:
+            return Status.BADMSG
+        if self.flags & ~FLAGS_ALL or (
+                self.flags and not self.flags & RecordFlags.WRITTEN_BY_RECOVERY):
+            return Status.BADMSG
+        if self.flags & RecordFlags.HOLE and any(self.payloads):
             return Status.BADMSG
         if payloads_checksum(self.payloads) != self.checksum:
             return Status.CHECKSUM_MISMATCH

@@ -13,8 +13,8 @@ messages until the node closes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from shared.limits import BATCH_RECORDS_MAX, COPYSET_SIZE_MAX, KEY_BYTES_MAX, READ_RECORDS_MAX
 from shared.status import Status
@@ -24,9 +24,11 @@ from shared.types import (
     LSN_INVALID,
     LSN_MAX,
     Epoch,
+    Esn,
     LogId,
     Lsn,
     NodeId,
+    compose_lsn,
     epoch_valid,
     log_id_valid,
     lsn_to_epoch,
@@ -35,8 +37,15 @@ from shared.types import (
     node_id_valid,
 )
 from shared.wire.read import GetLogState, LogState, Read
+from shared.wire.recovery import Clean, Cleaned, Digest, EpochTail, GetDigest, Seal, Sealed
 from shared.wire.release import Release
-from shared.wire.store import Store, Stored
+from shared.wire.store import (
+    RECOVERY_BRIDGE,
+    RECOVERY_HOLE,
+    Store,
+    Stored,
+    payloads_checksum,
+)
 
 LSN_READABLE_MAX = Lsn(LSN_MAX - 1)
 """Highest LSN a read may reach, so that ``next_lsn = last + 1`` still fits in 64 bits."""
@@ -56,6 +65,8 @@ class LogStorageState:
     release_lsn: Lsn = LSN_INVALID
     last_lsn: Lsn = LSN_INVALID
     """Highest LSN durably stored on this node."""
+    epoch_tails: Mapping[Epoch, tuple[int, int]] = field(default_factory=dict)
+    """Per epoch with copies here: (highest last-known-good ESN seen, highest ESN held)."""
 
     @property
     def effective_seal(self) -> tuple[Epoch, NodeId | None]:
@@ -129,12 +140,14 @@ class _LogState:
     soft_sealed_by: NodeId | None = None
     release_lsn: Lsn = LSN_INVALID
     last_lsn: Lsn = LSN_INVALID
+    epoch_tails: dict[Epoch, tuple[int, int]] = field(default_factory=dict)
 
     def snapshot(self) -> LogStorageState:
         return LogStorageState(
             sealed_epoch=self.sealed_epoch, sealed_by=self.sealed_by,
             soft_sealed_epoch=self.soft_sealed_epoch, soft_sealed_by=self.soft_sealed_by,
-            release_lsn=self.release_lsn, last_lsn=self.last_lsn)
+            release_lsn=self.release_lsn, last_lsn=self.last_lsn,
+            epoch_tails=dict(self.epoch_tails))
 
     def effective_seal(self) -> tuple[Epoch, NodeId | None]:
         if self.soft_sealed_epoch > self.sealed_epoch:
@@ -156,7 +169,8 @@ class StoreMachine:
         self._logs[log_id] = _LogState(
             sealed_epoch=state.sealed_epoch, sealed_by=state.sealed_by,
             soft_sealed_epoch=state.soft_sealed_epoch, soft_sealed_by=state.soft_sealed_by,
-            release_lsn=state.release_lsn, last_lsn=state.last_lsn)
+            release_lsn=state.release_lsn, last_lsn=state.last_lsn,
+            epoch_tails=dict(state.epoch_tails))
 
     def state(self, log_id: LogId) -> LogStorageState:
         log = self._logs.get(log_id)
@@ -176,6 +190,8 @@ class StoreMachine:
             log.release_lsn = release_lsn = store.release_lsn
         epoch = lsn_to_epoch(store.lsn)
         seal_epoch, seal_by = log.effective_seal()
+        if store.flags:
+            return self._on_recovery_store(store, log, epoch, disk_low)
         if epoch <= seal_epoch:
             reply = stored_reply(store, Status.PREEMPTED, seal_epoch, seal_by)
             return StoreDecision(status=Status.PREEMPTED, reply=reply, release_lsn=release_lsn)
@@ -191,12 +207,39 @@ class StoreMachine:
         refusal = stored_reply(store, status) if status != Status.OK else None
         return StoreDecision(status=status, reply=refusal, release_lsn=release_lsn)
 
+    def _on_recovery_store(self, store: Store, log: _LogState, epoch: Epoch,
+                           disk_low: bool) -> StoreDecision:
+        """A copy written by recovery (LogDevice's mutation STORE): ``wave`` is its seal epoch.
+        Preempted only by a higher seal, since the epoch itself is sealed by design; it never
+        raises the soft seal."""
+        recovery_seal = Epoch(store.wave)
+        if epoch > recovery_seal or not epoch_valid(recovery_seal):
+            return StoreDecision(status=Status.BADMSG,
+                                 reply=stored_reply(store, Status.BADMSG), release_lsn=None)
+        seal_epoch, seal_by = log.effective_seal()
+        if recovery_seal < seal_epoch:
+            reply = stored_reply(store, Status.PREEMPTED, seal_epoch, seal_by)
+            return StoreDecision(status=Status.PREEMPTED, reply=reply, release_lsn=None)
+        status = Status.OK
+        if not self._accept_writes:
+            status = Status.DISABLED
+        elif disk_low:
+            status = Status.NOSPC
+        refusal = stored_reply(store, status) if status != Status.OK else None
+        return StoreDecision(status=status, reply=refusal, release_lsn=None)
+
     def on_persisted(self, store: Store) -> Stored:
         """The STORE is durable (per the fsync mode): note it and build the reply."""
         log = self._log(store.log_id)
         last_lsn = store.last_lsn
         if last_lsn > log.last_lsn:
             log.last_lsn = last_lsn
+        epoch = lsn_to_epoch(store.lsn)
+        tail = log.epoch_tails.get(epoch)
+        last_esn = lsn_to_esn(last_lsn)
+        if tail is None or store.last_known_good > tail[0] or last_esn > tail[1]:
+            log.epoch_tails[epoch] = (max(tail[0] if tail else 0, store.last_known_good),
+                                      max(tail[1] if tail else 0, last_esn))
         return stored_reply(store, Status.OK)
 
     def on_release(self, release: Release) -> Lsn | None:
@@ -222,6 +265,67 @@ class StoreMachine:
             return Status.UPTODATE
         log.sealed_epoch, log.sealed_by = epoch, sealed_by
         return Status.OK
+
+    def on_seal(self, seal: Seal) -> Sealed | None:
+        """None when the seal must be persisted first (then ``sealed`` builds the answer);
+        otherwise the answer at once (PREEMPTED or INVALID_PARAM)."""
+        if not epoch_valid(seal.from_epoch) or seal.from_epoch > seal.seal_epoch:
+            return self.sealed(seal, Status.INVALID_PARAM)
+        status = self.seal(seal.log_id, seal.seal_epoch, seal.sealed_by)
+        if status in (Status.OK, Status.UPTODATE):
+            return None
+        return self.sealed(seal, status)
+
+    def sealed(self, seal: Seal, status: Status) -> Sealed:
+        """SEALED for ``seal``; with OK, the node's tails of the sealed epochs."""
+        log = self._logs.get(seal.log_id) if log_id_valid(seal.log_id) else None
+        tails: tuple[EpochTail, ...] = ()
+        sealed_epoch, sealed_by = EPOCH_INVALID, None
+        if log is not None:
+            sealed_epoch, sealed_by = log.sealed_epoch, log.sealed_by
+            if status is Status.OK:
+                tails = tuple((epoch, lng, last) for epoch, (lng, last)
+                              in sorted(log.epoch_tails.items())
+                              if seal.from_epoch <= epoch <= seal.seal_epoch)
+        return Sealed(status=status, log_id=seal.log_id, seal_epoch=seal.seal_epoch,
+                      sealed_epoch=sealed_epoch, sealed_by=sealed_by, tails=tails)
+
+    def digest_status(self, request: GetDigest) -> Status:
+        """OK when the digest may be served: valid, and the node is not sealed above the
+        recovery that asks (a newer recovery owns the epoch then)."""
+        if not log_id_valid(request.log_id) or not epoch_valid(request.epoch) or (
+                not epoch_valid(request.seal_epoch) or request.epoch > request.seal_epoch):
+            return Status.BADMSG
+        if not 0 <= request.from_esn <= ESN_MAX or not 1 <= request.records_max <= (
+                READ_RECORDS_MAX) or request.bytes_max < 1:
+            return Status.BADMSG
+        if self.state(request.log_id).sealed_epoch > request.seal_epoch:
+            return Status.PREEMPTED
+        return Status.OK
+
+    def digest_refused(self, request: GetDigest, status: Status) -> Digest:
+        return Digest(status=status, log_id=request.log_id, epoch=request.epoch, entries=(),
+                      next_esn=request.from_esn)
+
+    def clean_status(self, clean: Clean) -> Cleaned | None:
+        """None when the CLEAN may be applied; otherwise the answer (BADMSG, PREEMPTED)."""
+        valid = (log_id_valid(clean.log_id) and epoch_valid(clean.epoch)
+                 and epoch_valid(clean.seal_epoch) and clean.epoch <= clean.seal_epoch
+                 and 0 <= clean.bridge_esn <= ESN_MAX and node_id_valid(clean.sealed_by)
+                 and all(type(r) is tuple and len(r) == 2 and type(r[0]) is int
+                         and type(r[1]) is int and 1 <= r[0] <= r[1] <= ESN_MAX
+                         for r in clean.holes))
+        if not valid:
+            return self.cleaned(clean, Status.BADMSG)
+        if self.state(clean.log_id).effective_seal[0] > clean.seal_epoch:
+            return self.cleaned(clean, Status.PREEMPTED)
+        return None
+
+    def cleaned(self, clean: Clean, status: Status) -> Cleaned:
+        state = self.state(clean.log_id) if log_id_valid(clean.log_id) else _EMPTY
+        sealed_epoch, sealed_by = state.effective_seal
+        return Cleaned(status=status, log_id=clean.log_id, epoch=clean.epoch,
+                       sealed_epoch=sealed_epoch, sealed_by=sealed_by)
 
     def on_get_log_state(self, message: GetLogState) -> LogState:
         """``sealed_epoch`` is the effective seal: STOREs of that epoch or below are refused."""
@@ -264,3 +368,50 @@ def stored_reply(store: Store, status: Status, sealed_epoch: Epoch = EPOCH_INVAL
                  sealed_by: NodeId | None = None) -> Stored:
     return Stored(log_id=store.log_id, lsn=store.lsn, wave=store.wave, status=status,
                   sealed_epoch=sealed_epoch, sealed_by=sealed_by)
+
+
+def purge_ranges(held: Sequence[tuple[int, int]],
+                 clean: Clean) -> list[tuple[int, int, int]]:
+    """``(first_esn, last_esn, flags)`` of ``clean.epoch`` to overwrite on this node: where it
+    holds copies but recovery decided there is no record, that is the plugged holes and
+    everything after the bridge (holes), and the bridge itself (the bridge again). A copy the
+    node got before recovery, which recovery never saw, is then not served once the epoch is
+    released. ``held`` is sorted inclusive ESN ranges."""
+    cut: list[tuple[int, int, int]] = [(lo, hi, int(RECOVERY_HOLE)) for lo, hi in clean.holes]
+    if clean.bridge_esn:
+        cut.append((clean.bridge_esn, clean.bridge_esn, int(RECOVERY_BRIDGE)))
+        if clean.bridge_esn < ESN_MAX:
+            cut.append((clean.bridge_esn + 1, ESN_MAX, int(RECOVERY_HOLE)))
+    result: list[tuple[int, int, int]] = []
+    for lo, hi in held:
+        for cut_lo, cut_hi, flags in cut:
+            first, last = max(lo, cut_lo), min(hi, cut_hi)
+            if first <= last:
+                result.append((first, last, flags))
+    result.sort()
+    merged: list[tuple[int, int, int]] = []
+    for lo, hi, flags in result:
+        if merged and lo <= merged[-1][1] + 1 and flags == merged[-1][2]:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]), flags)
+        else:
+            merged.append((lo, hi, flags))
+    return merged
+
+
+def recovery_hole_stores(clean: Clean, ranges: list[tuple[int, int, int]],
+                         timestamp_ms: int) -> list[Store]:
+    """Recovery STOREs of holes or bridges (at most ``BATCH_RECORDS_MAX`` ESNs each) covering
+    ``ranges`` of ``(first_esn, last_esn, flags)``."""
+    stores: list[Store] = []
+    for lo, hi, flags in ranges:
+        esn = lo
+        while esn <= hi:
+            count = min(hi - esn + 1, BATCH_RECORDS_MAX)
+            payloads = (b"",) * count
+            stores.append(Store(
+                log_id=clean.log_id, lsn=compose_lsn(clean.epoch, Esn(esn)), wave=clean.seal_epoch,
+                sequencer_node=clean.sealed_by, copyset=(), timestamp_ms=timestamp_ms,
+                last_known_good=Esn(0), release_lsn=LSN_INVALID, timeout_ms=0, key=None,
+                payloads=payloads, checksum=payloads_checksum(payloads), flags=flags))
+            esn += count
+    return stores

@@ -10,6 +10,11 @@ C3 no release pointer (a sequencer's or a storage node's) ever passes the fully 
    A clean epoch's tail covers every LSN ever assigned in that epoch.
 C4 appends answered SEQNOBUFS, NOSEQUENCER or NOTFOUND (or never sent to a core) wrote
    nothing: no STORE ever carried their payloads and no disk holds them.
+C5 epoch recovery never plugs an acknowledged LSN with a hole, and an epoch marked clean holds
+   no acknowledged LSN beyond its tail.
+R1 readers agree: at the end, reading each log up to its release pointer from every
+   f-majority of its nodeset (``shared.read_merge``) gives the same records and gaps, and
+   every acknowledged record among them.
 
 Checks are incremental (each LSN is verified once per property) so that they can run at
 every event; disks only grow, so what was verified stays true.
@@ -18,10 +23,12 @@ every event; disks only grow, so what was verified stays true.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from sequencer.core.effects import AppendReply
+from shared.read_merge import NodeAnswer, f_majority, merge
 from shared.types import (
     Epoch,
     Esn,
@@ -33,15 +40,17 @@ from shared.types import (
     lsn_to_epoch,
     lsn_to_esn,
 )
-from shared.wire.store import Store
+from shared.wire.store import RecordFlags, Store
 from tests.simulation.sim_client import ClientAppend
-from tests.simulation.sim_storage import SimStorageNode
+from tests.simulation.sim_storage import DiskRecord, SimStorageNode
 
 CHECKER_NAMES = {
     "C1": "one LSN, one payload",
     "C2": "acknowledged means stored on R nodes",
     "C3": "release only over the fully replicated prefix of clean epochs",
     "C4": "nothing-written answers wrote nothing",
+    "C5": "recovery keeps every acknowledged record",
+    "R1": "readers through any f-majority agree and see every acknowledged record",
     "L1": "liveness: quiescent after healing",
     "L2": "liveness: appends after healing succeed and get released",
     "CORE": "a core's own assertion",
@@ -84,11 +93,17 @@ class SafetyChecker:
         """Payload -> request id of an append that promised it wrote nothing."""
         self._sent_payloads: set[bytes] = set()
         self.acked: list[ClientAppend] = []
+        self.acked_keys: set[Key] = set()
+        self.hole_copies: dict[Key, set[NodeId]] = {}
+        """Storage nodes whose disk holds a hole (or bridge) recovery wrote at that LSN."""
+        self._clean_tails: dict[tuple[LogId, Epoch], Lsn] = {}
         self.releases_count = 0
 
     # ---- C1 -------------------------------------------------------------------------------
 
     def on_store_sent(self, store: Store) -> None:
+        if store.flags & RecordFlags.HOLE:
+            return
         for index, payload in enumerate(store.payloads):
             key = (store.log_id, Lsn(store.lsn + index))
             known = self.assigned.setdefault(key, payload)
@@ -100,9 +115,19 @@ class SafetyChecker:
                      "(answered 'nothing written') is in a STORE")
             self._sent_payloads.add(payload)
 
-    def on_disk_write(self, node: NodeId, log_id: LogId, lsn: Lsn, payload: bytes,
-                      previous: bytes | None) -> None:
+    def on_disk_write(self, node: NodeId, log_id: LogId, lsn: Lsn, record: DiskRecord,
+                      replaced: DiskRecord | None) -> None:
         key = (log_id, lsn)
+        if record.is_hole:
+            if key in self.acked_keys:
+                fail("C5", f"{node} plugged acknowledged log {log_id} {format_lsn(lsn)} with "
+                     f"a hole (flags {record.flags}, seal {record.wave})")
+            self.copies.get(key, set()).discard(node)
+            self.hole_copies.setdefault(key, set()).add(node)
+            return
+        self.hole_copies.get(key, set()).discard(node)
+        payload = record.payload
+        previous = None if replaced is None or replaced.is_hole else replaced.payload
         if previous is not None and previous != payload:
             fail("C1", f"{node} overwrote log {log_id} {format_lsn(lsn)}: {previous!r} "
                  f"-> {payload!r}")
@@ -129,6 +154,12 @@ class SafetyChecker:
                      f"{format_lsn(key[1])} with {len(holders)} copies "
                      f"({sorted(holders)}) < R={replication}")
             heapq.heappush(self._acked_unreleased.setdefault(log_id, []), key[1])
+            self.acked_keys.add(key)
+            tail = self._clean_tails.get((log_id, lsn_to_epoch(key[1])))
+            if tail is not None and key[1] > tail:
+                fail("C5", f"request {append.request_id} acked log {log_id} "
+                     f"{format_lsn(key[1])} after its epoch was marked clean with tail "
+                     f"{format_lsn(tail)}")
         self.acked.append(append)
 
     # ---- C3 -------------------------------------------------------------------------------
@@ -161,6 +192,9 @@ class SafetyChecker:
         verified = self._verified_esn.get((log_id, epoch), 0)
         for esn in range(verified + 1, lsn_to_esn(release_lsn) + 1):
             key = (log_id, compose_lsn(epoch, Esn(esn)))
+            if len(self.hole_copies.get(key, ())) >= replication:
+                self._verified_esn[(log_id, epoch)] = esn
+                continue  # plugged by recovery: a hole, not a record
             if key not in self.assigned:
                 fail("C3", f"{where}, but {format_lsn(key[1])} was never written")
             holders = self.copies.get(key, set())
@@ -171,11 +205,15 @@ class SafetyChecker:
 
     def on_clean_epoch(self, log_id: LogId, epoch: Epoch, tail_lsn: Lsn) -> None:
         """The epoch store accepted ``epoch`` as clean with ``tail_lsn``."""
-        beyond = [lsn for (log, lsn) in self.assigned
-                  if log == log_id and lsn_to_epoch(lsn) == epoch and lsn > tail_lsn]
+        # Recovery marks every epoch up to ``epoch`` clean at once.
+        previous = max((e for (log, e) in self._clean_tails if log == log_id), default=Epoch(0))
+        for cleaned in range(previous + 1, epoch + 1):
+            self._clean_tails[(log_id, Epoch(cleaned))] = tail_lsn
+        beyond = [lsn for (log, lsn) in self.acked_keys
+                  if log == log_id and previous < lsn_to_epoch(lsn) <= epoch and lsn > tail_lsn]
         if beyond:
-            fail("C3", f"log {log_id} epoch {epoch} marked clean with tail "
-                 f"{format_lsn(tail_lsn)}, but {format_lsn(min(beyond))} was written in it")
+            fail("C5", f"log {log_id} epochs up to {epoch} marked clean with tail "
+                 f"{format_lsn(tail_lsn)}, but {format_lsn(min(beyond))} was acknowledged")
         if lsn_to_epoch(tail_lsn) == epoch:
             self._check_prefix(f"clean tail of epoch {epoch}", log_id, tail_lsn)
 
@@ -196,7 +234,7 @@ class SafetyChecker:
         on_disk: dict[bytes, list[str]] = {}
         for node in nodes:
             for (log_id, lsn), record in node.disk.records.items():
-                if record.payload in self._nothing_written:
+                if not record.is_hole and record.payload in self._nothing_written:
                     on_disk.setdefault(record.payload, []).append(
                         f"{node.node_id}:{log_id}:{format_lsn(lsn)}")
         for payload, where in on_disk.items():
@@ -208,7 +246,61 @@ class SafetyChecker:
                 lsn = Lsn(append.first_lsn + index)
                 holders = [n.node_id for n in nodes
                            if (r := n.disk.records.get((append.log_id, lsn))) is not None
-                           and r.payload == payload]
+                           and not r.is_hole and r.payload == payload]
                 if len(holders) < replication:
                     fail("C2", f"acked log {append.log_id} {format_lsn(lsn)} is on "
                          f"{holders} at the end < R={replication}")
+
+    def check_readers_agree(self, log_id: LogId, nodes: dict[NodeId, SimStorageNode],
+                            nodeset: tuple[NodeId, ...], replication: int,
+                            release_lsn: Lsn) -> None:
+        """R1: every f-majority of the nodeset gives the same view of ``[1, release_lsn]``,
+        with every acknowledged record in it."""
+        if release_lsn == 0:
+            return
+        views: dict[tuple[NodeId, ...], tuple[object, object]] = {}
+        size = f_majority(len(nodeset), replication)
+        for members in itertools.combinations(sorted(nodeset), size):
+            answers = [_answer(nodes[m], log_id, release_lsn) for m in members]
+            merged = merge(answers, Lsn(1), release_lsn, 10**9, 2**62)
+            view = ([(r[0], r[3]) for r in merged.records],
+                    [(g.kind, g.lo, g.hi) for g in merged.gaps])
+            views[members] = view
+            records = dict(view[0])
+            for append in self.acked:
+                if append.log_id != log_id:
+                    continue
+                for index, payload in enumerate(append.payloads):
+                    lsn = append.first_lsn + index
+                    if lsn <= release_lsn and records.get(lsn) != payload:
+                        gaps = [(k, format_lsn(Lsn(lo)), format_lsn(Lsn(hi)))
+                                for k, lo, hi in merged_gaps(view)][:6]
+                        fail("R1", f"reading log {log_id} from {members} up to "
+                             f"{format_lsn(release_lsn)}: acknowledged {format_lsn(Lsn(lsn))} "
+                             f"reads as {records.get(lsn)!r}, not {payload!r}; gaps {gaps}")
+        first_members, first_view = next(iter(views.items()))
+        for members, view in views.items():
+            if view != first_view:
+                detail = f"{first_view!r} vs {view!r}"[:2000]
+                fail("R1", f"log {log_id}: readers through {first_members} and {members} "
+                     f"disagree: {detail}")
+
+
+def merged_gaps(view: tuple[object, object]) -> list[tuple[str, int, int]]:
+    gaps = view[1]
+    assert isinstance(gaps, list)
+    return gaps
+
+
+def _answer(node: SimStorageNode, log_id: LogId, release_lsn: Lsn) -> NodeAnswer:
+    records = []
+    markers = []
+    for (log, lsn), record in sorted(node.disk.records.items()):
+        if log != log_id or lsn > release_lsn:
+            continue
+        if record.flags:
+            markers.append((lsn, lsn, record.flags, record.wave))
+        if not record.is_hole:
+            records.append((lsn, record.timestamp_ms, None, record.payload))
+    return NodeAnswer(records=tuple(records), next_lsn=Lsn(release_lsn + 1),
+                      release_lsn=release_lsn, markers=tuple(markers))

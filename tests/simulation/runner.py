@@ -186,6 +186,12 @@ def heal_and_check(cluster: SimCluster) -> None:
     for log_id in cluster.log_ids:
         check_post_heal_appends(cluster, log_id)
     cluster.checker.check_final(cluster.storage.values())
+    for log_id in cluster.log_ids:
+        metadata = cluster.epoch_store.metadata.get(log_id)
+        if metadata is not None:
+            release = max(cluster.release_lsn_of(log_id).values())
+            cluster.checker.check_readers_agree(log_id, cluster.storage, metadata.nodeset,
+                                                metadata.replication_factor, release)
 
 
 def check_post_heal_appends(cluster: SimCluster, log_id: LogId) -> None:
@@ -226,8 +232,9 @@ def check_post_heal_release(cluster: SimCluster, acked: list[ClientAppend]) -> N
     core = cluster.sequencers[last.node].cores[last.log_id]
     sequencer = core.sequencer
     if not sequencer.releasable:
-        cluster.stalled_logs_count += 1
-        return
+        # Epoch recovery must have finished: quiescence waits for it.
+        fail("L2", f"{core.name} epoch {sequencer.epoch} is quiescent but not releasable "
+             f"(last clean epoch {cluster.epoch_store.clean_epoch(last.log_id)})")
     if sequencer.release_lsn < last.last_lsn:
         fail("L2", f"{core.name} in releasable epoch {sequencer.epoch} acked "
              f"{format_lsn(last.last_lsn)} but released only {format_lsn(sequencer.release_lsn)}")

@@ -220,6 +220,7 @@ class SimCluster:
             return False
         return not any(core.sequencer.appenders
                        or core.sequencer.state is SequencerState.ACTIVATING
+                       or core.sequencer.recovery is not None
                        for core in self.live_cores())
 
     def release_lsn_of(self, log_id: LogId) -> dict[str, Lsn]:

@@ -77,6 +77,7 @@ class SimOptions:
     # ---- after healing ----
     post_heal_appends_per_log: int = 3
     liveness_ms_max: int = 60_000
+    recovery_timeout_ms: int = 5_000
     """Simulated time allowed to become quiescent after healing."""
 
     def __post_init__(self) -> None:

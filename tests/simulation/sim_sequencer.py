@@ -23,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
+from sequencer.core.effects import (
+    ActivateEpoch,
+    AppendReply,
+    FetchLogState,
+    RecoveryProgress,
+    ReleaseAdvanced,
+    WriteLastCleanEpoch,
+)
 from sequencer.core.sequencer import PendingAppend, Sequencer
 from shared.config import SequencerConfig
 from shared.effects import Send
@@ -83,6 +90,8 @@ class SimSequencerNode:
             release_broadcast_interval_ms=options.release_broadcast_interval_ms,
             append_timeout_ms=options.append_timeout_ms,
             append_group_records_max=options.append_group_records_max,
+            # Short, so that runs also see recoveries that start over.
+            recovery_timeout_ms=options.recovery_timeout_ms,
         )
         self.up = True
         self.draining = False
@@ -164,6 +173,11 @@ class SimSequencerNode:
                 self._activate(core)
             elif kind is FetchLogState:
                 self._fetch_log_state(core, effect)
+            elif kind is WriteLastCleanEpoch:
+                self._write_lce(core, effect)
+            elif kind is RecoveryProgress:
+                self.env.stats[f"recovery_{effect.phase.lower()}"] += 1
+                self._log(f"log {effect.log_id}: recovery #{effect.attempt} {effect.phase}")
             elif kind is not ReleaseAdvanced:
                 raise AssertionError(f"unknown effect {effect!r}")
         # Checked after every call rather than only on ReleaseAdvanced, so that a pointer
@@ -178,7 +192,9 @@ class SimSequencerNode:
         if type(message) is Release:
             self.env.network.send(self.node_id, node, message)
             return
-        assert type(message) is Store, message
+        if type(message) is not Store or message.flags:
+            self._send_recovery(core, node, message)
+            return
         self.env.checker.on_store_sent(message)
         if message.wave > 1:
             self.env.stats["store_retry_wave"] += 1
@@ -199,6 +215,39 @@ class SimSequencerNode:
             self._apply(core, effects)
 
         self.env.network.request(self.node_id, node, message, on_reply)
+
+    def _send_recovery(self, core: Core, node: NodeId, message: Any) -> None:
+        if type(message) is Store:
+            self.env.checker.on_store_sent(message)
+            self.env.stats["recovery_mutation_stores"] += 1
+
+        def on_reply(reply: Any) -> None:
+            if self._live(core):
+                self._apply(core, core.sequencer.on_recovery_reply(node, message, reply,
+                                                                   self._now_ms))
+
+        self.env.network.request(self.node_id, node, message, on_reply)
+
+    def _write_lce(self, core: Core, effect: WriteLastCleanEpoch) -> None:
+        env = self.env
+
+        def done() -> None:
+            if env.rng.random() < env.epoch_store_failure_ratio:
+                status, stored = Status.CONNFAILED, Epoch(0)
+            else:
+                status = env.epoch_store.set_last_clean_epoch(effect.log_id, effect.epoch,
+                                                              effect.tail_lsn)
+                stored = env.epoch_store.clean_epoch(effect.log_id)
+                if status == Status.OK:
+                    env.checker.on_clean_epoch(effect.log_id, effect.epoch, effect.tail_lsn)
+            if not self._live(core):
+                return
+            env.stats[f"recovery_lce_{status.name.lower()}"] += 1
+            self._log(f"log {effect.log_id}: recovered epochs up to {effect.epoch}, tail "
+                      f"{format_lsn(effect.tail_lsn)}: {status.name}")
+            self._apply(core, core.sequencer.on_lce_written(status, stored, self._now_ms))
+
+        env.queue.after(env.rng.randint(0, env.options.epoch_store_delay_ms_max), done)
 
     def _on_append_reply(self, core: Core, reply: AppendReply) -> None:
         append = self.inflight.pop(reply.request_id, None)

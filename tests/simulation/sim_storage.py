@@ -1,7 +1,9 @@
 """A simulated storage node: the real ``StoreMachine`` plus an in-memory disk.
 
-The disk (records and release pointers) survives crashes; with ``fsync=always`` semantics a
-record is on it before STORED goes out. Writing takes ``disk_delay_ms``: a crash in between
+The disk (records with their flags, release pointers and durable seals) survives crashes; with
+``fsync=always`` semantics a record is on it before STORED goes out. Epoch recovery's messages
+(SEAL, GET_DIGEST, CLEAN) are served like ``storage_node.runtime`` serves them, with the same
+pure decisions of ``StoreMachine``. Writing takes ``disk_delay_ms``: a crash in between
 loses the write and its reply. A crash loses everything only in memory (the machine, hence the
 soft seals); a restart rebuilds the machine with ``restore`` from the disk, the way
 ``storage_node.record_store`` does (the newest record's epoch re-creates its soft seal).
@@ -11,21 +13,37 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
+from shared.types import (
+    ESN_MAX,
+    Epoch,
+    Esn,
+    LogId,
+    Lsn,
+    NodeId,
+    compose_lsn,
+    lsn_to_epoch,
+    lsn_to_esn,
+)
 from shared.wire.read import GetLogState
+from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
-from shared.wire.store import Store
-from storage_node.core.store_machine import LogStorageState, StoreMachine
+from shared.wire.store import RecordFlags, Store
+from storage_node.core.store_machine import (
+    LogStorageState,
+    StoreMachine,
+    purge_ranges,
+    recovery_hole_stores,
+)
 from tests.simulation.sim_clock import EventQueue
 from tests.simulation.sim_network import ReplyFn, SimNetwork
 from tests.simulation.sim_trace import Trace
 
-DiskWriteHook = Callable[[NodeId, LogId, Lsn, bytes, "bytes | None"], None]
-"""(node, log, lsn, payload written, payload it replaced or None)."""
+DiskWriteHook = Callable[[NodeId, LogId, Lsn, "DiskRecord", "DiskRecord | None"], None]
+"""(node, log, lsn, copy written, copy it replaced or None)."""
 ReleaseHook = Callable[[str, LogId, Lsn], None]
 
 
@@ -33,12 +51,21 @@ ReleaseHook = Callable[[str, LogId, Lsn], None]
 class DiskRecord:
     payload: bytes
     sequencer_node: NodeId
+    flags: int = 0
+    wave: int = 1
+    last_known_good: int = 0
+    timestamp_ms: int = 0
+
+    @property
+    def is_hole(self) -> bool:
+        return bool(self.flags & RecordFlags.HOLE)
 
 
 @dataclass(slots=True)
 class Disk:
     records: dict[tuple[LogId, Lsn], DiskRecord]
     release_lsn: dict[LogId, Lsn]
+    seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
 
 
 class SimStorageNode:
@@ -89,11 +116,21 @@ class SimStorageNode:
     def _recovered_states(self) -> dict[LogId, LogStorageState]:
         states: dict[LogId, LogStorageState] = {}
         newest: dict[LogId, NodeId] = {}
+        tails: dict[LogId, dict[Epoch, tuple[int, int]]] = {}
         for (log_id, lsn), record in self.disk.records.items():
             state = states.get(log_id, LogStorageState())
             if lsn > state.last_lsn:
                 states[log_id] = replace(state, last_lsn=lsn)
                 newest[log_id] = record.sequencer_node
+            epoch_tails = tails.setdefault(log_id, {})
+            lng, last = epoch_tails.get(lsn_to_epoch(lsn), (0, 0))
+            epoch_tails[lsn_to_epoch(lsn)] = (max(lng, record.last_known_good),
+                                             max(last, lsn_to_esn(lsn)))
+        for log_id, epoch_tails in tails.items():
+            states[log_id] = replace(states[log_id], epoch_tails=epoch_tails)
+        for log_id, (sealed_epoch, sealed_by) in self.disk.seals.items():
+            states[log_id] = replace(states.get(log_id, LogStorageState()),
+                                     sealed_epoch=sealed_epoch, sealed_by=sealed_by)
         for log_id, release_lsn in self.disk.release_lsn.items():
             states[log_id] = replace(states.get(log_id, LogStorageState()),
                                      release_lsn=release_lsn)
@@ -118,6 +155,15 @@ class SimStorageNode:
         elif type(message) is GetLogState:
             assert reply is not None
             reply(self.machine.on_get_log_state(message))
+        elif type(message) is Seal:
+            assert reply is not None
+            self._on_seal(message, reply)
+        elif type(message) is GetDigest:
+            assert reply is not None
+            self._on_get_digest(message, reply)
+        elif type(message) is Clean:
+            assert reply is not None
+            self._on_clean(message, reply)
         else:
             raise AssertionError(f"storage node got unexpected {message!r}")
 
@@ -134,15 +180,82 @@ class SimStorageNode:
         def persisted() -> None:
             if self.incarnation != incarnation:
                 return  # crashed before the write was durable: no record, no reply
-            for index, payload in enumerate(store.payloads):
-                key = (store.log_id, Lsn(store.lsn + index))
-                previous = self.disk.records.get(key)
-                self.disk.records[key] = DiskRecord(payload, store.sequencer_node)
-                self._on_disk_write(self.node_id, key[0], key[1], payload,
-                                    None if previous is None else previous.payload)
+            self._write(store)
             reply(self.machine.on_persisted(store))
 
         self._queue.after(self._rng.randint(0, self._disk_delay_ms_max), persisted)
+
+    def _write(self, store: Store) -> None:
+        for index, payload in enumerate(store.payloads):
+            key = (store.log_id, Lsn(store.lsn + index))
+            previous = self.disk.records.get(key)
+            record = DiskRecord(payload, store.sequencer_node, store.flags, store.wave,
+                                store.last_known_good, store.timestamp_ms)
+            self.disk.records[key] = record
+            self._on_disk_write(self.node_id, key[0], key[1], record, previous)
+
+    def _after_disk(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once a disk write of ``disk_delay_ms`` is done, unless we crashed."""
+        incarnation = self.incarnation
+
+        def done() -> None:
+            if self.incarnation == incarnation:
+                action()
+
+        self._queue.after(self._rng.randint(0, self._disk_delay_ms_max), done)
+
+    def _on_seal(self, seal: Seal, reply: ReplyFn) -> None:
+        answer = self.machine.on_seal(seal)
+        if answer is not None:
+            reply(answer)
+            return
+
+        def persisted() -> None:
+            current = self.disk.seals.get(seal.log_id)
+            if current is None or current[0] < seal.seal_epoch:
+                self.disk.seals[seal.log_id] = (seal.seal_epoch, seal.sealed_by)
+            reply(self.machine.sealed(seal, Status.OK))
+
+        self._after_disk(persisted)
+
+    def _on_get_digest(self, request: GetDigest, reply: ReplyFn) -> None:
+        status = self.machine.digest_status(request)
+        if status != Status.OK:
+            reply(self.machine.digest_refused(request, status))
+            return
+        first = compose_lsn(request.epoch, Esn(max(request.from_esn, 1)))
+        last = compose_lsn(request.epoch, ESN_MAX)
+        found = sorted((lsn, record) for (log_id, lsn), record in self.disk.records.items()
+                       if log_id == request.log_id and first <= lsn <= last)
+        page = found[: request.records_max]
+        entries = tuple((lsn_to_esn(lsn), r.flags, r.wave, r.timestamp_ms, None, r.payload)
+                        for lsn, r in page)
+        next_esn = (lsn_to_esn(page[-1][0]) + 1 if len(found) > len(page) else ESN_MAX + 1)
+        reply(Digest(status=Status.OK, log_id=request.log_id, epoch=request.epoch,
+                     entries=entries, next_esn=next_esn))
+
+    def _on_clean(self, clean: Clean, reply: ReplyFn) -> None:
+        answer = self.machine.clean_status(clean)
+        if answer is not None:
+            reply(answer)
+            return
+        held = sorted(lsn_to_esn(lsn) for (log_id, lsn) in self.disk.records
+                      if log_id == clean.log_id and lsn_to_epoch(lsn) == clean.epoch)
+        stores = recovery_hole_stores(clean, purge_ranges([(e, e) for e in held], clean), 0)
+        refusals = [d.status for d in (self.machine.on_store(s, disk_low=False) for s in stores)
+                    if d.status != Status.OK]
+        if refusals:
+            reply(self.machine.cleaned(clean, refusals[0]))
+            return
+        accepted = stores
+
+        def persisted() -> None:
+            for store in accepted:
+                self._write(store)
+                self.machine.on_persisted(store)
+            reply(self.machine.cleaned(clean, Status.OK))
+
+        self._after_disk(persisted)
 
     def _persist_release(self, log_id: LogId, release_lsn: Lsn) -> None:
         self.disk.release_lsn[log_id] = release_lsn

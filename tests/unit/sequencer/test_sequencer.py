@@ -134,9 +134,9 @@ def test_preempted_appends_end_with_unknown_outcome_then_reactivate() -> None:
     assert ActivateEpoch(LogId(1)) in sequencer.on_append(3, (b"b",), None, 1, 2)
 
 
-def test_unclean_previous_epoch_never_releases_new_epoch() -> None:
+def test_unclean_previous_epoch_releases_nothing_new_until_recovered() -> None:
     sequencer = active_sequencer(replication=1, lce_epoch=0, epoch=3)
-    assert not sequencer.releasable
+    assert not sequencer.releasable and sequencer.recovery is not None
     assert sequencer.release_lsn == 0
     send = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
     effects = sequencer.on_stored(send.node, send.message.lsn, 1, Status.OK, Epoch(0), None, 1)

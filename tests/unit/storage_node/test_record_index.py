@@ -35,6 +35,19 @@ def test_out_of_order_and_overlapping_inserts_keep_entries_disjoint() -> None:
     for first, last in ((10, 12), (1, 3), (20, 20), (5, 6)):
         index.insert(LogId(1), loc(first, last))
     index.insert(LogId(1), loc(2, 11))  # overlaps (1,3), (5,6) and (10,12)
-    assert index.locate(LogId(1), Lsn(1), Lsn(100), 100) == [loc(2, 11), loc(20, 20)]
-    assert index.entries_count == 2
+    # The partly covered entries stay visible for the LSNs the new one does not cover.
+    assert index.locate(LogId(1), Lsn(1), Lsn(100), 100) == [
+        loc(1, 3).narrowed(1, 1), loc(2, 11), loc(10, 12).narrowed(12, 12), loc(20, 20)]
+    assert index.entries_count == 4
+    assert index.ranges(LogId(1), Lsn(1), Lsn(15)) == [(1, 1), (2, 11), (12, 12)]
     assert index.locate(LogId(2), Lsn(1), Lsn(100), 100) == []
+
+
+def test_a_single_lsn_inside_a_batch_splits_it() -> None:
+    index = RecordIndex()
+    index.insert(LogId(1), loc(1, 10, segment_id=1))
+    index.insert(LogId(1), loc(4, 4, segment_id=2))  # e.g. recovery plugs a hole at 4
+    assert [(x.first_lsn, x.last_lsn, x.segment_id, x.stored_first_lsn)
+            for x in index.locate(LogId(1), Lsn(1), Lsn(10), 100)] == [
+        (1, 3, 1, 1), (4, 4, 2, 4), (5, 10, 1, 1)]
+    assert index.entries_count == 3
