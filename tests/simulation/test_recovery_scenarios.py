@@ -1,0 +1,144 @@
+"""Failover scenarios for epoch recovery (issue 5): each scripts a fault around a sequencer,
+asserts what recovery must decide, then heals and runs every checker (C1-C5, R1: every
+f-majority reads the same log with every acknowledged record; L1, L2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sequencer.core.recovery import Phase
+from sequencer.core.sequencer import Sequencer, SequencerState
+from shared.status import Status
+from shared.types import NodeId, lsn_to_epoch
+from tests.simulation.runner import heal_and_check
+from tests.simulation.sim_client import ClientAppend
+from tests.simulation.sim_cluster import SimCluster
+from tests.simulation.test_scenarios import (
+    LOG,
+    S1,
+    S2,
+    append_and_wait,
+    make_cluster,
+    report,
+    wait,
+)
+
+N1, N2, N3 = NodeId("n1"), NodeId("n2"), NodeId("n3")
+
+
+def core_of(cluster: SimCluster, node: NodeId) -> Sequencer:
+    return cluster.sequencers[node].cores[LOG].sequencer
+
+
+def acked(appends: list[ClientAppend]) -> list[ClientAppend]:
+    return [a for a in appends if a.outcome == Status.OK]
+
+
+def test_sequencer_killed_with_appends_in_flight(request: pytest.FixtureRequest) -> None:
+    cluster = make_cluster(sequencer_nodes_count=2, storage_nodes_count=4, replication=2,
+                           window_appends_max=64, delay_ms_max=8)
+    with report(cluster, request):
+        assert append_and_wait(cluster, b"warm", via=S1).outcome == Status.OK
+        flight = [cluster.append(LOG, (f"f:{i}".encode(),), via=S1) for i in range(40)]
+        cluster.run_for(6)  # some STOREs landed, some acked, most in flight
+        cluster.crash_sequencer(S1)
+        after = append_and_wait(cluster, b"after", via=S2)
+        assert after.outcome == Status.OK and lsn_to_epoch(after.first_lsn) == 2
+        successor = core_of(cluster, S2)
+        wait(cluster, lambda: successor.release_lsn >= after.last_lsn, "recovery and release")
+        assert cluster.epoch_store.clean_epoch(LOG) == 1
+        assert cluster.stats["recovery_mutating"] >= 1
+        assert all(a.outcome is not None for a in flight)
+        heal_and_check(cluster)
+
+
+def test_zombie_sequencer_resumed_after_failover_never_acks_in_its_sealed_epoch(
+        request: pytest.FixtureRequest) -> None:
+    cluster = make_cluster(sequencer_nodes_count=2, storage_nodes_count=3, replication=2,
+                           partition_connfail_ratio=0.0)
+    with report(cluster, request):
+        assert append_and_wait(cluster, b"z:0", via=S1).outcome == Status.OK
+        # s1 is cut off from n2 and n3 (a pause, as far as they can tell): its appends land on
+        # n1 at most and stay in flight.
+        cluster.partition([S1], [N2, N3], 3_000)
+        zombie = [cluster.append(LOG, (f"z:{i}".encode(),), via=S1) for i in range(1, 6)]
+        cluster.run_for(30)
+        # The failure detector moved the log to s2: new epoch, recovery seals epoch 1.
+        cluster.failover(LOG, S2)
+        after = append_and_wait(cluster, b"s2:0", via=S2)
+        assert after.outcome == Status.OK
+        wait(cluster, lambda: core_of(cluster, S2).release_lsn >= after.last_lsn, "release")
+        # The partition heals: the zombie's waves now reach sealed nodes and end preempted.
+        wait(cluster, lambda: all(a.outcome is not None for a in zombie), "zombie answers")
+        assert [a.outcome for a in zombie] == [Status.TIMEDOUT] * 5
+        assert core_of(cluster, S1).state is SequencerState.PREEMPTED
+        heal_and_check(cluster)
+
+
+def test_sequencer_and_a_copyset_storage_node_killed_together(
+        request: pytest.FixtureRequest) -> None:
+    cluster = make_cluster(sequencer_nodes_count=2, storage_nodes_count=4, replication=2,
+                           window_appends_max=32)
+    with report(cluster, request):
+        first = [append_and_wait(cluster, f"k:{i}".encode(), via=S1) for i in range(10)]
+        flight = [cluster.append(LOG, (f"kf:{i}".encode(),), via=S1) for i in range(20)]
+        cluster.run_for(4)
+        cluster.crash_sequencer(S1)
+        cluster.crash_storage(N1)  # holds copies of epoch 1; recovery goes on without it
+        after = append_and_wait(cluster, b"k:after", via=S2)
+        assert after.outcome == Status.OK
+        wait(cluster, lambda: core_of(cluster, S2).release_lsn >= after.last_lsn,
+             "recovery without n1")
+        assert all(a.outcome == Status.OK for a in first)
+        del flight
+        heal_and_check(cluster)  # n1 comes back with its stray copies: readers agree (R1)
+
+
+def test_recovery_crashing_midway_is_redone_by_the_next_sequencer(
+        request: pytest.FixtureRequest) -> None:
+    cluster = make_cluster(sequencer_nodes_count=2, storage_nodes_count=3, replication=2,
+                           window_appends_max=32)
+    with report(cluster, request):
+        [append_and_wait(cluster, f"c:{i}".encode(), via=S1) for i in range(5)]
+        [cluster.append(LOG, (f"cf:{i}".encode(),), via=S1) for i in range(15)]
+        cluster.run_for(4)
+        cluster.crash_sequencer(S1)
+        second = cluster.append(LOG, (b"c:s2",), via=S2)
+        # Crash s2 once its recovery has sealed and started writing.
+        wait(cluster, lambda: LOG in cluster.sequencers[S2].cores
+             and (r := core_of(cluster, S2).recovery) is not None
+             and r.phase in (Phase.MUTATING, Phase.CLEANING), "recovery under way")
+        cluster.crash_sequencer(S2)
+        assert cluster.epoch_store.clean_epoch(LOG) == 0
+        cluster.restart_sequencer(S1)
+        third = append_and_wait(cluster, b"c:s1-again", via=S1)
+        assert third.outcome == Status.OK and lsn_to_epoch(third.first_lsn) == 3
+        wait(cluster, lambda: core_of(cluster, S1).release_lsn >= third.last_lsn,
+             "second recovery")
+        assert cluster.epoch_store.clean_epoch(LOG) == 2
+        assert second.outcome is not None
+        heal_and_check(cluster)
+
+
+def test_two_sequencers_racing_to_recover_the_same_log(
+        request: pytest.FixtureRequest) -> None:
+    cluster = make_cluster(sequencer_nodes_count=2, storage_nodes_count=3, replication=2,
+                           window_appends_max=16)
+    with report(cluster, request):
+        [append_and_wait(cluster, f"r:{i}".encode(), via=S1) for i in range(5)]
+        [cluster.append(LOG, (f"rf:{i}".encode(),), via=S1) for i in range(10)]
+        cluster.run_for(3)
+        cluster.crash_sequencer(S1)
+        cluster.restart_sequencer(S1)
+        # Both nodes activate at once (different views of who owns the log): epochs 2 and 3.
+        racing = [cluster.append(LOG, (b"r:s1",), via=S1), cluster.append(LOG, (b"r:s2",), via=S2)]
+        wait(cluster, lambda: all(a.outcome is not None for a in racing), "racing answers")
+        epochs = sorted(core_of(cluster, n).epoch for n in (S1, S2))
+        assert epochs[0] >= 2 and epochs[1] > epochs[0]
+        winner = S1 if core_of(cluster, S1).epoch == epochs[1] else S2
+        final = append_and_wait(cluster, b"r:final", via=winner)
+        assert final.outcome == Status.OK
+        wait(cluster, lambda: core_of(cluster, winner).release_lsn >= final.last_lsn,
+             "the newer epoch's recovery")
+        assert cluster.epoch_store.clean_epoch(LOG) == epochs[1] - 1
+        heal_and_check(cluster)
