@@ -111,7 +111,11 @@ class NodeService:
         if owner is None:
             return AppendOutcome(status=Status.NOSEQUENCER,
                                  message="no sequencer node is alive")
-        if owner == self.node_id or hops >= FORWARD_HOPS_MAX:
+        # A node whose sequencer of the log is active takes appends forwarded to it even if
+        # its view of the owner differs: that breaks redirect loops between views.
+        forwarded_to_active = (hops > 0 and self.sequencer is not None
+                               and self.sequencer.is_active(log_id))
+        if owner == self.node_id or hops >= FORWARD_HOPS_MAX or forwarded_to_active:
             if self.sequencer is None:
                 return AppendOutcome(status=Status.NOSEQUENCER,
                                      message=f"node {self.node_id} has no sequencer role")
