@@ -140,6 +140,9 @@ class SequencerConfig:
     the client's answer leaves. Above 0: a copyset node learns it from the next STORE sent to
     it (which carries it), and only one that gets no STORE within this time is sent a RELEASE;
     fewer messages, but readers that are not on the sequencer's node see records later."""
+    epoch_drain_timeout_ms: int = 2_000
+    """When an epoch runs out of ESNs, how long its in-flight appends may take to finish
+    before the next epoch starts (LogDevice's epoch-draining-timeout); new appends wait."""
     recovery_grace_ms: int = 100
     """Once an f-majority of the nodeset has sealed, how long epoch recovery waits for the
     other nodes before it goes on without them."""
@@ -173,6 +176,7 @@ class SequencerConfig:
         _in_range("release_broadcast_interval_ms", self.release_broadcast_interval_ms, 10,
                   3_600_000)
         _in_range("release_delay_ms", self.release_delay_ms, 0, 60_000)
+        _in_range("epoch_drain_timeout_ms", self.epoch_drain_timeout_ms, 0, 600_000)
         _in_range("recovery_grace_ms", self.recovery_grace_ms, 0, 600_000)
         _in_range("recovery_retry_ms", self.recovery_retry_ms, 1, 600_000)
         _in_range("recovery_timeout_ms", self.recovery_timeout_ms, 1, 3_600_000)

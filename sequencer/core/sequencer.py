@@ -98,6 +98,9 @@ class Sequencer:
         self._release_due_ms: int | None = None
         self._pending: deque[PendingAppend] = deque()
         self._unavailable: frozenset[NodeId] = frozenset()
+        self._drain_until_ms: int | None = None
+        """While set, the epoch ran out of ESNs and drains before the next one: new appends
+        wait for it, and at this time whatever is still in flight is given up."""
         self.recovery: LogRecovery | None = None
         """Recovery of the epochs between the last clean one and ours, while it runs."""
 
@@ -120,7 +123,7 @@ class Sequencer:
         one STORE per copyset node carries all of them, with consecutive LSNs in group order.
         Each append still gets its own LSNs and its own answer."""
         assert group and all(p.payloads and p.key == group[0].key for p in group)
-        if self.state is SequencerState.ACTIVE:
+        if self.state is SequencerState.ACTIVE and self._drain_until_ms is None:
             return self._start_append(group, now_ms)
         effects: list[Effect] = []
         for pending in group:
@@ -129,11 +132,13 @@ class Sequencer:
                                            message="activation queue full"))
             else:
                 self._pending.append(pending)
-        if self._pending and self.state is not SequencerState.ACTIVATING:
+        if self._pending and self.state is not SequencerState.ACTIVATING and (
+                self._drain_until_ms is None):
             effects.extend(self._begin_activation(now_ms))
         return effects
 
     def _begin_activation(self, now_ms: int) -> list[Effect]:
+        self._drain_until_ms = None
         effects = self._abort_epoch("sequencer is reactivating in a new epoch")
         self.recovery = None  # the next epoch's recovery covers this one's too
         self.state = SequencerState.ACTIVATING
@@ -147,10 +152,15 @@ class Sequencer:
             payload for pending in group for payload in pending.payloads)
         esn_count = len(payloads)
         if esn_count > window.esns_left():
-            # The epoch ran out of ESNs: continue in a new one, whose recovery seals this one
-            # (its in-flight appends end with TIMEDOUT: recovery settles their outcome).
+            # The epoch ran out of ESNs: continue in a new one. Drain this one first (its
+            # appends finish; up to epoch_drain_timeout_ms), so that the new epoch's recovery
+            # does not cut them off and leave their clients an unknown outcome.
             self._pending.extendleft(reversed(group))
-            return self._begin_activation(now_ms)
+            if not self.appenders:
+                return self._begin_activation(now_ms)
+            if self._drain_until_ms is None:
+                self._drain_until_ms = now_ms + self.config.epoch_drain_timeout_ms
+            return []
         first_esn = window.grow(esn_count)
         if first_esn is None:
             return [AppendReply(p.request_id, Status.SEQNOBUFS, message="window full")
@@ -310,6 +320,9 @@ class Sequencer:
             lsn = Lsn(lsn + count)
         self.window.retire(appender.first_esn, fully_replicated=True)
         reaped = self.window.reap()
+        if self._drain_until_ms is not None and not self.appenders:
+            effects.extend(self._advance_after_drain(bool(reaped), now_ms))
+            return effects
         if reaped and self.releasable:
             before = self.release_lsn
             self._advance_release(compose_lsn(self.epoch, self.window.lng), effects)
@@ -325,6 +338,16 @@ class Sequencer:
                     self._release_due_ms = now_ms + self.config.release_delay_ms
         return effects
 
+    def _advance_after_drain(self, reaped: bool, now_ms: int) -> list[Effect]:
+        """The exhausted epoch is drained: release its end, then move to the next epoch."""
+        assert self.window is not None
+        effects: list[Effect] = []
+        if reaped and self.releasable:
+            self._advance_release(compose_lsn(self.epoch, self.window.lng), effects)
+            effects.extend(self.release_broadcast())
+        effects.extend(self._begin_activation(now_ms))
+        return effects
+
     def _advance_release(self, release_lsn: Lsn, effects: list[Effect]) -> None:
         if release_lsn > self.release_lsn:
             self.release_lsn = release_lsn
@@ -335,6 +358,7 @@ class Sequencer:
             self.sealed_epoch, self.sealed_by = sealed_epoch, sealed_by
         self.state = SequencerState.PREEMPTED
         self.recovery = None
+        self._drain_until_ms = None
         return self._abort_epoch(f"epoch {self.epoch} preempted by {sealed_by}")
 
     def _abort_epoch(self, why: str) -> list[Effect]:
@@ -361,6 +385,8 @@ class Sequencer:
                 break
             heapq.heappop(timers)
         due = [timers[0][0]] if timers else []
+        if self._drain_until_ms is not None:
+            due.append(self._drain_until_ms)
         if self._release_due_ms is not None:
             due.append(self._release_due_ms)
         if self.recovery is not None and (
@@ -370,6 +396,9 @@ class Sequencer:
 
     def on_timer(self, now_ms: int) -> list[Effect]:
         effects: list[Effect] = []
+        if self._drain_until_ms is not None and self._drain_until_ms <= now_ms:
+            # Still in flight after the drain timeout: given up (TIMEDOUT); recovery settles.
+            return self._begin_activation(now_ms)
         recovery = self.recovery
         if recovery is not None and (
                 due_ms := recovery.deadline_ms()) is not None and due_ms <= now_ms:

@@ -11,7 +11,7 @@ from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.types import ESN_MAX, Epoch, Esn, LogId, Lsn, NodeId
 from shared.wire.store import Store
 
 NODES = (NodeId("a"), NodeId("b"), NodeId("c"))
@@ -23,10 +23,12 @@ def metadata(replication: int = 2, nodeset: tuple[NodeId, ...] = NODES) -> LogMe
 
 
 def active_sequencer(
-    *, replication: int = 2, lce_epoch: int = 0, epoch: int = 1, **config: Any
+    *, replication: int = 2, lce_epoch: int = 0, epoch: int = 1, esn_max: Esn = ESN_MAX,
+    **config: Any
 ) -> Sequencer:
     sequencer = Sequencer(log_id=LogId(1), node_id=NodeId("seq"),
-                          config=SequencerConfig(**config), rng=random.Random(7))
+                          config=SequencerConfig(**config), rng=random.Random(7),
+                          esn_max=esn_max)
     effects = sequencer.on_append(1, (b"first",), None, 1000, 0)
     assert effects == [ActivateEpoch(LogId(1))]
     lce = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(lce_epoch), tail_lsn=Lsn(0), version=0)

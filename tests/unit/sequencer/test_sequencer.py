@@ -10,7 +10,7 @@ from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import LastCleanEpoch
 from shared.status import Status
-from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
+from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn, lsn_to_esn
 from shared.wire.release import Release
 from tests.unit.sequencer.helpers import active_sequencer, metadata, replies, stores
 
@@ -173,7 +173,10 @@ def test_esn_exhaustion_moves_to_a_new_epoch() -> None:
     sequencer.on_append(1, (b"x", b"y"), None, 5, 0)
     lce = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(0), tail_lsn=Lsn(0), version=0)
     sequencer.on_activated(Status.OK, Epoch(1), metadata(), lce, 0)
-    assert ActivateEpoch(LogId(1)) in sequencer.on_append(2, (b"z",), None, 5, 0)
+    # The batch x, y is still in flight: the epoch drains first (see the tests below).
+    assert sequencer.on_append(2, (b"z",), None, 5, 0) == []
+    assert ActivateEpoch(LogId(1)) in sequencer.on_timer(
+        SequencerConfig().epoch_drain_timeout_ms)
 
 
 def test_drained_epoch_reports_clean_tail() -> None:
@@ -223,3 +226,26 @@ def test_grouped_appends_in_full_window_all_get_seqnobufs() -> None:
     assert [(r.request_id, r.status) for r in replies(effects)] == [
         (7, Status.SEQNOBUFS), (8, Status.SEQNOBUFS)]
     assert stores(effects) == []
+
+
+def test_exhausted_epoch_drains_its_appends_before_the_next_epoch() -> None:
+    sequencer = active_sequencer(replication=1, esn_max=Esn(3))  # e1n1 is taken
+    first = stores(sequencer.on_append(2, (b"a",), None, 1, 0))  # e1n2, stays in flight
+    assert [lsn_to_esn(s.message.lsn) for s in first] == [2]
+    # e1n3 is the last ESN; a batch of two no longer fits: it waits, nothing is aborted.
+    assert sequencer.on_append(3, (b"b", b"c"), None, 1, 1) == []
+    assert sequencer.state is SequencerState.ACTIVE and sequencer.deadline_ms() is not None
+    done = sequencer.on_stored(first[0].node, first[0].message.lsn, 1, Status.OK, Epoch(0),
+                               None, 2)
+    assert [(r.request_id, r.status) for r in replies(done)] == [(2, Status.OK)]
+    assert ActivateEpoch(LogId(1)) in done  # drained: on to the next epoch
+    assert sequencer.release_lsn == compose_lsn(Epoch(1), Esn(2))
+
+
+def test_exhausted_epoch_gives_up_after_the_drain_timeout() -> None:
+    sequencer = active_sequencer(replication=1, esn_max=Esn(2), epoch_drain_timeout_ms=50)
+    stuck = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    assert stuck and sequencer.on_append(3, (b"b",), None, 1, 1) == []
+    effects = sequencer.on_timer(51)
+    assert [(r.request_id, r.status) for r in replies(effects)] == [(2, Status.TIMEDOUT)]
+    assert ActivateEpoch(LogId(1)) in effects
