@@ -49,6 +49,8 @@ FORWARD_HOPS_MAX = 2
 READ_POLL_INTERVAL_S = 0.02
 STORAGE_CALL_TIMEOUT_MS = 2_000
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
+RELEASES_REMEMBERED_MAX = 100_000
+"""Logs whose highest reported release pointer a node remembers (oldest forgotten first)."""
 _STATE_NAMES: dict[NodeState, Literal["ALIVE", "SUSPECT", "DEAD"]] = {
     NodeState.ALIVE: "ALIVE", NodeState.SUSPECT: "SUSPECT", NodeState.DEAD: "DEAD"}
 
@@ -71,6 +73,7 @@ class NodeService:
         self.epoch_store = epoch_store
         self.started = False
         self._metadata: dict[LogId, LogMetadata] = {}
+        self._release_seen: dict[LogId, Lsn] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.gossip = gossip
         self._sequencer_weights = [
@@ -206,15 +209,34 @@ class NodeService:
 
     async def _release_hint(self, log_id: LogId) -> Lsn:
         """The freshest release pointer this node can get: its own sequencer's, or the one of
-        the log's sequencer node (one small round trip), or 0 when that node cannot say."""
+        the log's sequencer node (one small round trip), and never less than one it reported
+        before."""
+        return (await self._asked_release(log_id))[0]
+
+    async def _asked_release(self, log_id: LogId) -> tuple[Lsn, bool]:
+        """``_release_hint`` and whether a sequencer (this node's or the owner) answered."""
         owner = self.owner(log_id)
         if owner is None or owner == self.node_id:
-            return self._local_release(log_id)
+            local = self._local_release(log_id)
+            return self._note_release(log_id, local), self.sequencer is not None and (
+                self.sequencer.is_active(log_id))
         reply = await self.pool.call(owner, GetSequencerState(log_id=log_id),
                                      SEQUENCER_STATE_TIMEOUT_MS)
         if type(reply) is SequencerState and reply.status is Status.OK:
-            return reply.release_lsn
-        return self._local_release(log_id)
+            return self._note_release(log_id, reply.release_lsn), True
+        return self._note_release(log_id, self._local_release(log_id)), False
+
+    def _note_release(self, log_id: LogId, release_lsn: Lsn) -> Lsn:
+        """Remember the highest release pointer seen for the log and return it: what this node
+        reports never goes backwards, even when the nodes it asks are out of reach."""
+        seen = self._release_seen.get(log_id, Lsn(0))
+        if release_lsn > seen:
+            if log_id not in self._release_seen and len(self._release_seen) >= (
+                    RELEASES_REMEMBERED_MAX):
+                self._release_seen.pop(next(iter(self._release_seen)))
+            self._release_seen[log_id] = release_lsn
+            return release_lsn
+        return seen
 
     async def read(
         self, log_id: LogId, from_lsn: Lsn, records_max: int, bytes_max: int, wait_ms: int
@@ -257,7 +279,8 @@ class NodeService:
                 status=Status.NOTREADY, next_lsn=from_lsn, release_lsn=release,
                 message=f"{len(answers)} of {len(metadata.nodeset)} storage nodes answered; "
                         f"{needed} are needed to read without skipping records")
-        release = Lsn(max([release, *(a.release_lsn for a in answers)]))
+        release = self._note_release(log_id, Lsn(max([release, *(a.release_lsn
+                                                               for a in answers)])))
         merged = merge(answers, from_lsn, release, records_max, bytes_max)
         return ReadOutcome(
             status=Status.OK,
@@ -271,7 +294,7 @@ class NodeService:
         if metadata is None:
             return TailOutcome(status=status, message=f"log {log_id}: {status.description}")
         owner = self.owner(log_id)
-        release = await self._release_hint(log_id)
+        release, answered = await self._asked_release(log_id)
         epoch = self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0)
         replies: list[Any] = await asyncio.gather(*(
             self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
@@ -279,6 +302,13 @@ class NodeService:
         for reply in replies:
             if type(reply) is LogState and reply.status is Status.OK:
                 release = max(release, reply.release_lsn)
+                answered = True
+        if not answered:
+            return TailOutcome(
+                status=Status.NOTREADY, sequencer_node=owner,
+                message=f"neither the sequencer of log {log_id} nor any of its storage nodes "
+                        "answered; the tail is unknown here")
+        release = self._note_release(log_id, Lsn(release))
         if epoch == 0:
             _, fresh = await self.epoch_store.get_metadata(log_id)
             if fresh is not None:
