@@ -285,6 +285,11 @@ class StorageNode:
             reply(answer)
             return
         self._counts["cleans"] += 1
+        if self._machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by) is Status.OK:
+            # A node that missed the SEAL (it was down) is sealed now, before it purges: no
+            # STORE of a recovered epoch may land on it afterwards. FIFO: durable first.
+            self._store.submit_seal(SealEntry(clean.log_id, clean.seal_epoch, clean.sealed_by),
+                                    lambda _status: None)
         held = [(lsn_to_esn(lo), lsn_to_esn(hi)) for lo, hi in self._store.held_ranges(
             clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
         stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)

@@ -239,6 +239,8 @@ class SimStorageNode:
         if answer is not None:
             reply(answer)
             return
+        if self.machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by) == Status.OK:
+            self.disk.seals[clean.log_id] = (clean.seal_epoch, clean.sealed_by)
         held = sorted(lsn_to_esn(lsn) for (log_id, lsn) in self.disk.records
                       if log_id == clean.log_id and lsn_to_epoch(lsn) == clean.epoch)
         stores = recovery_hole_stores(clean, purge_ranges([(e, e) for e in held], clean), 0)

@@ -1,0 +1,106 @@
+"""A storage node's side of epoch recovery, on a real record store: SEAL (durable, with the
+epochs' tails), DIGEST of unreleased copies with their flags, recovery STOREs that overwrite
+part of a batch, CLEAN purging stray copies, and all of it surviving a restart."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from shared.status import Status
+from shared.types import ESN_MAX, Epoch, Esn, Lsn, NodeId
+from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
+from shared.wire.store import RECOVERY_BRIDGE, RECOVERY_HOLE, RecordFlags, Store, payloads_checksum
+from tests.unit.storage_node.helpers import (
+    LOG,
+    SEQ_B,
+    lsn,
+    make_read,
+    make_store,
+    read,
+    request,
+    running_node,
+    store,
+)
+
+REC = int(RecordFlags.WRITTEN_BY_RECOVERY)
+
+
+def recovery_store(esn: int, flags: int, payloads: tuple[bytes, ...], seal: int = 1) -> Store:
+    return Store(log_id=LOG, lsn=lsn(1, esn), wave=seal, sequencer_node=SEQ_B, copyset=(),
+                 timestamp_ms=5, last_known_good=Esn(0), release_lsn=Lsn(0), timeout_ms=500,
+                 key=None, payloads=payloads, checksum=payloads_checksum(payloads), flags=flags)
+
+
+async def digest_of(node: object, from_esn: int) -> Digest:
+    answer = await request(node, GetDigest(  # type: ignore[arg-type]
+        log_id=LOG, epoch=Epoch(1), from_esn=Esn(from_esn), seal_epoch=Epoch(1),
+        records_max=100, bytes_max=1 << 20))
+    assert isinstance(answer, Digest)
+    return answer
+
+
+async def test_seal_digest_mutate_clean_and_restart(tmp_path: Path) -> None:
+    data_dir = str(tmp_path)
+    async with running_node(data_dir) as node:
+        # Epoch 1 of sequencer A: a batch e1n1..e1n4 (last known good 0), then e1n5 with
+        # last known good 2, and a stray e1n8 that no f-majority holds.
+        batch = make_store(lsn(1, 1), (b"a1", b"a2", b"a3", b"a4"))
+        assert (await store(node, batch)).status is Status.OK
+        fifth = dataclasses.replace(make_store(lsn(1, 5), (b"a5",)), last_known_good=Esn(2))
+        assert (await store(node, fifth)).status is Status.OK
+        assert (await store(node, make_store(lsn(1, 8), (b"stray",)))).status is Status.OK
+        sealed = await request(node, Seal(log_id=LOG, seal_epoch=Epoch(1), sealed_by=SEQ_B,
+                                          from_epoch=Epoch(1)))
+        assert isinstance(sealed, Sealed) and sealed.status is Status.OK
+        assert sealed.tails == ((1, 2, 8),)
+        # Fenced: sequencer A can no longer store in epoch 1.
+        late = await store(node, make_store(lsn(1, 6), (b"late",)))
+        assert (late.status, late.sealed_epoch, late.sealed_by) == (Status.PREEMPTED, 1, SEQ_B)
+        # The digest has every copy from ESN 3 on, released or not.
+        digest = await digest_of(node, 3)
+        assert [(e[0], e[1], e[5]) for e in digest.entries] == [
+            (3, 0, b"a3"), (4, 0, b"a4"), (5, 0, b"a5"), (8, 0, b"stray")]
+        assert digest.next_esn == ESN_MAX + 1
+        # Recovery plugs e1n3 (inside the batch), re-replicates e1n4 and bridges at e1n6.
+        for mutation in (recovery_store(3, int(RECOVERY_HOLE), (b"",)),
+                         recovery_store(4, REC, (b"a4",)),
+                         recovery_store(6, int(RECOVERY_BRIDGE), (b"",))):
+            assert (await store(node, mutation)).status is Status.OK
+        # CLEAN rewrites whatever the node holds where recovery decided "no record".
+        cleaned = await request(node, Clean(log_id=LOG, epoch=Epoch(1), seal_epoch=Epoch(1),
+                                            sealed_by=SEQ_B, bridge_esn=Esn(6), holes=((3, 3),)))
+        assert isinstance(cleaned, Cleaned) and cleaned.status is Status.OK
+        assert node.stats()["purged_records"] == 3  # e1n3 again, the bridge again, e1n8
+
+    async with running_node(data_dir) as node:  # everything above survives a restart
+        assert node.log_state(LOG).sealed_epoch == 1
+        answer = await read(node, make_read(lsn(1, 1), release_lsn=lsn(1, 100)))
+        assert [(r[0], r[3]) for r in answer.records] == [
+            (lsn(1, 1), b"a1"), (lsn(1, 2), b"a2"), (lsn(1, 4), b"a4"), (lsn(1, 5), b"a5")]
+        assert answer.markers == (
+            (lsn(1, 3), lsn(1, 3), int(RECOVERY_HOLE), 1),
+            (lsn(1, 4), lsn(1, 4), REC, 1),
+            (lsn(1, 6), lsn(1, 6), int(RECOVERY_BRIDGE), 1),
+            (lsn(1, 8), lsn(1, 8), int(RECOVERY_HOLE), 1),
+        )
+        digest = await digest_of(node, 1)
+        assert [(e[0], e[1], e[2]) for e in digest.entries] == [
+            (1, 0, 1), (2, 0, 1), (3, int(RECOVERY_HOLE), 1), (4, REC, 1), (5, 0, 1),
+            (6, int(RECOVERY_BRIDGE), 1), (8, int(RECOVERY_HOLE), 1)]
+
+
+async def test_a_higher_seal_refuses_older_recoveries(tmp_path: Path) -> None:
+    async with running_node(str(tmp_path)) as node:
+        assert (await store(node, make_store(lsn(1, 1), (b"x",)))).status is Status.OK
+        for seal_epoch, expected in ((3, Status.OK), (2, Status.PREEMPTED)):
+            answer = await request(node, Seal(log_id=LOG, seal_epoch=Epoch(seal_epoch),
+                                              sealed_by=NodeId(f"s{seal_epoch}"),
+                                              from_epoch=Epoch(1)))
+            assert isinstance(answer, Sealed) and answer.status is expected
+        assert answer.sealed_epoch == 3 and answer.sealed_by == "s3"
+        stale = await store(node, recovery_store(1, int(RECOVERY_HOLE), (b"",), seal=2))
+        assert (stale.status, stale.sealed_epoch) == (Status.PREEMPTED, 3)
+        assert (await digest_of(node, 1)).status is Status.PREEMPTED  # asks with seal 1 < 3
+        bad = await store(node, recovery_store(1, int(RECOVERY_HOLE), (b"not empty",), seal=3))
+        assert bad.status is Status.BADMSG
