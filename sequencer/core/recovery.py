@@ -63,6 +63,8 @@ DIGEST_RECORDS_MAX = 1000
 """Copies per DIGEST answer (one page)."""
 DIGEST_BYTES_MAX = 4 * 1024 * 1024
 """Payload bytes per DIGEST answer."""
+RUN_BYTES_MAX = 1024 * 1024
+"""Payload bytes of one mutation STORE carrying a run of records."""
 MUTATIONS_INFLIGHT_MAX = 512
 """Mutation STOREs (one per node and ESN or hole run) outstanding at once per log."""
 _GONE = frozenset({Status.CONNFAILED, Status.PEER_CLOSED, Status.TIMEDOUT, Status.SHUTDOWN,
@@ -400,7 +402,8 @@ class LogRecovery:
             if outcome.last_record_esn:
                 self.tail_lsn = max(self.tail_lsn,
                                     compose_lsn(epoch, Esn(outcome.last_record_esn)))
-            for esn, count, flags, copy in plan:
+            for esn, flags, run in plan:
+                copy = run[0]
                 holders = copy.holders & self._members if copy is not None else set()
                 targets = set(holders)
                 for offset in range(len(members)):
@@ -408,18 +411,21 @@ class LogRecovery:
                         break
                     targets.add(members[(esn + offset) % len(members)])
                 self._mutation_queue.append(_Mutation(
-                    self._mutation_store(epoch, esn, count, flags, copy, outcome.lng), targets))
+                    self._mutation_store(epoch, esn, flags, run, outcome.lng), targets))
         effects.extend(self._pump_mutations())
         effects.extend(self._after_reply(now_ms))
         return effects
 
-    def _mutation_store(self, epoch: Epoch, esn: int, count: int, flags: int,
-                        copy: _Copy | None, lng: int) -> Store:
-        if flags & RecordFlags.HOLE or copy is None:
-            payloads: tuple[bytes, ...] = (b"",) * count
+    def _mutation_store(self, epoch: Epoch, esn: int, flags: int, run: list[_Copy | None],
+                        lng: int) -> Store:
+        first = run[0]
+        if flags & RecordFlags.HOLE or first is None:
+            payloads: tuple[bytes, ...] = (b"",) * len(run)
             timestamp_ms, key = 0, None
         else:
-            payloads, timestamp_ms, key = (copy.payload,), copy.timestamp_ms, copy.key
+            payloads = tuple(copy.payload for copy in run if copy is not None)
+            assert len(payloads) == len(run)
+            timestamp_ms, key = first.timestamp_ms, first.key
         return Store(log_id=self.log_id, lsn=compose_lsn(epoch, Esn(esn)), wave=self.seal_epoch,
                      sequencer_node=self.node_id, copyset=(), timestamp_ms=timestamp_ms,
                      last_known_good=Esn(lng), release_lsn=Lsn(0),
@@ -485,11 +491,16 @@ class LogRecovery:
         return []
 
 
+PlanStep = tuple[int, int, list["_Copy | None"]]
+"""(first_esn, flags, the winning copy of each ESN of the run): one mutation STORE."""
+
+
 def plan_epoch(
     epoch: Epoch, lng: int, copies: dict[int, _Copy],
-) -> tuple[EpochOutcome, list[tuple[int, int, int, _Copy | None]]]:
+) -> tuple[EpochOutcome, list[PlanStep]]:
     """Recovery's decision for one epoch from its digest (copies above ``lng``): the outcome,
-    and the mutations as ``(first_esn, count, flags, winning copy)``; holes in runs.
+    and the mutations in runs that one STORE can carry (consecutive ESNs with the same
+    holders; records also with the same timestamp and key, as one append batch has).
 
     LogDevice's rules: after the first winning bridge everything is a hole; the bridge goes
     right after the last record; every other ESN up to the last digested one without a winning
@@ -501,30 +512,42 @@ def plan_epoch(
     last_record = records[-1] if records else lng
     bridge_esn = last_record + 1 if last_record < ESN_MAX else 0
     end = max(bridge_esn, esns[-1] if esns else 0)
-    plan: list[tuple[int, int, int, _Copy | None]] = []
+    plan: list[PlanStep] = []
     holes: list[tuple[int, int]] = []
     record_set = set(records)
+    run_bytes = 0
     for esn in range(lng + 1, end + 1):
         copy = copies.get(esn)
-        if esn in record_set:
-            assert copy is not None
-            plan.append((esn, 1, int(RecordFlags.WRITTEN_BY_RECOVERY), copy))
-        elif esn == bridge_esn:
-            plan.append((esn, 1, int(RECOVERY_BRIDGE), copy))
+        if esn == bridge_esn:
+            plan.append((esn, int(RECOVERY_BRIDGE), [copy]))
+            continue
+        flags = int(RecordFlags.WRITTEN_BY_RECOVERY) if esn in record_set else int(
+            RECOVERY_HOLE)
+        size = len(copy.payload) if copy is not None and esn in record_set else 0
+        last = plan[-1] if plan else None
+        if (last is not None and last[1] == flags and last[0] + len(last[2]) == esn
+                and len(last[2]) < BATCH_RECORDS_MAX and run_bytes + size <= RUN_BYTES_MAX
+                and _same_run(last[2][0], copy, data=esn in record_set)):
+            last[2].append(copy)
+            run_bytes += size
         else:
-            last = plan[-1] if plan else None
-            # A hole run continues while the holders are the same (they all get rewritten).
-            if (last is not None and last[2] == RECOVERY_HOLE and last[0] + last[1] == esn
-                    and last[1] < BATCH_RECORDS_MAX
-                    and _holders(last[3]) == _holders(copy)):
-                plan[-1] = (last[0], last[1] + 1, last[2], last[3])
-            else:
-                plan.append((esn, 1, int(RECOVERY_HOLE), copy))
+            plan.append((esn, flags, [copy]))
+            run_bytes = size
+        if esn not in record_set:
             if holes and holes[-1][1] == esn - 1:
                 holes[-1] = (holes[-1][0], esn)
             else:
                 holes.append((esn, esn))
     return EpochOutcome(epoch, lng, bridge_esn, holes, last_record), plan
+
+
+def _same_run(first: _Copy | None, copy: _Copy | None, *, data: bool) -> bool:
+    if _holders(first) != _holders(copy):
+        return False
+    if not data:
+        return True
+    return (first is not None and copy is not None and first.timestamp_ms == copy.timestamp_ms
+            and first.key == copy.key)
 
 
 def _holders(copy: _Copy | None) -> frozenset[NodeId]:
