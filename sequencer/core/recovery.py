@@ -134,6 +134,9 @@ class LogRecovery:
         self.preempted_by: tuple[Epoch, NodeId | None] = (Epoch(0), None)
         self.tail_lsn = lce.tail_lsn
         self.outcomes: dict[Epoch, EpochOutcome] = {}
+        self.cleans_unconfirmed: dict[NodeId, list[Clean]] = {}
+        """CLEANs sent to nodeset members outside the recovery set (down, or too slow to
+        seal), not waited for; the sequencer re-sends them until they confirm."""
         self._outstanding: dict[tuple[NodeId, Any], Any] = {}
         """(node, key) -> the request in flight; a reply to anything else is stale."""
         self._keys: dict[tuple[NodeId, int], Any] = {}
@@ -172,6 +175,7 @@ class LogRecovery:
         self._mutations_inflight = 0
         self._lce_due_ms = None
         self.outcomes.clear()
+        self.cleans_unconfirmed.clear()
         seal = Seal(log_id=self.log_id, seal_epoch=self.seal_epoch, sealed_by=self.node_id,
                     from_epoch=Epoch(self.lce.epoch + 1))
         effects: list[Any] = [RecoveryProgress(self.log_id, self.phase.value, self.attempt)]
@@ -470,6 +474,7 @@ class LogRecovery:
                     effects.append(self._request(node, ("clean", epoch), clean))
                 else:
                     # Not waited for: lets a node that missed recovery purge stray copies.
+                    self.cleans_unconfirmed.setdefault(node, []).append(clean)
                     effects.append(Send(node, clean))
         return effects
 

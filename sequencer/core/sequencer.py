@@ -44,9 +44,12 @@ from shared.types import (
     lsn_to_epoch,
     lsn_to_esn,
 )
+from shared.wire.recovery import Clean, Cleaned
 from shared.wire.release import Release
 
 Effect = Any
+CLEANS_OWED_MAX = 1024
+"""CLEANs a sequencer keeps re-sending to nodes that missed recovery (oldest kept)."""
 
 
 class SequencerState(Enum):
@@ -102,6 +105,9 @@ class Sequencer:
         """While set, the epoch ran out of ESNs and drains before the next one: new appends
         wait for it, and at this time whatever is still in flight is given up."""
         self.recovery: LogRecovery | None = None
+        self._cleans_owed: dict[NodeId, list[Clean]] = {}
+        """Recovery outcomes that nodes which missed recovery have not confirmed yet: sent
+        again with every release broadcast, so that they purge stray copies once back."""
         """Recovery of the epochs between the last clean one and ours, while it runs."""
 
     def set_unavailable_nodes(self, nodes: frozenset[NodeId]) -> None:
@@ -242,6 +248,13 @@ class Sequencer:
     def on_recovery_reply(self, node: NodeId, request: Any, reply: Any,
                           now_ms: int) -> list[Effect]:
         """The answer (or failure ``Status``) to a request recovery sent."""
+        owed = self._cleans_owed.get(node)
+        if owed and type(request) is Clean and request in owed:
+            if type(reply) is Cleaned and reply.status is Status.OK:
+                owed.remove(request)
+                if not owed:
+                    del self._cleans_owed[node]
+            return []
         recovery = self.recovery
         if recovery is None:
             return []
@@ -271,6 +284,12 @@ class Sequencer:
                 effects.extend(self.recovery.start(now_ms))
         elif recovery.phase is Phase.DONE:
             self.recovery = None
+            owed = sum(len(c) for c in self._cleans_owed.values())
+            for node, cleans in recovery.cleans_unconfirmed.items():
+                kept = cleans[: max(CLEANS_OWED_MAX - owed, 0)]
+                if kept:
+                    self._cleans_owed.setdefault(node, []).extend(kept)
+                    owed += len(kept)
             if self.state is SequencerState.ACTIVE and self.window is not None:
                 self.releasable = True
                 release = max(recovery.tail_lsn, compose_lsn(self.epoch, self.window.lng))
@@ -430,7 +449,10 @@ class Sequencer:
         if self.metadata is None or self.release_lsn == 0:
             return []
         release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-        return [Send(node, release) for node in self.metadata.nodeset]
+        effects: list[Effect] = [Send(node, release) for node in self.metadata.nodeset]
+        effects.extend(Send(node, clean) for node, cleans in self._cleans_owed.items()
+                       for clean in cleans)
+        return effects
 
     def drained_clean_tail(self) -> Lsn | None:
         """When the current epoch is fully drained (nothing in flight, every record released),

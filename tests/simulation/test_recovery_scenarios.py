@@ -142,3 +142,31 @@ def test_two_sequencers_racing_to_recover_the_same_log(
              "the newer epoch's recovery")
         assert cluster.epoch_store.clean_epoch(LOG) == epochs[1] - 1
         heal_and_check(cluster)
+
+
+def test_storage_node_that_missed_recovery_purges_its_stray_copies_when_back(
+        request: pytest.FixtureRequest) -> None:
+    cluster = make_cluster(sequencer_nodes_count=2, storage_nodes_count=3, replication=2,
+                           partition_connfail_ratio=0.0)
+    with report(cluster, request):
+        assert append_and_wait(cluster, b"p:0", via=S1).outcome == Status.OK
+        # s1's next appends reach n1 only: single copies, never acknowledged.
+        cluster.partition([S1], [N2, N3], 60_000)
+        [cluster.append(LOG, (f"p:{i}".encode(),), via=S1) for i in range(1, 4)]
+        wait(cluster, lambda: any(r.payload == b"p:3" for r in cluster.storage[N1].disk.records
+                                  .values()), "stray copies on n1")
+        cluster.crash_sequencer(S1)
+        cluster.crash_storage(N1)
+        after = append_and_wait(cluster, b"p:after", via=S2)
+        assert after.outcome == Status.OK
+        wait(cluster, lambda: core_of(cluster, S2).release_lsn >= after.last_lsn,
+             "recovery without n1")
+        strays = [lsn for (log, lsn), r in cluster.storage[N1].disk.records.items()
+                  if log == LOG and lsn_to_epoch(lsn) == 1 and r.payload.startswith(b"p:")
+                  and r.payload != b"p:0"]
+        assert strays
+        cluster.restart_storage(N1)
+        # The release broadcast carries the recovery outcome n1 missed: it purges.
+        wait(cluster, lambda: all(cluster.storage[N1].disk.records[(LOG, lsn)].is_hole
+                                  for lsn in strays), "n1 purged its stray copies")
+        heal_and_check(cluster)
