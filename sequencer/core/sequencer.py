@@ -377,8 +377,13 @@ class Sequencer:
             self.sealed_epoch, self.sealed_by = sealed_epoch, sealed_by
         self.state = SequencerState.PREEMPTED
         self.recovery = None
-        self._drain_until_ms = None
-        return self._abort_epoch(f"epoch {self.epoch} preempted by {sealed_by}")
+        draining, self._drain_until_ms = self._drain_until_ms is not None, None
+        effects = self._abort_epoch(f"epoch {self.epoch} preempted by {sealed_by}")
+        if draining and self._pending:
+            # Appends that waited for the drain got no LSN yet: they go to a new epoch, as
+            # an append arriving now would.
+            effects.extend(self._begin_activation(0))
+        return effects
 
     def _abort_epoch(self, why: str) -> list[Effect]:
         """End every in-flight append of the current epoch: their outcome is unknown."""

@@ -249,3 +249,14 @@ def test_exhausted_epoch_gives_up_after_the_drain_timeout() -> None:
     effects = sequencer.on_timer(51)
     assert [(r.request_id, r.status) for r in replies(effects)] == [(2, Status.TIMEDOUT)]
     assert ActivateEpoch(LogId(1)) in effects
+
+
+def test_preemption_while_draining_sends_the_waiting_appends_to_a_new_epoch() -> None:
+    sequencer = active_sequencer(replication=1, esn_max=Esn(2))
+    inflight = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    assert sequencer.on_append(3, (b"b",), None, 1, 1) == []  # waits for the drain
+    effects = sequencer.on_stored(inflight[0].node, inflight[0].message.lsn, 1,
+                                  Status.PREEMPTED, Epoch(2), NodeId("other"), 2)
+    assert [(r.request_id, r.status) for r in replies(effects)] == [(2, Status.TIMEDOUT)]
+    assert ActivateEpoch(LogId(1)) in effects  # request 3 is not stranded
+    assert sequencer.state is SequencerState.ACTIVATING
