@@ -285,11 +285,26 @@ class StorageNode:
             reply(answer)
             return
         self._counts["cleans"] += 1
-        if self._machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by) is Status.OK:
-            # A node that missed the SEAL (it was down) is sealed now, before it purges: no
-            # STORE of a recovered epoch may land on it afterwards. FIFO: durable first.
-            self._store.submit_seal(SealEntry(clean.log_id, clean.seal_epoch, clean.sealed_by),
-                                    lambda _status: None)
+        # Seal first (a node that missed the SEAL gets it now, so that no STORE of the
+        # recovered epochs is accepted any more), and decide what to purge only once that seal
+        # is written: the writer is FIFO, so every STORE accepted before it is on disk and in
+        # the index by then, and none of them can slip past the purge.
+        self._machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by)
+
+        def sealed(status: Status) -> None:
+            if status is not Status.OK:
+                reply(self._machine.cleaned(clean, status))
+            else:
+                self._purge(clean, reply)
+
+        status = self._store.submit_seal(
+            SealEntry(clean.log_id, clean.seal_epoch, clean.sealed_by), sealed)
+        if status is not Status.OK:
+            reply(self._machine.cleaned(clean, status))
+
+    def _purge(self, clean: Clean, reply: ReplyFn) -> None:
+        """Overwrite the copies this node holds where recovery decided "no record", then
+        answer the CLEAN."""
         held = [(lsn_to_esn(lo), lsn_to_esn(hi)) for lo, hi in self._store.held_ranges(
             clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
         stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)

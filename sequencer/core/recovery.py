@@ -57,6 +57,7 @@ from shared.wire.store import (
     Stored,
     copy_precedence,
     payloads_checksum,
+    recovery_wave,
 )
 
 DIGEST_RECORDS_MAX = 1000
@@ -67,9 +68,12 @@ RUN_BYTES_MAX = 1024 * 1024
 """Payload bytes of one mutation STORE carrying a run of records."""
 MUTATIONS_INFLIGHT_MAX = 512
 """Mutation STOREs (one per node and ESN or hole run) outstanding at once per log."""
-_GONE = frozenset({Status.CONNFAILED, Status.PEER_CLOSED, Status.TIMEDOUT, Status.SHUTDOWN,
-                   Status.NOTREADY})
-"""Failures that say the node is unreachable now (dropped from the recovery set if possible)."""
+_UNUSABLE = frozenset({Status.CONNFAILED, Status.PEER_CLOSED, Status.TIMEDOUT, Status.SHUTDOWN,
+                       Status.NOTREADY, Status.DISABLED, Status.NOSPC, Status.CHECKSUM_MISMATCH,
+                       Status.INTERNAL})
+"""Failures that say the node cannot serve recovery now (unreachable, not taking writes, or a
+corrupt copy in the digest range): it is dropped from the recovery set if enough remain, as
+LogDevice leaves non-writable nodes out of the mutation set."""
 
 
 class Phase(Enum):
@@ -118,6 +122,7 @@ class LogRecovery:
     def __init__(
         self, *, log_id: LogId, node_id: NodeId, seal_epoch: Epoch, lce: LastCleanEpoch,
         nodeset: tuple[NodeId, ...], replication: int, config: SequencerConfig,
+        attempts_before: int = 0,
     ) -> None:
         assert lce.epoch < seal_epoch, (lce.epoch, seal_epoch)
         self.log_id = log_id
@@ -130,7 +135,9 @@ class LogRecovery:
         self.needed = max(len(nodeset) - replication + 1, replication)
         """Nodes the recovery set must keep: an f-majority that can also hold R copies."""
         self.phase = Phase.SEALING
-        self.attempt = 0
+        self.attempt = attempts_before
+        """Attempts of this recovery so far, counted on from an earlier instance with the same
+        seal epoch so that every attempt writes copies of a distinct precedence."""
         self.preempted_by: tuple[Epoch, NodeId | None] = (Epoch(0), None)
         self.tail_lsn = lce.tail_lsn
         self.outcomes: dict[Epoch, EpochOutcome] = {}
@@ -176,6 +183,7 @@ class LogRecovery:
         self._lce_due_ms = None
         self.outcomes.clear()
         self.cleans_unconfirmed.clear()
+        self.tail_lsn = self.lce.tail_lsn
         seal = Seal(log_id=self.log_id, seal_epoch=self.seal_epoch, sealed_by=self.node_id,
                     from_epoch=Epoch(self.lce.epoch + 1))
         effects: list[Any] = [RecoveryProgress(self.log_id, self.phase.value, self.attempt)]
@@ -270,7 +278,7 @@ class LogRecovery:
 
     def _on_failure(self, node: NodeId, key: Any, request: Any, status: Status,
                     now_ms: int) -> list[Any]:
-        if self.phase is not Phase.SEALING and status in _GONE and (
+        if self.phase is not Phase.SEALING and status in _UNUSABLE and (
                 len(self._members) > self.needed and node in self._members):
             return self._drop_member(node, now_ms)
         self._retry.append((now_ms + self.config.recovery_retry_ms, node, (key, request)))
@@ -430,7 +438,8 @@ class LogRecovery:
             payloads = tuple(copy.payload for copy in run if copy is not None)
             assert len(payloads) == len(run)
             timestamp_ms, key = first.timestamp_ms, first.key
-        return Store(log_id=self.log_id, lsn=compose_lsn(epoch, Esn(esn)), wave=self.seal_epoch,
+        return Store(log_id=self.log_id, lsn=compose_lsn(epoch, Esn(esn)),
+                     wave=recovery_wave(self.seal_epoch, self.attempt),
                      sequencer_node=self.node_id, copyset=(), timestamp_ms=timestamp_ms,
                      last_known_good=Esn(lng), release_lsn=Lsn(0),
                      timeout_ms=self.config.recovery_retry_ms, key=key, payloads=payloads,

@@ -280,7 +280,8 @@ class Sequencer:
                 self.recovery = LogRecovery(
                     log_id=self.log_id, node_id=self.node_id, seal_epoch=recovery.seal_epoch,
                     lce=recovery.lce, nodeset=recovery.nodeset,
-                    replication=recovery.replication, config=self.config)
+                    replication=recovery.replication, config=self.config,
+                    attempts_before=recovery.attempt)
                 effects.extend(self.recovery.start(now_ms))
         elif recovery.phase is Phase.DONE:
             self.recovery = None

@@ -66,6 +66,9 @@ class Digest:
     entries: tuple[DigestEntry, ...]
     next_esn: int
     """Every copy below this ESN was sent; past ESN_MAX when the epoch is exhausted."""
+    sealed_epoch: Epoch = Epoch(0)
+    """With PREEMPTED: the node's seal, and who sealed it."""
+    sealed_by: NodeId | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

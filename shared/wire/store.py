@@ -27,7 +27,7 @@ class RecordFlags(IntFlag):
     """How a stored copy came to be (LogDevice's STORE flags)."""
 
     WRITTEN_BY_RECOVERY = 1
-    """Written by epoch recovery; ``wave`` then holds recovery's seal epoch."""
+    """Written by epoch recovery; ``wave`` then holds ``recovery_wave(seal epoch, attempt)``."""
     HOLE = 2
     """A plugged hole: no record at this LSN (the payload is empty)."""
     BRIDGE = 4
@@ -39,10 +39,25 @@ RECOVERY_BRIDGE = RECOVERY_HOLE | RecordFlags.BRIDGE
 FLAGS_ALL = int(RECOVERY_BRIDGE)
 
 
+RECOVERY_ATTEMPT_BITS = 16
+RECOVERY_ATTEMPT_MAX = (1 << RECOVERY_ATTEMPT_BITS) - 1
+
+
+def recovery_wave(seal_epoch: int, attempt: int) -> int:
+    """The ``wave`` of a copy recovery writes: its seal epoch, then which attempt of that
+    recovery wrote it, so that a late write of an abandoned attempt never ties with a newer
+    attempt's decision (the newer one wins). Attempt 0 is a storage node's own purge."""
+    return seal_epoch << RECOVERY_ATTEMPT_BITS | min(attempt, RECOVERY_ATTEMPT_MAX)
+
+
+def seal_epoch_of_wave(wave: int) -> int:
+    return wave >> RECOVERY_ATTEMPT_BITS
+
+
 def copy_precedence(flags: int, wave: int) -> tuple[int, int]:
     """Which of two copies of one LSN wins (LogDevice ``Digest::RecordMetadata``): a copy
     written by recovery beats one written by the sequencer; between recovery copies the higher
-    seal epoch wins; between sequencer copies the higher wave."""
+    seal epoch wins (then the later attempt); between sequencer copies the higher wave."""
     return (flags & RecordFlags.WRITTEN_BY_RECOVERY, wave)
 
 

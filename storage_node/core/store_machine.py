@@ -45,6 +45,8 @@ from shared.wire.store import (
     Store,
     Stored,
     payloads_checksum,
+    recovery_wave,
+    seal_epoch_of_wave,
 )
 
 LSN_READABLE_MAX = Lsn(LSN_MAX - 1)
@@ -209,10 +211,10 @@ class StoreMachine:
 
     def _on_recovery_store(self, store: Store, log: _LogState, epoch: Epoch,
                            disk_low: bool) -> StoreDecision:
-        """A copy written by recovery (LogDevice's mutation STORE): ``wave`` is its seal epoch.
-        Preempted only by a higher seal, since the epoch itself is sealed by design; it never
-        raises the soft seal."""
-        recovery_seal = Epoch(store.wave)
+        """A copy written by recovery (LogDevice's mutation STORE): ``wave`` carries its seal
+        epoch. Preempted only by a higher seal, since the epoch itself is sealed by design; it
+        never raises the soft seal."""
+        recovery_seal = Epoch(seal_epoch_of_wave(store.wave))
         if epoch > recovery_seal or not epoch_valid(recovery_seal):
             return StoreDecision(status=Status.BADMSG,
                                  reply=stored_reply(store, Status.BADMSG), release_lsn=None)
@@ -304,8 +306,11 @@ class StoreMachine:
         return Status.OK
 
     def digest_refused(self, request: GetDigest, status: Status) -> Digest:
+        sealed_epoch, sealed_by = EPOCH_INVALID, None
+        if status is Status.PREEMPTED:
+            sealed_epoch, sealed_by = self.state(request.log_id).effective_seal
         return Digest(status=status, log_id=request.log_id, epoch=request.epoch, entries=(),
-                      next_esn=request.from_esn)
+                      next_esn=request.from_esn, sealed_epoch=sealed_epoch, sealed_by=sealed_by)
 
     def clean_status(self, clean: Clean) -> Cleaned | None:
         """None when the CLEAN may be applied; otherwise the answer (BADMSG, PREEMPTED)."""
@@ -409,7 +414,8 @@ def recovery_hole_stores(clean: Clean, ranges: list[tuple[int, int, int]],
             count = min(hi - esn + 1, BATCH_RECORDS_MAX)
             payloads = (b"",) * count
             stores.append(Store(
-                log_id=clean.log_id, lsn=compose_lsn(clean.epoch, Esn(esn)), wave=clean.seal_epoch,
+                log_id=clean.log_id, lsn=compose_lsn(clean.epoch, Esn(esn)),
+                wave=recovery_wave(clean.seal_epoch, 0),
                 sequencer_node=clean.sealed_by, copyset=(), timestamp_ms=timestamp_ms,
                 last_known_good=Esn(0), release_lsn=LSN_INVALID, timeout_ms=0, key=None,
                 payloads=payloads, checksum=payloads_checksum(payloads), flags=flags))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from sequencer.core.effects import RecoveryProgress, WriteLastCleanEpoch
 from sequencer.core.recovery import LogRecovery, Phase
 from shared.config import SequencerConfig
@@ -15,7 +17,7 @@ from shared.read_merge import NodeAnswer, merge
 from shared.status import Status
 from shared.types import ESN_MAX, Epoch, Esn, LogId, Lsn, NodeId, compose_lsn, lsn_to_esn
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
-from shared.wire.store import RecordFlags, Store, Stored
+from shared.wire.store import RECOVERY_HOLE, RecordFlags, Store, Stored, recovery_wave
 
 LOG = LogId(1)
 N1, N2, N3 = NodeId("N1"), NodeId("N2"), NodeId("N3")
@@ -35,11 +37,11 @@ def x(wave: int = 1) -> Copy:
 
 
 def xr(seal: int) -> Copy:
-    return (REC, seal)
+    return (REC, recovery_wave(seal, 1))
 
 
 def o(seal: int) -> Copy:
-    return (HOLE, seal)
+    return (HOLE, recovery_wave(seal, 1))
 
 
 # The table of RecoveryTest.MutationsWithImmutableConsensus: (epoch, esn) -> copy, per node.
@@ -132,14 +134,15 @@ def test_mutations_with_immutable_consensus() -> None:
     assert recovery.tail_lsn == lsn(2, 8)
     # Nothing at or below epoch 1's last known good is touched; every mutated ESN ends up
     # identical on all three nodes (R=3), written by recovery with seal epoch 7.
-    assert all(s.wave == 7 and s.flags & RecordFlags.WRITTEN_BY_RECOVERY for s in stores)
+    assert all(s.wave == recovery_wave(7, 1) and s.flags & RecordFlags.WRITTEN_BY_RECOVERY
+               for s in stores)
     assert not any(s.lsn == lsn(1, 1) for s in stores)
     expected = {(1, 2): HOLE, (1, 3): REC, (1, 4): BRIDGE, (2, 1): HOLE, (2, 2): REC,
                 (2, 3): REC, (2, 4): REC, (2, 5): HOLE, (2, 6): HOLE, (2, 7): REC,
                 (2, 8): REC, (2, 9): BRIDGE}
     for key, flags in expected.items():
         assert {node: disks[node].get(key) for node in disks} == {
-            node: (flags, 7) for node in disks}, key
+            node: (flags, recovery_wave(7, 1)) for node in disks}, key
     # Every node hears each epoch's outcome; epochs 3..6, never written, get a bridge at ESN 1.
     assert {(c.epoch, c.bridge_esn, c.holes) for c in cleans} == {
         (1, 4, ((2, 2),)), (2, 9, ((1, 1), (5, 6))), *((e, 1, ()) for e in range(3, 8))}
@@ -166,7 +169,7 @@ def test_mutations_with_immutable_consensus() -> None:
     again = {node: dict(copies) for node, copies in disks.items()}
     run_recovery(again)
     assert {n: {k: v for k, v in c.items() if k in expected} for n, c in again.items()} == {
-        n: {k: (f, 7) for k, f in expected.items()} for n in disks}
+        n: {k: (f, recovery_wave(7, 1)) for k, f in expected.items()} for n in disks}
 
 
 def test_a_higher_seal_preempts_recovery() -> None:
@@ -236,3 +239,77 @@ def test_recovery_that_times_out_starts_over_with_a_new_seal_round() -> None:
     assert recovery.on_reply(N1, first[0], Sealed(
         status=Status.OK, log_id=LOG, seal_epoch=Epoch(1), sealed_epoch=Epoch(0),
         sealed_by=None, tails=()), 1_001) == []
+
+
+def drive(nodes: tuple[NodeId, ...], answer: Any, until_ms: int = 600_000) -> LogRecovery:
+    """Run a recovery of epoch 1 (sealed at 2) against nodes answering with ``answer(node,
+    message)``, firing its timers, until it finishes or ``until_ms``."""
+    recovery = LogRecovery(log_id=LOG, node_id=SEQ, seal_epoch=Epoch(2),
+                           lce=LastCleanEpoch(log_id=LOG, epoch=Epoch(0), tail_lsn=Lsn(0),
+                                              version=0),
+                           nodeset=nodes, replication=2, config=SequencerConfig())
+    now_ms = 0
+    queue: list[Any] = recovery.start(now_ms)
+    while now_ms < until_ms and not recovery.finished:
+        while queue:
+            effect = queue.pop(0)
+            if isinstance(effect, WriteLastCleanEpoch):
+                queue.extend(recovery.on_lce_written(Status.OK, Epoch(0), now_ms))
+            elif isinstance(effect, Send):
+                reply = answer(effect.node, effect.message)
+                queue.extend(recovery.on_reply(effect.node, effect.message, reply, now_ms))
+        due_ms = recovery.deadline_ms()
+        if due_ms is None:
+            break
+        now_ms = max(now_ms, due_ms)
+        queue.extend(recovery.on_timer(now_ms))
+    return recovery
+
+
+@pytest.mark.parametrize("failure", [Status.DISABLED, Status.NOSPC, Status.CHECKSUM_MISMATCH])
+def test_a_member_that_cannot_serve_recovery_is_left_out(failure: Status) -> None:
+    nodes = tuple(NodeId(f"N{i}") for i in range(1, 6))
+    bad = nodes[4]
+
+    def answer(node: NodeId, message: Any) -> Any:
+        if isinstance(message, Seal):
+            return Sealed(status=Status.OK, log_id=LOG, seal_epoch=message.seal_epoch,
+                          sealed_epoch=Epoch(0), sealed_by=None, tails=((1, 0, 3),))
+        if isinstance(message, GetDigest):
+            if node == bad and failure is Status.CHECKSUM_MISMATCH:
+                return Digest(status=failure, log_id=LOG, epoch=message.epoch, entries=(),
+                              next_esn=message.from_esn)
+            entries = tuple((esn, 0, 1, 0, None, b"p%d" % esn) for esn in (1, 2, 3)
+                            if node in nodes[:2])
+            return Digest(status=Status.OK, log_id=LOG, epoch=message.epoch, entries=entries,
+                          next_esn=ESN_MAX + 1)
+        if isinstance(message, Store):
+            status = failure if node == bad else Status.OK
+            return Stored(log_id=LOG, lsn=message.lsn, wave=message.wave, status=status,
+                          sealed_epoch=Epoch(0), sealed_by=None)
+        return Cleaned(status=Status.OK, log_id=LOG, epoch=message.epoch,
+                       sealed_epoch=Epoch(2), sealed_by=SEQ)
+
+    # Four healthy nodes are the f-majority (5 - 2 + 1) and can hold R=2 copies.
+    recovery = drive(nodes, answer)
+    assert recovery.phase is Phase.DONE and recovery.attempt == 1
+    assert recovery.outcomes[Epoch(1)].last_record_esn == 3
+
+
+def test_a_late_write_of_an_abandoned_attempt_never_ties_with_the_newer_decision() -> None:
+    k = lsn(3, 4)
+    plug = NodeAnswer(records=(), next_lsn=Lsn(k + 1), release_lsn=Lsn(k + 1),
+                      markers=((k, k, int(RECOVERY_HOLE), recovery_wave(5, 2)),))
+    late = NodeAnswer(records=((k, 0, None, b"attempt 1"),), next_lsn=Lsn(k + 1),
+                      release_lsn=Lsn(k + 1), markers=((k, k, REC, recovery_wave(5, 1)),))
+    for answers in ([plug, late], [late, plug]):
+        merged = merge(answers, k, k, 10, 1 << 20)
+        assert (merged.records, [(g.kind, g.lo) for g in merged.gaps]) == ([], [("HOLE", k)])
+    # A restarted attempt writes with its own, higher precedence.
+    recovery = LogRecovery(log_id=LOG, node_id=SEQ, seal_epoch=Epoch(5),
+                           lce=LastCleanEpoch(log_id=LOG, epoch=Epoch(4), tail_lsn=Lsn(0),
+                                              version=1),
+                           nodeset=(N1, N2, N3), replication=2, config=SequencerConfig(),
+                           attempts_before=3)
+    recovery.start(0)
+    assert recovery.attempt == 4

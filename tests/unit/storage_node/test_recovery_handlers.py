@@ -10,7 +10,14 @@ from pathlib import Path
 from shared.status import Status
 from shared.types import ESN_MAX, Epoch, Esn, Lsn, NodeId
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
-from shared.wire.store import RECOVERY_BRIDGE, RECOVERY_HOLE, RecordFlags, Store, payloads_checksum
+from shared.wire.store import (
+    RECOVERY_BRIDGE,
+    RECOVERY_HOLE,
+    RecordFlags,
+    Store,
+    payloads_checksum,
+    recovery_wave,
+)
 from tests.unit.storage_node.helpers import (
     LOG,
     SEQ_B,
@@ -27,7 +34,8 @@ REC = int(RecordFlags.WRITTEN_BY_RECOVERY)
 
 
 def recovery_store(esn: int, flags: int, payloads: tuple[bytes, ...], seal: int = 1) -> Store:
-    return Store(log_id=LOG, lsn=lsn(1, esn), wave=seal, sequencer_node=SEQ_B, copyset=(),
+    return Store(log_id=LOG, lsn=lsn(1, esn), wave=recovery_wave(seal, 1), sequencer_node=SEQ_B,
+                 copyset=(),
                  timestamp_ms=5, last_known_good=Esn(0), release_lsn=Lsn(0), timeout_ms=500,
                  key=None, payloads=payloads, checksum=payloads_checksum(payloads), flags=flags)
 
@@ -78,16 +86,19 @@ async def test_seal_digest_mutate_clean_and_restart(tmp_path: Path) -> None:
         answer = await read(node, make_read(lsn(1, 1), release_lsn=lsn(1, 100)))
         assert [(r[0], r[3]) for r in answer.records] == [
             (lsn(1, 1), b"a1"), (lsn(1, 2), b"a2"), (lsn(1, 4), b"a4"), (lsn(1, 5), b"a5")]
+        # The purge rewrote e1n3 and the bridge with the node's own attempt 0: what it holds
+        # there is still recovery's decision.
+        wave, purged = recovery_wave(1, 1), recovery_wave(1, 0)
         assert answer.markers == (
-            (lsn(1, 3), lsn(1, 3), int(RECOVERY_HOLE), 1),
-            (lsn(1, 4), lsn(1, 4), REC, 1),
-            (lsn(1, 6), lsn(1, 6), int(RECOVERY_BRIDGE), 1),
-            (lsn(1, 8), lsn(1, 8), int(RECOVERY_HOLE), 1),
+            (lsn(1, 3), lsn(1, 3), int(RECOVERY_HOLE), purged),
+            (lsn(1, 4), lsn(1, 4), REC, wave),
+            (lsn(1, 6), lsn(1, 6), int(RECOVERY_BRIDGE), purged),
+            (lsn(1, 8), lsn(1, 8), int(RECOVERY_HOLE), purged),
         )
         digest = await digest_of(node, 1)
         assert [(e[0], e[1], e[2]) for e in digest.entries] == [
-            (1, 0, 1), (2, 0, 1), (3, int(RECOVERY_HOLE), 1), (4, REC, 1), (5, 0, 1),
-            (6, int(RECOVERY_BRIDGE), 1), (8, int(RECOVERY_HOLE), 1)]
+            (1, 0, 1), (2, 0, 1), (3, int(RECOVERY_HOLE), purged), (4, REC, wave), (5, 0, 1),
+            (6, int(RECOVERY_BRIDGE), purged), (8, int(RECOVERY_HOLE), purged)]
 
 
 async def test_a_higher_seal_refuses_older_recoveries(tmp_path: Path) -> None:
@@ -104,3 +115,19 @@ async def test_a_higher_seal_refuses_older_recoveries(tmp_path: Path) -> None:
         assert (await digest_of(node, 1)).status is Status.PREEMPTED  # asks with seal 1 < 3
         bad = await store(node, recovery_store(1, int(RECOVERY_HOLE), (b"not empty",), seal=3))
         assert bad.status is Status.BADMSG
+
+
+async def test_clean_purges_a_store_still_queued_when_it_arrives(tmp_path: Path) -> None:
+    async with running_node(str(tmp_path)) as node:
+        # A zombie sequencer's STORE (this node missed the SEAL) is queued for the writer...
+        stored: list[object] = []
+        node.on_message(SEQ_B, make_store(lsn(1, 50), (b"stray",)), stored.append)
+        # ...when recovery's CLEAN (bridge at e1n6) arrives, before the STORE is written.
+        cleaned = await request(node, Clean(log_id=LOG, epoch=Epoch(1), seal_epoch=Epoch(1),
+                                            sealed_by=SEQ_B, bridge_esn=Esn(6), holes=()))
+        assert isinstance(cleaned, Cleaned) and cleaned.status is Status.OK
+        assert stored  # written before the CLEAN's seal, so the purge saw it
+        answer = await read(node, make_read(lsn(1, 7), release_lsn=lsn(2, 0)))
+        assert answer.records == ()
+        assert answer.markers == ((lsn(1, 50), lsn(1, 50), int(RECOVERY_HOLE),
+                                   recovery_wave(1, 0)),)
