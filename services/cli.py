@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("log_id", type=_log_id, metavar="LOG")
     _add_target(tail)
 
+    trim = commands.add_parser("trim", help="make records at or below LSN unreadable")
+    trim.add_argument("log_id", type=_log_id, metavar="LOG")
+    trim.add_argument("lsn", type=_lsn, metavar="LSN", help="e5n8 or an integer")
+    _add_target(trim)
+
     cluster = commands.add_parser("cluster", help="show the cluster's nodes")
     _add_target(cluster)
 
@@ -181,6 +186,12 @@ async def _tail(client: Client, args: argparse.Namespace) -> int:
         f"trim_lsn {format_lsn(tail.trim_lsn)} ({tail.trim_lsn})  "
         f"epoch {tail.epoch}  sequencer {tail.sequencer}"
     )
+    return 0
+
+
+async def _trim(client: Client, args: argparse.Namespace) -> int:
+    trim_lsn = await client.trim(args.log_id, args.lsn)
+    _print(f"trim_lsn {format_lsn(trim_lsn)} ({trim_lsn})")
     return 0
 
 
@@ -288,7 +299,8 @@ def _epochs(args: argparse.Namespace) -> int:
 
 
 _HANDLERS: dict[str, Handler] = {
-    "read": _read, "tail": _tail, "cluster": _cluster, "status": _status, "demo": _demo,
+    "read": _read, "tail": _tail, "trim": _trim, "cluster": _cluster, "status": _status,
+    "demo": _demo,
 }
 
 

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -38,6 +38,7 @@ from services.http_parse import (
     parse_append_batch,
     parse_log_id,
     parse_read_query,
+    parse_trim,
     response_media_type,
 )
 from services.http_status import http_code, wants_retry_after
@@ -59,7 +60,8 @@ _CLIENT_CLOSED_CODE = 499
 """Recorded in metrics for requests whose client went away before the answer (nginx's code)."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-BodyParser = Callable[[dict[str, Any], MediaType, ApiConfig], AppendRequest | Rejection]
+T = TypeVar("T")
+BodyParser = Callable[[dict[str, Any], MediaType, ApiConfig], T | Rejection]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,9 +129,9 @@ async def _read_body(request: web.Request, edge: _Edge) -> bytes | Rejection:
         )
 
 
-async def _append_request(
-    request: web.Request, parse: BodyParser
-) -> tuple[LogId, AppendRequest] | web.Response:
+async def _body_request(
+    request: web.Request, parse: BodyParser[T]
+) -> tuple[LogId, T] | web.Response:
     edge = request.app[_EDGE_KEY]
     log_id = parse_log_id(request.match_info["log_id"])
     if isinstance(log_id, Rejection):
@@ -178,7 +180,7 @@ def _append_failed(request: web.Request, outcome: AppendOutcome) -> web.Response
 
 
 async def on_append(request: web.Request) -> web.StreamResponse:
-    parsed = await _append_request(request, parse_append)
+    parsed = await _body_request(request, parse_append)
     if isinstance(parsed, web.StreamResponse):
         return parsed
     log_id, append = parsed
@@ -191,7 +193,7 @@ async def on_append(request: web.Request) -> web.StreamResponse:
 
 
 async def on_append_batch(request: web.Request) -> web.StreamResponse:
-    parsed = await _append_request(request, parse_append_batch)
+    parsed = await _body_request(request, parse_append_batch)
     if isinstance(parsed, web.StreamResponse):
         return parsed
     log_id, append = parsed
@@ -255,6 +257,17 @@ async def on_tail(request: web.Request) -> web.StreamResponse:
     if outcome.status is not Status.OK:
         return _error(request, outcome.status, outcome.message, sequencer=outcome.sequencer_node)
     return _answer(request, _tail_doc(outcome), sequencer=outcome.sequencer_node)
+
+
+async def on_trim(request: web.Request) -> web.StreamResponse:
+    parsed = await _body_request(request, parse_trim)
+    if isinstance(parsed, web.StreamResponse):
+        return parsed
+    log_id, trim_lsn = parsed
+    outcome = await request.app[SERVICE_KEY].trim(log_id, trim_lsn)
+    if outcome.status is not Status.OK:
+        return _error(request, outcome.status, outcome.message)
+    return _answer(request, {"trim_lsn": outcome.trim_lsn})
 
 
 async def on_cluster(request: web.Request) -> web.StreamResponse:
@@ -368,6 +381,7 @@ def create_api_app(
     app.router.add_post("/v1/logs/{log_id}/append-batch", on_append_batch)
     app.router.add_get("/v1/logs/{log_id}/records", on_records)
     app.router.add_get("/v1/logs/{log_id}/tail", on_tail)
+    app.router.add_post("/v1/logs/{log_id}/trim", on_trim)
     app.router.add_get("/v1/cluster", on_cluster)
     app.router.add_get("/healthz", on_healthz)
     app.router.add_get("/readyz", on_readyz)

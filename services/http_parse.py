@@ -249,6 +249,18 @@ def parse_append_batch(
     return _append_options(doc, tuple(payloads))
 
 
+def parse_trim(doc: dict[str, Any], media: MediaType, api: ApiConfig) -> Lsn | Rejection:
+    """``{"lsn": int}``: the new trim point (0 .. LSN_MAX - 1)."""
+    lsn = doc.get("lsn")
+    if "lsn" not in doc:
+        return Rejection(Status.BADMSG, "lsn is missing")
+    if type(lsn) is not int:
+        return Rejection(Status.BADMSG, "lsn must be an integer")
+    if not 0 <= lsn < LSN_MAX:
+        return Rejection(Status.INVALID_PARAM, f"lsn must be in 0..{LSN_MAX - 1}")
+    return Lsn(lsn)
+
+
 def parse_log_id(text: str) -> LogId | Rejection:
     """A decimal log id in ``1 .. 2**62 - 1``."""
     if _LOG_ID_TEXT.fullmatch(text) is None or not log_id_valid(int(text)):

@@ -64,6 +64,13 @@ class TailOutcome:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TrimOutcome:
+    status: Status
+    trim_lsn: Lsn = Lsn(0)
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeOut:
     node_id: NodeId
     roles: tuple[str, ...]
@@ -80,6 +87,8 @@ class LogService(Protocol):
     ``NOTFOUND`` (log not provisioned and provisioning off), ``TIMEDOUT`` (outcome unknown),
     ``OVERLOADED``, ``NOSPC``, ``TOOBIG``.
     ``read``/``tail``: ``OK``, ``NOTFOUND``, ``NOSEQUENCER``, ``TIMEDOUT``.
+    ``trim``: ``OK``, ``NOTFOUND``, ``INVALID_PARAM`` (beyond the release pointer),
+    ``NOTREADY`` (too few storage nodes confirmed; retry: trimming is idempotent).
     """
 
     node_id: NodeId
@@ -102,6 +111,10 @@ class LogService(Protocol):
         ...
 
     async def tail(self, log_id: LogId) -> TailOutcome: ...
+
+    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> TrimOutcome:
+        """Make every record at or below ``trim_lsn`` unreadable (a ``TRIM`` gap)."""
+        ...
 
     def cluster_nodes(self) -> list[NodeOut]: ...
 

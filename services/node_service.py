@@ -29,6 +29,7 @@ from services.log_service import (
     ReadOutcome,
     RecordOut,
     TailOutcome,
+    TrimOutcome,
 )
 from shared.config import ProcessConfig
 from shared.epoch_metadata import LogMetadata
@@ -42,6 +43,7 @@ from shared.status import Status
 from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, log_id_valid
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
+from shared.wire.trim import Trim, Trimmed
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +272,7 @@ class NodeService:
             self.pool.call(node, request, STORAGE_CALL_TIMEOUT_MS) for node in metadata.nodeset))
         answers = [
             NodeAnswer(records=r.records, next_lsn=r.next_lsn, release_lsn=r.release_lsn,
-                       markers=r.markers)
+                       markers=r.markers, trim_lsn=r.trim_lsn)
             for r in replies if type(r) is ReadReply and r.status is Status.OK
         ]
         needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
@@ -299,9 +301,11 @@ class NodeService:
         replies: list[Any] = await asyncio.gather(*(
             self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
             for node in metadata.nodeset))
+        trim_lsn = Lsn(0)
         for reply in replies:
             if type(reply) is LogState and reply.status is Status.OK:
                 release = max(release, reply.release_lsn)
+                trim_lsn = max(trim_lsn, reply.trim_lsn)
                 answered = True
         if not answered:
             return TailOutcome(
@@ -313,8 +317,34 @@ class NodeService:
             _, fresh = await self.epoch_store.get_metadata(log_id)
             if fresh is not None:
                 epoch = Epoch(max(fresh.next_epoch - 1, 0))
-        return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=Lsn(0),
+        return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
+
+    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> TrimOutcome:
+        """Raise the trim point on every storage node of the log's nodeset; done once an
+        f-majority has it durably. Readers take the highest trim point any answering node
+        reports, so a node that missed the trim (down at the time) can only serve records below
+        it to a reader that reaches no node that has it; calling trim again reaches it."""
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None:
+            return TrimOutcome(status=status, message=f"log {log_id}: {status.description}")
+        release = await self._release_hint(log_id)
+        if trim_lsn > release:
+            return TrimOutcome(
+                status=Status.INVALID_PARAM,
+                message=f"trim point {trim_lsn} is beyond the release pointer {release}")
+        replies: list[Any] = await asyncio.gather(*(
+            self.pool.call(node, Trim(log_id=log_id, trim_lsn=trim_lsn),
+                           STORAGE_CALL_TIMEOUT_MS)
+            for node in metadata.nodeset))
+        done = [r for r in replies if type(r) is Trimmed and r.status is Status.OK]
+        needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
+        if len(done) < needed:
+            return TrimOutcome(
+                status=Status.NOTREADY,
+                message=f"{len(done)} of {len(metadata.nodeset)} storage nodes trimmed; "
+                        f"{needed} are needed; retry (trimming is idempotent)")
+        return TrimOutcome(status=Status.OK, trim_lsn=Lsn(max(r.trim_lsn for r in done)))
 
     # ---- cluster -------------------------------------------------------------------------
 

@@ -97,6 +97,8 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "gaps": {"type": "array", "items": _ref("Gap")},
             "next_lsn": _ref("Lsn"), "release_lsn": _ref("Lsn"),
         }),
+        "TrimRequest": _object({"lsn": _ref("Lsn")}),
+        "TrimResponse": _object({"trim_lsn": _ref("Lsn")}),
         "TailResponse": _object({
             "release_lsn": _ref("Lsn"), "trim_lsn": _ref("Lsn"),
             "epoch": _uint(2**32 - 1), "sequencer": {"type": "string"},
@@ -210,6 +212,14 @@ def build_openapi(api: ApiConfig) -> dict[str, Any]:
                 "released records and gaps from an LSN on", "ReadResponse",
                 (400, 404, 500, 503, 504), parameters=_read_params(api))},
             "/v1/logs/{log_id}/tail": {"get": tail},
+            "/v1/logs/{log_id}/trim": {"post": {
+                "summary": "make records at or below an LSN unreadable (TRIM gaps)",
+                "parameters": [_LOG_ID_PARAM],
+                "requestBody": {"required": True, "content": _body("TrimRequest")},
+                "responses": {"200": _answer("durable on an f-majority of the nodeset",
+                                             "TrimResponse"),
+                              **_errors((400, 404, 413, 500, 503, 504))},
+            }},
             "/v1/cluster": {"get": _get_op("the cluster's nodes", "ClusterResponse", (500,))},
             "/healthz": {"get": _get_op("the process is up", "Health", (500,))},
             "/readyz": {"get": _get_op("every role can serve", "Health", (500, 503))},

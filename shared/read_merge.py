@@ -10,7 +10,8 @@ got from a dead sequencer and recovery never saw. Each LSN is then a record, or 
 - ``HOLE``: recovery plugged it (an append that was never acknowledged);
 - ``BRIDGE``: recovery's bridge ends the epoch there, or (for an epoch that was drained
   cleanly, without a bridge record) one epoch ends and a later one begins;
-- ``DATALOSS``: a missing LSN inside an epoch, below the release pointer.
+- ``DATALOSS``: a missing LSN inside an epoch, below the release pointer;
+- ``TRIM``: at or below the highest trim point any answering node reports.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class NodeAnswer:
     next_lsn: Lsn
     release_lsn: Lsn
     markers: tuple[Marker, ...] = ()
+    trim_lsn: Lsn = Lsn(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +66,16 @@ def merge(
     The caller must pass answers from at least an f-majority of the nodeset."""
     assert answers
     until = min(min(a.next_lsn for a in answers) - 1, release_lsn)
-    best = _best_copies(answers, from_lsn, until)
     records: list[WireRecord] = []
     gaps: list[Gap] = []
     cursor: int = from_lsn
+    trim_lsn = min(max(a.trim_lsn for a in answers), release_lsn)
+    if trim_lsn >= cursor:
+        # Trimmed everywhere as far as a reader is concerned, whatever a node that missed
+        # the trim still holds.
+        gaps.append(Gap("TRIM", Lsn(cursor), trim_lsn))
+        cursor = trim_lsn + 1
+    best = _best_copies(answers, Lsn(cursor), until)
     payload_bytes = 0
     for lsn in sorted(best):
         if lsn < cursor:

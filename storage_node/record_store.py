@@ -51,9 +51,11 @@ from storage_node.segment_format import (
     ScannedEntry,
     SealEntry,
     StoreMeta,
+    TrimEntry,
     encode_release,
     encode_seal,
     encode_store,
+    encode_trim,
 )
 
 log = logging.getLogger(__name__)
@@ -82,7 +84,7 @@ def _now_ms() -> int:
 
 @dataclass(slots=True)
 class _Pending:
-    chunk_source: Store | SealEntry
+    chunk_source: Store | SealEntry | TrimEntry
     done: DoneFn
     records_count: int
     bytes_estimate: int
@@ -144,6 +146,10 @@ class RecordStore:
     def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
         """Queue a durable seal; same contract as ``submit_store``."""
         return self._enqueue(_Pending(seal, done, 1, _ENTRY_OVERHEAD_BYTES))
+
+    def submit_trim(self, trim: TrimEntry, done: DoneFn) -> Status:
+        """Queue a durable trim point; same contract as ``submit_store``."""
+        return self._enqueue(_Pending(trim, done, 1, _ENTRY_OVERHEAD_BYTES))
 
     def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
         """Persist a release pointer with the next batch (coalesced; never waited for)."""
@@ -298,7 +304,7 @@ class RecordStore:
         mode = self._config.fsync
         # Seals and recovery's writes are what later recoveries rely on: synced in every mode
         # but "never".
-        has_seal = any(isinstance(p.chunk_source, SealEntry) or p.chunk_source.flags
+        has_seal = any(not isinstance(p.chunk_source, Store) or p.chunk_source.flags
                        for p in batch)
         fsync = (mode == "always" and bool(batch)) or (mode != "never" and has_seal) or (
             mode == "interval" and self._interval_sync_due_ms() <= 0)
@@ -379,10 +385,7 @@ class RecordStore:
 
     def _append_sync(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
                      fsync: bool) -> tuple[AppendResult, list[int]]:
-        chunks = [encode_store(p.chunk_source) if isinstance(p.chunk_source, Store)
-                  else encode_seal(p.chunk_source.log_id, p.chunk_source.epoch,
-                                   p.chunk_source.sealed_by)
-                  for p in batch]
+        chunks = [_encode(p.chunk_source) for p in batch]
         chunks += [encode_release(log_id, lsn) for log_id, lsn in releases]
         if fsync and failpoints.armed(_FAILPOINT_BEFORE_FSYNC):
             # Fault-injection runs only: split the write from its fsync so that the process
@@ -419,6 +422,14 @@ class RecordStore:
                 self._lock_fd = -1
 
 
+def _encode(source: Store | SealEntry | TrimEntry) -> bytes:
+    if isinstance(source, Store):
+        return encode_store(source)
+    if isinstance(source, SealEntry):
+        return encode_seal(source.log_id, source.epoch, source.sealed_by)
+    return encode_trim(source.log_id, source.trim_lsn)
+
+
 class _Recovery:
     """Accumulates per-log state and the index from the entries found at open (plain dicts:
     there is one call per entry ever written)."""
@@ -429,6 +440,7 @@ class _Recovery:
         self._releases: dict[LogId, Lsn] = {}
         self._seals: dict[LogId, tuple[Epoch, NodeId]] = {}
         self._tails: dict[LogId, dict[Epoch, tuple[int, int]]] = {}
+        self._trims: dict[LogId, Lsn] = {}
 
     def on_entry(self, segment_id: int, scanned: ScannedEntry) -> None:
         entry = scanned.entry
@@ -447,6 +459,9 @@ class _Recovery:
         elif isinstance(entry, ReleaseEntry):
             if entry.release_lsn > self._releases.get(log_id, 0):
                 self._releases[log_id] = entry.release_lsn
+        elif isinstance(entry, TrimEntry):
+            if entry.trim_lsn > self._trims.get(log_id, 0):
+                self._trims[log_id] = entry.trim_lsn
         elif log_id not in self._seals or entry.epoch > self._seals[log_id][0]:
             self._seals[log_id] = (entry.epoch, entry.sealed_by)
 
@@ -454,7 +469,8 @@ class _Recovery:
         """The soft seal is not written by itself: the newest STORE proves its sequencer's
         epoch exists, which rebuilds the soft seal it caused."""
         result: dict[LogId, LogStorageState] = {}
-        for log_id in self._last.keys() | self._releases.keys() | self._seals.keys():
+        for log_id in (self._last.keys() | self._releases.keys() | self._seals.keys()
+                       | self._trims.keys()):
             last_lsn, newest_sequencer = self._last.get(log_id, (LSN_INVALID, None))
             sealed_epoch, sealed_by = self._seals.get(log_id, (EPOCH_INVALID, None))
             soft_epoch = Epoch(max(lsn_to_epoch(last_lsn) - 1, EPOCH_INVALID))
@@ -463,5 +479,6 @@ class _Recovery:
                 soft_sealed_epoch=soft_epoch,
                 soft_sealed_by=newest_sequencer if soft_epoch > EPOCH_INVALID else None,
                 release_lsn=self._releases.get(log_id, LSN_INVALID), last_lsn=last_lsn,
-                epoch_tails=self._tails.get(log_id, {}))
+                epoch_tails=self._tails.get(log_id, {}),
+                trim_lsn=self._trims.get(log_id, LSN_INVALID))
         return result

@@ -38,6 +38,7 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import Store
+from shared.wire.trim import Trim
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
@@ -47,7 +48,7 @@ from storage_node.core.store_machine import (
     stored_reply,
 )
 from storage_node.record_store import RecordStore
-from storage_node.segment_format import SealEntry
+from storage_node.segment_format import SealEntry, TrimEntry
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ class StorageNode:
             Seal: self._on_seal,
             GetDigest: self._on_get_digest,
             Clean: self._on_clean,
+            Trim: self._on_trim,
         }
 
     async def start(self) -> None:
@@ -204,12 +206,16 @@ class StorageNode:
     async def _serve_read(self, read: Read, reply: ReplyFn) -> None:
         until_lsn = self._machine.readable_until(read)
         release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
+        trim_lsn = self._machine.trim_lsn(read.log_id)
         try:
-            result = await self._store.read(read.log_id, read.from_lsn, until_lsn,
+            # Trimmed records are never served, even if still on disk.
+            from_lsn = Lsn(max(read.from_lsn, trim_lsn + 1))
+            result = await self._store.read(read.log_id, from_lsn, until_lsn,
                                             read.records_max, read.bytes_max)
             answer = ReadReply(status=result.status, log_id=read.log_id,
                                release_lsn=release_lsn, records=result.records,
-                               next_lsn=result.next_lsn, markers=result.markers)
+                               next_lsn=Lsn(max(result.next_lsn, read.from_lsn)),
+                               markers=result.markers, trim_lsn=trim_lsn)
         except Exception:
             log.exception("storage node %s: read of log %d failed", self.node_id, read.log_id)
             answer = ReadReply(status=Status.INTERNAL, log_id=read.log_id,
@@ -336,6 +342,22 @@ class StorageNode:
             status = self._store.submit_store(store, done)
             if status is not Status.OK:
                 persisted(status)
+
+    def _on_trim(self, trim: Trim, reply: ReplyFn) -> None:
+        refused = self._not_serving()
+        if refused is not None:
+            reply(self._machine.trimmed(trim, refused))
+            return
+        status = self._machine.trim(trim)
+        if status is Status.INVALID_PARAM:
+            reply(self._machine.trimmed(trim, status))
+            return
+        # Written even when UPTODATE: an equal trim point may still be queued (FIFO).
+        submitted = self._store.submit_trim(
+            TrimEntry(trim.log_id, self._machine.trim_lsn(trim.log_id)),
+            lambda result: reply(self._machine.trimmed(trim, result)))
+        if submitted is not Status.OK:
+            reply(self._machine.trimmed(trim, submitted))
 
     def _on_get_log_state(self, message: GetLogState, reply: ReplyFn) -> None:
         if not self._started or self._closing:

@@ -10,7 +10,8 @@ body is a msgpack array:
   consecutive LSNs; ``flags`` are ``RecordFlags``, absent in entries written before they
   existed, and with WRITTEN_BY_RECOVERY ``wave`` is recovery's seal epoch);
 * RELEASE: ``[log_id, release_lsn]``;
-* SEAL: ``[log_id, epoch, sealed_by]``.
+* SEAL: ``[log_id, epoch, sealed_by]``;
+* TRIM: ``[log_id, trim_lsn]``.
 
 Everything here is pure functions on bytes; the record store does the file I/O.
 """
@@ -43,6 +44,7 @@ class EntryType(IntEnum):
     STORE = 1
     RELEASE = 2
     SEAL = 3
+    TRIM = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +76,13 @@ class SealEntry:
     sealed_by: NodeId
 
 
-Entry = StoreMeta | ReleaseEntry | SealEntry
+@dataclass(frozen=True, slots=True)
+class TrimEntry:
+    log_id: LogId
+    trim_lsn: Lsn
+
+
+Entry = StoreMeta | ReleaseEntry | SealEntry | TrimEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +130,10 @@ def encode_release(log_id: LogId, release_lsn: Lsn) -> bytes:
 
 def encode_seal(log_id: LogId, epoch: Epoch, sealed_by: NodeId) -> bytes:
     return _frame(EntryType.SEAL, _packer.pack([log_id, epoch, sealed_by]))
+
+
+def encode_trim(log_id: LogId, trim_lsn: Lsn) -> bytes:
+    return _frame(EntryType.TRIM, _packer.pack([log_id, trim_lsn]))
 
 
 def check_entry(data: bytes | memoryview, offset: int) -> tuple[EntryType, int] | None:
@@ -172,6 +184,8 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
         fields = msgpack.unpackb(body, raw=False)
         if entry_type == EntryType.RELEASE and len(fields) == 2 and _ints(*fields):
             return ReleaseEntry(LogId(fields[0]), Lsn(fields[1]))
+        if entry_type == EntryType.TRIM and len(fields) == 2 and _ints(*fields):
+            return TrimEntry(LogId(fields[0]), Lsn(fields[1]))
         if (entry_type == EntryType.SEAL and len(fields) == 3 and _ints(*fields[:2])
                 and isinstance(fields[2], str)):
             return SealEntry(LogId(fields[0]), Epoch(fields[1]), NodeId(fields[2]))

@@ -27,11 +27,12 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
+from shared.wire.trim import Trim, Trimmed
 
 Message: TypeAlias = (
     Hello | HelloReply | Store | Stored | Release | Read | ReadReply | GetLogState | LogState
     | Append | Appended | GetSequencerState | SequencerState | Gossip | Seal | Sealed
-    | GetDigest | Digest | Clean | Cleaned
+    | GetDigest | Digest | Clean | Cleaned | Trim | Trimmed
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -55,6 +56,8 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.DIGEST: Digest,
     MessageType.CLEAN: Clean,
     MessageType.CLEANED: Cleaned,
+    MessageType.TRIM: Trim,
+    MessageType.TRIMMED: Trimmed,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 

@@ -26,6 +26,8 @@ class MessageType(IntEnum):
     DIGEST = 18
     CLEAN = 19
     CLEANED = 20
+    TRIM = 21
+    TRIMMED = 22
 
 
 RETIRED: frozenset[MessageType] = frozenset()

@@ -38,6 +38,8 @@ class ReadReply:
     next_lsn: Lsn
     """The node has delivered everything it holds below this LSN (within the read's range)."""
     markers: tuple[Marker, ...] = ()
+    trim_lsn: Lsn = Lsn(0)
+    """The node's trim point: nothing at or below it is served."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,3 +54,4 @@ class LogState:
     release_lsn: Lsn
     sealed_epoch: Epoch
     last_lsn: Lsn
+    trim_lsn: Lsn = Lsn(0)

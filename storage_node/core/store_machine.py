@@ -48,6 +48,7 @@ from shared.wire.store import (
     recovery_wave,
     seal_epoch_of_wave,
 )
+from shared.wire.trim import Trim, Trimmed
 
 LSN_READABLE_MAX = Lsn(LSN_MAX - 1)
 """Highest LSN a read may reach, so that ``next_lsn = last + 1`` still fits in 64 bits."""
@@ -69,6 +70,8 @@ class LogStorageState:
     """Highest LSN durably stored on this node."""
     epoch_tails: Mapping[Epoch, tuple[int, int]] = field(default_factory=dict)
     """Per epoch with copies here: (highest last-known-good ESN seen, highest ESN held)."""
+    trim_lsn: Lsn = LSN_INVALID
+    """Records at or below it are trimmed: never served again."""
 
     @property
     def effective_seal(self) -> tuple[Epoch, NodeId | None]:
@@ -143,13 +146,14 @@ class _LogState:
     release_lsn: Lsn = LSN_INVALID
     last_lsn: Lsn = LSN_INVALID
     epoch_tails: dict[Epoch, tuple[int, int]] = field(default_factory=dict)
+    trim_lsn: Lsn = LSN_INVALID
 
     def snapshot(self) -> LogStorageState:
         return LogStorageState(
             sealed_epoch=self.sealed_epoch, sealed_by=self.sealed_by,
             soft_sealed_epoch=self.soft_sealed_epoch, soft_sealed_by=self.soft_sealed_by,
             release_lsn=self.release_lsn, last_lsn=self.last_lsn,
-            epoch_tails=dict(self.epoch_tails))
+            epoch_tails=dict(self.epoch_tails), trim_lsn=self.trim_lsn)
 
     def effective_seal(self) -> tuple[Epoch, NodeId | None]:
         if self.soft_sealed_epoch > self.sealed_epoch:
@@ -172,7 +176,7 @@ class StoreMachine:
             sealed_epoch=state.sealed_epoch, sealed_by=state.sealed_by,
             soft_sealed_epoch=state.soft_sealed_epoch, soft_sealed_by=state.soft_sealed_by,
             release_lsn=state.release_lsn, last_lsn=state.last_lsn,
-            epoch_tails=dict(state.epoch_tails))
+            epoch_tails=dict(state.epoch_tails), trim_lsn=state.trim_lsn)
 
     def state(self, log_id: LogId) -> LogStorageState:
         log = self._logs.get(log_id)
@@ -340,7 +344,29 @@ class StoreMachine:
                             last_lsn=LSN_INVALID)
         state = self.state(message.log_id)
         return LogState(status=Status.OK, log_id=message.log_id, release_lsn=state.release_lsn,
-                        sealed_epoch=state.effective_seal[0], last_lsn=state.last_lsn)
+                        sealed_epoch=state.effective_seal[0], last_lsn=state.last_lsn,
+                        trim_lsn=state.trim_lsn)
+
+    def trim(self, trim: Trim) -> Status:
+        """Raise the trim point: OK when raised (the caller must persist it), UPTODATE when it
+        already is at or above, INVALID_PARAM for an invalid log id or LSN."""
+        if not log_id_valid(trim.log_id) or not lsn_valid(trim.trim_lsn) or (
+                trim.trim_lsn > LSN_READABLE_MAX):
+            return Status.INVALID_PARAM
+        log = self._log(trim.log_id)
+        if trim.trim_lsn <= log.trim_lsn:
+            return Status.UPTODATE
+        log.trim_lsn = trim.trim_lsn
+        return Status.OK
+
+    def trimmed(self, trim: Trim, status: Status) -> Trimmed:
+        log = self._logs.get(trim.log_id)
+        return Trimmed(status=status, log_id=trim.log_id,
+                       trim_lsn=log.trim_lsn if log is not None else LSN_INVALID)
+
+    def trim_lsn(self, log_id: LogId) -> Lsn:
+        log = self._logs.get(log_id)
+        return log.trim_lsn if log is not None else LSN_INVALID
 
     def release_lsn(self, log_id: LogId) -> Lsn:
         log = self._logs.get(log_id)

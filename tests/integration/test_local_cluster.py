@@ -247,3 +247,29 @@ async def test_restart_keeps_data_and_down_leaves_nothing(tmp_path: Path) -> Non
         async with Client(cluster.sequencer_urls, connect_timeout_ms=500) as client:
             await client.tail(1)
     assert info.value.status is Status.CONNFAILED
+
+
+async def test_trim_gives_readers_a_trim_gap_and_survives_restart(
+        local_cluster: RunningCluster) -> None:
+    log_id = fresh_log()
+    async with Client(local_cluster.sequencer_urls) as client:
+        lsns = [(await client.append(log_id, b"t%d" % i)).lsn for i in range(10)]
+        with pytest.raises(LogError) as beyond:
+            await client.trim(log_id, lsns[-1] + 1_000)
+        assert beyond.value.status is Status.INVALID_PARAM
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "services.cli", "trim", str(log_id), str(lsns[3]),
+             "--dir", str(local_cluster.dir)],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0 and f"({lsns[3]})" in done.stdout, done.stdout + done.stderr
+        assert (await client.tail(log_id)).trim_lsn == lsns[3]
+        entries = await read_all(client, log_id)
+        assert isinstance(entries[0], Gap) and (entries[0].type, entries[0].lo, entries[0].hi) == (
+            "TRIM", LSN_OLDEST, lsns[3])
+        assert [e.payload for e in entries if isinstance(e, Record)] == [
+            b"t%d" % i for i in range(4, 10)]
+        # Trimming again lower changes nothing; a storage node restart keeps the trim point.
+        assert await client.trim(log_id, lsns[1]) == lsns[3]
+        await asyncio.to_thread(lc.restart, local_cluster.dir, "st1")
+        assert (await client.tail(log_id)).trim_lsn == lsns[3]

@@ -27,6 +27,7 @@ from services.log_service import (
     ReadOutcome,
     RecordOut,
     TailOutcome,
+    TrimOutcome,
 )
 from shared.config import ApiConfig
 from shared.status import Status
@@ -96,6 +97,7 @@ class FakeLogService:
         self.raise_error = False
         self.appends: list[AppendCall] = []
         self.reads: list[ReadCall] = []
+        self.trims: list[tuple[LogId, Lsn]] = []
         self.waiters_count = 0
         self.waiter_arrived = asyncio.Event()
         self._records: dict[LogId, list[RecordOut]] = {}
@@ -203,6 +205,15 @@ class FakeLogService:
             status=Status.OK, release_lsn=self._tail(log_id), trim_lsn=Lsn(0), epoch=EPOCH,
             sequencer_node=self.node_id,
         )
+
+    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> TrimOutcome:
+        failed = self._check()
+        if failed is not None:
+            return TrimOutcome(status=failed, message="forced")
+        if trim_lsn > self._tail(log_id):
+            return TrimOutcome(status=Status.INVALID_PARAM, message="beyond the release")
+        self.trims.append((log_id, trim_lsn))
+        return TrimOutcome(status=Status.OK, trim_lsn=trim_lsn)
 
     def cluster_nodes(self) -> list[NodeOut]:
         return [

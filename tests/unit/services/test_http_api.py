@@ -266,3 +266,18 @@ async def test_health_readiness_and_cluster(client: ApiClient, fake: FakeLogServ
         "node_id": "s1", "roles": ["storage"], "http": "127.0.0.1:2", "state": "SUSPECT",
         "sequencer_weight": 0.0, "storage_capacity": 1.0,
     }
+
+
+@pytest.mark.parametrize("media", [JSON_TYPE, MSGPACK_TYPE])
+async def test_trim(client: ApiClient, fake: FakeLogService, media: str) -> None:
+    await _post(client, APPEND, {"payload": b64(b"a")}, JSON_TYPE)
+    status, _, body, _ = await _post(client, "/v1/logs/7/trim", {"lsn": FIRST_LSN}, media)
+    assert (status, body) == (200, {"trim_lsn": FIRST_LSN})
+    assert fake.trims == [(LogId(7), FIRST_LSN)]
+    for doc, code, name in (({"lsn": FIRST_LSN + 5}, 400, "INVALID_PARAM"),
+                            ({"lsn": "e1n1"}, 400, "BADMSG"), ({}, 400, "BADMSG"),
+                            ({"lsn": -1}, 400, "INVALID_PARAM")):
+        status, _, body, _ = await _post(client, "/v1/logs/7/trim", doc, media)
+        assert (status, body["status"]) == (code, name), doc
+        assert body["message"]
+    assert len(fake.trims) == 1

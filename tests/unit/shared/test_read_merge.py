@@ -85,3 +85,16 @@ def test_coverage_rule_holds(held: set[tuple[int, int]], from_epoch: int, from_e
         assert lo == cursor and hi >= lo
         cursor = Lsn(hi + 1)
     assert cursor == merged.next_lsn and merged.next_lsn - 1 <= release
+
+
+def test_trim_point_becomes_one_trim_gap_even_if_a_node_missed_it() -> None:
+    trimmed = NodeAnswer(records=(rec(1, 3), rec(1, 4)), next_lsn=lsn(1, 5),
+                         release_lsn=lsn(1, 4), trim_lsn=lsn(1, 2))
+    missed = answer(rec(1, 1), rec(1, 2), rec(1, 3), rec(1, 4), next_lsn=lsn(1, 5))
+    merged = merge([missed, trimmed], lsn(1, 1), lsn(1, 4), 100, 1 << 20)
+    assert merged.gaps == [Gap("TRIM", lsn(1, 1), lsn(1, 2))]
+    assert [r[0] for r in merged.records] == [lsn(1, 3), lsn(1, 4)]
+    # Reading from inside the trimmed range, or past it.
+    assert merge([trimmed], lsn(1, 2), lsn(1, 4), 100, 1 << 20).gaps == [
+        Gap("TRIM", lsn(1, 2), lsn(1, 2))]
+    assert merge([trimmed], lsn(1, 4), lsn(1, 4), 100, 1 << 20).gaps == []

@@ -191,3 +191,21 @@ async def test_second_process_cannot_open_the_same_directory(tmp_path: Path) -> 
             raise AssertionError("a second opener must be refused")
         except LogError as error:
             assert error.status == Status.EXISTS
+
+
+async def test_trim_is_durable_and_hides_records_below_it(tmp_path: Path) -> None:
+    from shared.wire.trim import Trim, Trimmed
+
+    data_dir = str(tmp_path)
+    async with running_node(data_dir) as node:
+        await store_all(node, [make_store(lsn(1, esn)) for esn in range(1, 6)])
+        answer = await request(node, Trim(log_id=LOG, trim_lsn=lsn(1, 3)))
+        assert isinstance(answer, Trimmed) and (answer.status, answer.trim_lsn) == (
+            Status.OK, lsn(1, 3))
+        lower = await request(node, Trim(log_id=LOG, trim_lsn=lsn(1, 1)))  # never lowers
+        assert isinstance(lower, Trimmed) and lower.trim_lsn == lsn(1, 3)
+    async with running_node(data_dir) as node:
+        reply = await read(node, make_read(lsn(1, 1), release_lsn=lsn(1, 5)))
+        assert [r[0] for r in reply.records] == [lsn(1, 4), lsn(1, 5)]
+        assert reply.trim_lsn == lsn(1, 3)
+        assert (await log_state(node)).trim_lsn == lsn(1, 3)

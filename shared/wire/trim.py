@@ -1,0 +1,25 @@
+"""TRIM / TRIMMED: a node serving ``trim(log, lsn)`` asks each storage node of the log's
+nodeset to raise its durable trim point; records at or below it are no longer served, and
+readers get a ``TRIM`` gap instead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.status import Status
+from shared.types import LogId, Lsn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trim:
+    log_id: LogId
+    trim_lsn: Lsn
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trimmed:
+    status: Status
+    """OK once the trim point is durable (also when it already was at or above)."""
+    log_id: LogId
+    trim_lsn: Lsn
+    """The node's trim point now."""
