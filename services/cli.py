@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import os
 import sys
 import time
@@ -42,6 +43,19 @@ def _lsn(text: str) -> int:
     if lsn is None:
         raise argparse.ArgumentTypeError(f"not an LSN (decimal or e5n8): {text!r}")
     return lsn
+
+
+def _time_ms(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a time (ISO 8601 or milliseconds since the epoch): {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # local time, as a user at a terminal means it
+    return int(moment.timestamp() * 1000)
 
 
 def _positive(text: str) -> int:
@@ -91,7 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     read = commands.add_parser("read", help="print records and gaps")
     read.add_argument("log_id", type=_log_id, metavar="LOG")
-    read.add_argument("--from", dest="from_lsn", type=_lsn, default=1)
+    start = read.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="from_lsn", type=_lsn, default=1)
+    start.add_argument("--since", type=_time_ms, metavar="TIME",
+                       help="start at the first record at or after TIME (ISO 8601, e.g. "
+                            "2026-11-22T10:00:00+00:00, or milliseconds since the epoch)")
     read.add_argument("--limit", type=_positive, default=1000, help="records per request")
     read.add_argument("--follow", action="store_true", help="keep waiting for new records")
     _add_target(read)
@@ -165,6 +183,8 @@ async def _append(client: Client, args: argparse.Namespace, payloads: list[bytes
 
 
 async def _read(client: Client, args: argparse.Namespace) -> int:
+    if args.since is not None:
+        args.from_lsn = await client.find_time(args.log_id, args.since)
     if args.follow:
         async for entry in client.follow(args.log_id, args.from_lsn, limit=args.limit):
             _print(format_entry(entry))

@@ -36,6 +36,7 @@ from services.http_parse import (
     encode_body,
     parse_append,
     parse_append_batch,
+    parse_find_time_query,
     parse_log_id,
     parse_read_query,
     parse_trim,
@@ -259,6 +260,19 @@ async def on_tail(request: web.Request) -> web.StreamResponse:
     return _answer(request, _tail_doc(outcome), sequencer=outcome.sequencer_node)
 
 
+async def on_find_time(request: web.Request) -> web.StreamResponse:
+    log_id = parse_log_id(request.match_info["log_id"])
+    if isinstance(log_id, Rejection):
+        return _rejected(request, log_id)
+    timestamp_ms = parse_find_time_query(request.query.items())
+    if isinstance(timestamp_ms, Rejection):
+        return _rejected(request, timestamp_ms)
+    outcome = await request.app[SERVICE_KEY].find_time(log_id, timestamp_ms)
+    if outcome.status is not Status.OK:
+        return _error(request, outcome.status, outcome.message)
+    return _answer(request, {"lsn": outcome.lsn})
+
+
 async def on_trim(request: web.Request) -> web.StreamResponse:
     parsed = await _body_request(request, parse_trim)
     if isinstance(parsed, web.StreamResponse):
@@ -267,7 +281,7 @@ async def on_trim(request: web.Request) -> web.StreamResponse:
     outcome = await request.app[SERVICE_KEY].trim(log_id, trim_lsn)
     if outcome.status is not Status.OK:
         return _error(request, outcome.status, outcome.message)
-    return _answer(request, {"trim_lsn": outcome.trim_lsn})
+    return _answer(request, {"trim_lsn": outcome.lsn})
 
 
 async def on_cluster(request: web.Request) -> web.StreamResponse:
@@ -382,6 +396,7 @@ def create_api_app(
     app.router.add_get("/v1/logs/{log_id}/records", on_records)
     app.router.add_get("/v1/logs/{log_id}/tail", on_tail)
     app.router.add_post("/v1/logs/{log_id}/trim", on_trim)
+    app.router.add_get("/v1/logs/{log_id}/find-time", on_find_time)
     app.router.add_get("/v1/cluster", on_cluster)
     app.router.add_get("/healthz", on_healthz)
     app.router.add_get("/readyz", on_readyz)

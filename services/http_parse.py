@@ -261,6 +261,18 @@ def parse_trim(doc: dict[str, Any], media: MediaType, api: ApiConfig) -> Lsn | R
     return Lsn(lsn)
 
 
+def parse_find_time_query(pairs: Iterable[tuple[str, str]]) -> int | Rejection:
+    """``timestamp_ms=<milliseconds since the epoch>`` (required)."""
+    values = [value for name, value in pairs if name == "timestamp_ms"]
+    if len(values) != 1:
+        return Rejection(Status.BADMSG, "timestamp_ms is required, once")
+    text = values[0].strip()
+    if not text.isdigit() or len(text) > 19 or int(text) >= 2**63:
+        return Rejection(Status.INVALID_PARAM,
+                         f"timestamp_ms must be an integer in 0..2**63-1, not {values[0]!r}")
+    return int(text)
+
+
 def parse_log_id(text: str) -> LogId | Rejection:
     """A decimal log id in ``1 .. 2**62 - 1``."""
     if _LOG_ID_TEXT.fullmatch(text) is None or not log_id_valid(int(text)):

@@ -64,9 +64,11 @@ class TailOutcome:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TrimOutcome:
+class LsnOutcome:
+    """The answer to ``trim`` (the trim point now) or ``find_time`` (the LSN found)."""
+
     status: Status
-    trim_lsn: Lsn = Lsn(0)
+    lsn: Lsn = Lsn(0)
     message: str = ""
 
 
@@ -87,6 +89,7 @@ class LogService(Protocol):
     ``NOTFOUND`` (log not provisioned and provisioning off), ``TIMEDOUT`` (outcome unknown),
     ``OVERLOADED``, ``NOSPC``, ``TOOBIG``.
     ``read``/``tail``: ``OK``, ``NOTFOUND``, ``NOSEQUENCER``, ``TIMEDOUT``.
+    ``find_time``: ``OK``, ``NOTFOUND``, ``NOTREADY`` (fewer than an f-majority answered).
     ``trim``: ``OK``, ``NOTFOUND``, ``INVALID_PARAM`` (beyond the release pointer),
     ``NOTREADY`` (too few storage nodes confirmed; retry: trimming is idempotent).
     """
@@ -112,7 +115,12 @@ class LogService(Protocol):
 
     async def tail(self, log_id: LogId) -> TailOutcome: ...
 
-    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> TrimOutcome:
+    async def find_time(self, log_id: LogId, timestamp_ms: int) -> LsnOutcome:
+        """The lowest released LSN whose record has a timestamp at or after ``timestamp_ms``
+        (``release_lsn + 1`` if none)."""
+        ...
+
+    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> LsnOutcome:
         """Make every record at or below ``trim_lsn`` unreadable (a ``TRIM`` gap)."""
         ...
 

@@ -25,11 +25,11 @@ from sequencer.runtime import SequencerRuntime
 from services.log_service import (
     AppendOutcome,
     GapOut,
+    LsnOutcome,
     NodeOut,
     ReadOutcome,
     RecordOut,
     TailOutcome,
-    TrimOutcome,
 )
 from shared.config import ProcessConfig
 from shared.epoch_metadata import LogMetadata
@@ -43,7 +43,7 @@ from shared.status import Status
 from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, log_id_valid
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
-from shared.wire.trim import Trim, Trimmed
+from shared.wire.trim import FindTime, FoundTime, Trim, Trimmed
 
 log = logging.getLogger(__name__)
 
@@ -320,17 +320,39 @@ class NodeService:
         return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
 
-    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> TrimOutcome:
+    async def find_time(self, log_id: LogId, timestamp_ms: int) -> LsnOutcome:
+        """Every record is on R nodes, so among an f-majority's answers (each node's first LSN
+        at or after the time, from its index) the lowest is the log's."""
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None:
+            return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
+        release = await self._release_hint(log_id)
+        replies: list[Any] = await asyncio.gather(*(
+            self.pool.call(node, FindTime(log_id=log_id, timestamp_ms=timestamp_ms),
+                           STORAGE_CALL_TIMEOUT_MS)
+            for node in metadata.nodeset))
+        answers = [r for r in replies if type(r) is FoundTime and r.status is Status.OK]
+        needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
+        if len(answers) < needed:
+            return LsnOutcome(
+                status=Status.NOTREADY,
+                message=f"{len(answers)} of {len(metadata.nodeset)} storage nodes answered; "
+                        f"{needed} are needed")
+        found = [r.lsn for r in answers if r.lsn]
+        lsn = min(found) if found else Lsn(release + 1)
+        return LsnOutcome(status=Status.OK, lsn=Lsn(min(lsn, release + 1)))
+
+    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> LsnOutcome:
         """Raise the trim point on every storage node of the log's nodeset; done once an
         f-majority has it durably. Readers take the highest trim point any answering node
         reports, so a node that missed the trim (down at the time) can only serve records below
         it to a reader that reaches no node that has it; calling trim again reaches it."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
-            return TrimOutcome(status=status, message=f"log {log_id}: {status.description}")
+            return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
         release = await self._release_hint(log_id)
         if trim_lsn > release:
-            return TrimOutcome(
+            return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")
         replies: list[Any] = await asyncio.gather(*(
@@ -340,11 +362,11 @@ class NodeService:
         done = [r for r in replies if type(r) is Trimmed and r.status is Status.OK]
         needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
         if len(done) < needed:
-            return TrimOutcome(
+            return LsnOutcome(
                 status=Status.NOTREADY,
                 message=f"{len(done)} of {len(metadata.nodeset)} storage nodes trimmed; "
                         f"{needed} are needed; retry (trimming is idempotent)")
-        return TrimOutcome(status=Status.OK, trim_lsn=Lsn(max(r.trim_lsn for r in done)))
+        return LsnOutcome(status=Status.OK, lsn=Lsn(max(r.trim_lsn for r in done)))
 
     # ---- cluster -------------------------------------------------------------------------
 

@@ -99,6 +99,7 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
         }),
         "TrimRequest": _object({"lsn": _ref("Lsn")}),
         "TrimResponse": _object({"trim_lsn": _ref("Lsn")}),
+        "FindTimeResponse": _object({"lsn": _ref("Lsn")}),
         "TailResponse": _object({
             "release_lsn": _ref("Lsn"), "trim_lsn": _ref("Lsn"),
             "epoch": _uint(2**32 - 1), "sequencer": {"type": "string"},
@@ -212,6 +213,12 @@ def build_openapi(api: ApiConfig) -> dict[str, Any]:
                 "released records and gaps from an LSN on", "ReadResponse",
                 (400, 404, 500, 503, 504), parameters=_read_params(api))},
             "/v1/logs/{log_id}/tail": {"get": tail},
+            "/v1/logs/{log_id}/find-time": {"get": _get_op(
+                "the lowest LSN whose record has timestamp_ms at or after the one given "
+                "(release_lsn + 1 if none)", "FindTimeResponse", (400, 404, 500, 503, 504),
+                parameters=[_LOG_ID_PARAM, {
+                    "name": "timestamp_ms", "in": "query", "required": True,
+                    "schema": _uint(2**63 - 1), "description": "milliseconds since the epoch"}])},
             "/v1/logs/{log_id}/trim": {"post": {
                 "summary": "make records at or below an LSN unreadable (TRIM gaps)",
                 "parameters": [_LOG_ID_PARAM],

@@ -27,6 +27,8 @@ class Location:
     entry covers the rest."""
     entry_first_lsn: Lsn = Lsn(0)
     """The first LSN of the entry in the file (0: ``first_lsn``)."""
+    timestamp_ms: int = -1
+    """The records' timestamp (one per STORE); -1 for holes, which find-time skips."""
 
     @property
     def stored_first_lsn(self) -> Lsn:
@@ -34,17 +36,20 @@ class Location:
 
     def narrowed(self, first_lsn: int, last_lsn: int) -> Location:
         return Location(self.segment_id, self.offset, self.length, Lsn(first_lsn),
-                        Lsn(last_lsn), self.stored_first_lsn)
+                        Lsn(last_lsn), self.stored_first_lsn, self.timestamp_ms)
 
 
 class LogIndex:
     """One log's entries; ``_firsts`` is sorted and parallel to ``_locations``."""
 
-    __slots__ = ("_firsts", "_locations")
+    __slots__ = ("_firsts", "_locations", "_times")
 
     def __init__(self) -> None:
         self._firsts: list[int] = []
         self._locations: list[Location] = []
+        self._times: list[int] | None = []
+        """Running maximum of the timestamps in LSN order (None: rebuild before use), so that
+        find-time is a binary search, never a scan of the log."""
 
     def __len__(self) -> int:
         return len(self._firsts)
@@ -60,7 +65,11 @@ class LogIndex:
                           and location.first_lsn > self._locations[-1].last_lsn):
             firsts.append(location.first_lsn)
             self._locations.append(location)
+            if self._times is not None:
+                self._times.append(max(location.timestamp_ms,
+                                       self._times[-1] if self._times else -1))
             return 0
+        self._times = None
         start = bisect.bisect_left(firsts, location.first_lsn)
         if start > 0 and self._locations[start - 1].last_lsn >= location.first_lsn:
             start -= 1
@@ -79,6 +88,19 @@ class LogIndex:
         firsts[start:end] = [k.first_lsn for k in kept]
         self._locations[start:end] = kept
         return replaced - len(kept) + 1
+
+    def find_time(self, timestamp_ms: int) -> Lsn | None:
+        """The first LSN of a record with a timestamp at or after ``timestamp_ms`` (timestamps
+        taken as non-decreasing in LSN order, as one sequencer's clock gives), or None."""
+        if self._times is None:
+            times: list[int] = []
+            for location in self._locations:
+                times.append(max(location.timestamp_ms, times[-1] if times else -1))
+            self._times = times
+        index = bisect.bisect_left(self._times, timestamp_ms)
+        if index == len(self._times):
+            return None
+        return self._locations[index].first_lsn
 
     def ranges(self, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges held within ``[from_lsn, until_lsn]``."""
@@ -124,6 +146,10 @@ class RecordIndex:
         if log is None or from_lsn > until_lsn:
             return []
         return log.locate(from_lsn, until_lsn, records_max)
+
+    def find_time(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
+        log = self._logs.get(log_id)
+        return log.find_time(timestamp_ms) if log is not None else None
 
     def ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         log = self._logs.get(log_id)

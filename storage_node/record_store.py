@@ -41,7 +41,7 @@ from shared.types import (
     lsn_to_epoch,
     lsn_to_esn,
 )
-from shared.wire.store import Store
+from shared.wire.store import RecordFlags, Store
 from storage_node.core.store_machine import LogStorageState
 from storage_node.record_index import Location, RecordIndex
 from storage_node.record_reads import CopiesResult, ReadResult, read_locations
@@ -189,6 +189,11 @@ class RecordStore:
                             read_checksum_failures=int(corrupt))
         return result
 
+    def find_time(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
+        """The first LSN this store holds a record of with a timestamp at or after
+        ``timestamp_ms`` (an index lookup: no I/O)."""
+        return self._index.find_time(log_id, timestamp_ms)
+
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
         return self._index.ranges(log_id, from_lsn, until_lsn)
@@ -329,7 +334,8 @@ class RecordStore:
             source = pending.chunk_source
             if isinstance(source, Store):
                 self._index.insert(source.log_id, Location(
-                    result.segment_id, offset, length, source.lsn, source.last_lsn))
+                    result.segment_id, offset, length, source.lsn, source.last_lsn,
+                    timestamp_ms=_index_time(source.flags, source.timestamp_ms)))
                 stores_count += 1
                 records_count += pending.records_count
             offset += length
@@ -422,6 +428,11 @@ class RecordStore:
                 self._lock_fd = -1
 
 
+def _index_time(flags: int, timestamp_ms: int) -> int:
+    """Holes and bridges have no timestamp: find-time skips them."""
+    return -1 if flags & RecordFlags.HOLE else timestamp_ms
+
+
 def _encode(source: Store | SealEntry | TrimEntry) -> bytes:
     if isinstance(source, Store):
         return encode_store(source)
@@ -447,7 +458,8 @@ class _Recovery:
         log_id = entry.log_id
         if isinstance(entry, StoreMeta):
             self._index.insert(log_id, Location(
-                segment_id, scanned.offset, scanned.length, entry.first_lsn, entry.last_lsn))
+                segment_id, scanned.offset, scanned.length, entry.first_lsn, entry.last_lsn,
+                timestamp_ms=_index_time(entry.flags, entry.timestamp_ms)))
             last = self._last.get(log_id)
             if last is None or entry.last_lsn > last[0]:
                 self._last[log_id] = (entry.last_lsn, entry.sequencer_node)

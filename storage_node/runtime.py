@@ -30,6 +30,7 @@ from shared.types import (
     Lsn,
     NodeId,
     compose_lsn,
+    log_id_valid,
     lsn_to_epoch,
     lsn_to_esn,
 )
@@ -38,7 +39,7 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import Store
-from shared.wire.trim import Trim
+from shared.wire.trim import FindTime, FoundTime, Trim
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
@@ -85,6 +86,7 @@ class StorageNode:
             GetDigest: self._on_get_digest,
             Clean: self._on_clean,
             Trim: self._on_trim,
+            FindTime: self._on_find_time,
         }
 
     async def start(self) -> None:
@@ -358,6 +360,19 @@ class StorageNode:
             lambda result: reply(self._machine.trimmed(trim, result)))
         if submitted is not Status.OK:
             reply(self._machine.trimmed(trim, submitted))
+
+    def _on_find_time(self, request: FindTime, reply: ReplyFn) -> None:
+        status = self._not_serving() or Status.OK
+        if status is Status.OK and (not log_id_valid(request.log_id)
+                                    or not 0 <= request.timestamp_ms < 2**63):
+            status = Status.BADMSG
+        lsn = LSN_INVALID
+        if status is Status.OK:
+            found = self._store.find_time(request.log_id, request.timestamp_ms)
+            if found is not None:
+                # A trimmed record is not served: the first readable one comes after it.
+                lsn = Lsn(max(found, self._machine.trim_lsn(request.log_id) + 1))
+        reply(FoundTime(status=status, log_id=request.log_id, lsn=lsn))
 
     def _on_get_log_state(self, message: GetLogState, reply: ReplyFn) -> None:
         if not self._started or self._closing:

@@ -57,6 +57,7 @@ class StoreMeta:
     sequencer_node: NodeId
     last_known_good: int = 0
     flags: int = 0
+    timestamp_ms: int = 0
 
     @property
     def last_lsn(self) -> Lsn:
@@ -169,8 +170,9 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
             fields_count = unpacker.read_array_header()
             if fields_count not in (10, 11):
                 return None
-            log_id, first_lsn, count, node, _ts, lng = (unpacker.unpack() for _ in range(6))
-            if not (_ints(log_id, first_lsn, count, lng) and isinstance(node, str)
+            log_id, first_lsn, count, node, timestamp_ms, lng = (
+                unpacker.unpack() for _ in range(6))
+            if not (_ints(log_id, first_lsn, count, lng, timestamp_ms) and isinstance(node, str)
                     and count >= 1):
                 return None
             flags = 0
@@ -180,7 +182,8 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
                 flags = unpacker.unpack()
                 if not _ints(flags):
                     return None
-            return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node), lng, flags)
+            return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node), lng, flags,
+                             timestamp_ms)
         fields = msgpack.unpackb(body, raw=False)
         if entry_type == EntryType.RELEASE and len(fields) == 2 and _ints(*fields):
             return ReleaseEntry(LogId(fields[0]), Lsn(fields[1]))

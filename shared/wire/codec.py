@@ -27,12 +27,12 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
-from shared.wire.trim import Trim, Trimmed
+from shared.wire.trim import FindTime, FoundTime, Trim, Trimmed
 
 Message: TypeAlias = (
     Hello | HelloReply | Store | Stored | Release | Read | ReadReply | GetLogState | LogState
     | Append | Appended | GetSequencerState | SequencerState | Gossip | Seal | Sealed
-    | GetDigest | Digest | Clean | Cleaned | Trim | Trimmed
+    | GetDigest | Digest | Clean | Cleaned | Trim | Trimmed | FindTime | FoundTime
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -58,6 +58,8 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.CLEANED: Cleaned,
     MessageType.TRIM: Trim,
     MessageType.TRIMMED: Trimmed,
+    MessageType.FIND_TIME: FindTime,
+    MessageType.FOUND_TIME: FoundTime,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 

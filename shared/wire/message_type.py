@@ -28,6 +28,8 @@ class MessageType(IntEnum):
     CLEANED = 20
     TRIM = 21
     TRIMMED = 22
+    FIND_TIME = 23
+    FOUND_TIME = 24
 
 
 RETIRED: frozenset[MessageType] = frozenset()

@@ -1,6 +1,8 @@
-"""TRIM / TRIMMED: a node serving ``trim(log, lsn)`` asks each storage node of the log's
-nodeset to raise its durable trim point; records at or below it are no longer served, and
-readers get a ``TRIM`` gap instead."""
+"""Log-position messages to storage nodes.
+
+TRIM / TRIMMED: a node serving ``trim(log, lsn)`` asks each storage node of the log's nodeset
+to raise its durable trim point; records at or below it are no longer served, and readers get
+a ``TRIM`` gap instead. FIND_TIME / FOUND_TIME: the first LSN at or after a timestamp."""
 
 from __future__ import annotations
 
@@ -23,3 +25,20 @@ class Trimmed:
     log_id: LogId
     trim_lsn: Lsn
     """The node's trim point now."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FindTime:
+    """Ask a storage node for the first LSN it holds a record of with a timestamp at or
+    after ``timestamp_ms`` (from its index; no scan)."""
+
+    log_id: LogId
+    timestamp_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FoundTime:
+    status: Status
+    log_id: LogId
+    lsn: Lsn
+    """0 when the node holds no such record."""

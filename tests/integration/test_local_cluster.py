@@ -273,3 +273,28 @@ async def test_trim_gives_readers_a_trim_gap_and_survives_restart(
         assert await client.trim(log_id, lsns[1]) == lsns[3]
         await asyncio.to_thread(lc.restart, local_cluster.dir, "st1")
         assert (await client.tail(log_id)).trim_lsn == lsns[3]
+
+
+async def test_find_time_agrees_with_a_scan_and_read_since_starts_there(
+        local_cluster: RunningCluster) -> None:
+    log_id = fresh_log()
+    async with Client(local_cluster.sequencer_urls) as client:
+        written = []
+        for i in range(30):
+            result = await client.append(log_id, b"f%d" % i)
+            written.append((result.lsn, result.timestamp_ms))
+            if i % 10 == 9:
+                await asyncio.sleep(0.01)  # spread the timestamps a little
+        release = (await client.tail(log_id)).release_lsn
+        for _, wanted_ms in [written[0], written[12], written[29], (0, written[29][1] + 1)]:
+            expected = min((lsn for lsn, ts in written if ts >= wanted_ms), default=release + 1)
+            assert await client.find_time(log_id, wanted_ms) == expected, wanted_ms
+        since_ms = written[20][1]
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "services.cli", "read", str(log_id), "--since", str(since_ms),
+             "--dir", str(local_cluster.dir)],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        first = min(lsn for lsn, ts in written if ts >= since_ms)
+        assert done.stdout.count("\n") == sum(1 for lsn, _ in written if lsn >= first)

@@ -23,11 +23,11 @@ from services.log_service import (
     AppendOutcome,
     GapOut,
     GapType,
+    LsnOutcome,
     NodeOut,
     ReadOutcome,
     RecordOut,
     TailOutcome,
-    TrimOutcome,
 )
 from shared.config import ApiConfig
 from shared.status import Status
@@ -206,14 +206,22 @@ class FakeLogService:
             sequencer_node=self.node_id,
         )
 
-    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> TrimOutcome:
+    async def find_time(self, log_id: LogId, timestamp_ms: int) -> LsnOutcome:
         failed = self._check()
         if failed is not None:
-            return TrimOutcome(status=failed, message="forced")
+            return LsnOutcome(status=failed, message="forced")
+        records = self._records.get(log_id, [])
+        found = [r.lsn for r in records if r.timestamp_ms >= timestamp_ms]
+        return LsnOutcome(status=Status.OK, lsn=found[0] if found else Lsn(self._tail(log_id) + 1))
+
+    async def trim(self, log_id: LogId, trim_lsn: Lsn) -> LsnOutcome:
+        failed = self._check()
+        if failed is not None:
+            return LsnOutcome(status=failed, message="forced")
         if trim_lsn > self._tail(log_id):
-            return TrimOutcome(status=Status.INVALID_PARAM, message="beyond the release")
+            return LsnOutcome(status=Status.INVALID_PARAM, message="beyond the release")
         self.trims.append((log_id, trim_lsn))
-        return TrimOutcome(status=Status.OK, trim_lsn=trim_lsn)
+        return LsnOutcome(status=Status.OK, lsn=trim_lsn)
 
     def cluster_nodes(self) -> list[NodeOut]:
         return [

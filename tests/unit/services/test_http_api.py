@@ -281,3 +281,18 @@ async def test_trim(client: ApiClient, fake: FakeLogService, media: str) -> None
         assert (status, body["status"]) == (code, name), doc
         assert body["message"]
     assert len(fake.trims) == 1
+
+
+async def test_find_time(client: ApiClient) -> None:
+    await _post(client, APPEND, {"payload": b64(b"a")}, JSON_TYPE)
+    for query, code, expected in (
+            (f"timestamp_ms={TIMESTAMP_MS}", 200, {"lsn": FIRST_LSN}),
+            (f"timestamp_ms={TIMESTAMP_MS + 1}", 200, {"lsn": FIRST_LSN + 1}),
+            ("", 400, "BADMSG"), ("timestamp_ms=soon", 400, "INVALID_PARAM"),
+            ("timestamp_ms=-5", 400, "INVALID_PARAM"),
+            (f"timestamp_ms={2**63}", 400, "INVALID_PARAM")):
+        async with client.get(f"/v1/logs/7/find-time?{query}",
+                              headers={"Accept": JSON_TYPE}) as resp:
+            body = await resp.json()
+        assert resp.status == code, (query, body)
+        assert body == expected if code == 200 else body["status"] == expected, (query, body)

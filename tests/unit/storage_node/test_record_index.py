@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from shared.types import LogId, Lsn
 from storage_node.record_index import Location, LogIndex, RecordIndex
 
@@ -51,3 +53,27 @@ def test_a_single_lsn_inside_a_batch_splits_it() -> None:
             for x in index.locate(LogId(1), Lsn(1), Lsn(10), 100)] == [
         (1, 3, 1, 1), (4, 4, 2, 4), (5, 10, 1, 1)]
     assert index.entries_count == 3
+
+
+def test_find_time_matches_a_brute_force_scan_over_100k_records() -> None:
+    rng = random.Random(5)
+    index = RecordIndex()
+    timestamps: list[tuple[int, int]] = []  # (lsn, timestamp) of every record
+    lsn, now_ms = 1, 1_000
+    while lsn <= 100_000:
+        count = rng.choice((1, 1, 1, 4, 64))
+        now_ms += rng.choice((0, 0, 1, 3, 50))  # appends in the same millisecond too
+        flags_hole = rng.random() < 0.02  # recovery plugs have no timestamp
+        index.insert(LogId(1), Location(1, lsn, 10, Lsn(lsn), Lsn(lsn + count - 1),
+                                        timestamp_ms=-1 if flags_hole else now_ms))
+        if not flags_hole:
+            timestamps.extend((lsn + i, now_ms) for i in range(count))
+        lsn += count
+    # A recovery plug overwriting one record in the middle.
+    plugged = timestamps[len(timestamps) // 2][0]
+    index.insert(LogId(1), Location(2, 0, 10, Lsn(plugged), Lsn(plugged), timestamp_ms=-1))
+    timestamps = [(lsn, ts) for lsn, ts in timestamps if lsn != plugged]
+    for wanted_ms in [0, 1_000, now_ms, now_ms + 1, *rng.sample(range(1_000, now_ms), 300)]:
+        expected = next((lsn for lsn, ts in timestamps if ts >= wanted_ms), None)
+        assert index.find_time(LogId(1), wanted_ms) == expected, wanted_ms
+    assert index.find_time(LogId(2), 0) is None
