@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from gossip.core.failure_detector import NodeState
 from gossip.runtime import GossipRuntime
@@ -51,6 +51,7 @@ FORWARD_HOPS_MAX = 2
 READ_POLL_INTERVAL_S = 0.02
 STORAGE_CALL_TIMEOUT_MS = 2_000
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
+T = TypeVar("T")
 RELEASES_REMEMBERED_MAX = 100_000
 """Logs whose highest reported release pointer a node remembers (oldest forgotten first)."""
 _STATE_NAMES: dict[NodeState, Literal["ALIVE", "SUSPECT", "DEAD"]] = {
@@ -323,22 +324,12 @@ class NodeService:
     async def find_time(self, log_id: LogId, timestamp_ms: int) -> LsnOutcome:
         """Every record is on R nodes, so among an f-majority's answers (each node's first LSN
         at or after the time, from its index) the lowest is the log's."""
-        status, metadata = await self._log_metadata(log_id)
-        if metadata is None:
-            return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
         release = await self._release_hint(log_id)
-        replies: list[Any] = await asyncio.gather(*(
-            self.pool.call(node, FindTime(log_id=log_id, timestamp_ms=timestamp_ms),
-                           STORAGE_CALL_TIMEOUT_MS)
-            for node in metadata.nodeset))
-        answers = [r for r in replies if type(r) is FoundTime and r.status is Status.OK]
-        needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
-        if len(answers) < needed:
-            return LsnOutcome(
-                status=Status.NOTREADY,
-                message=f"{len(answers)} of {len(metadata.nodeset)} storage nodes answered; "
-                        f"{needed} are needed")
-        found = [r.lsn for r in answers if r.lsn]
+        asked = await self._ask_f_majority(
+            log_id, FindTime(log_id=log_id, timestamp_ms=timestamp_ms), FoundTime)
+        if isinstance(asked, LsnOutcome):
+            return asked
+        found = [r.lsn for r in asked if r.lsn]
         lsn = min(found) if found else Lsn(release + 1)
         return LsnOutcome(status=Status.OK, lsn=Lsn(min(lsn, release + 1)))
 
@@ -355,18 +346,30 @@ class NodeService:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")
+        asked = await self._ask_f_majority(log_id, Trim(log_id=log_id, trim_lsn=trim_lsn),
+                                           Trimmed)
+        if isinstance(asked, LsnOutcome):
+            return asked
+        return LsnOutcome(status=Status.OK, lsn=Lsn(max(r.trim_lsn for r in asked)))
+
+    async def _ask_f_majority(self, log_id: LogId, message: Any,
+                              answer_type: type[T]) -> list[T] | LsnOutcome:
+        """Send ``message`` to every storage node of the log's nodeset: the OK answers, or why
+        there are fewer than an f-majority of them (NOTFOUND, NOTREADY; retrying is safe)."""
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None:
+            return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
         replies: list[Any] = await asyncio.gather(*(
-            self.pool.call(node, Trim(log_id=log_id, trim_lsn=trim_lsn),
-                           STORAGE_CALL_TIMEOUT_MS)
-            for node in metadata.nodeset))
-        done = [r for r in replies if type(r) is Trimmed and r.status is Status.OK]
+            self.pool.call(node, message, STORAGE_CALL_TIMEOUT_MS) for node in metadata.nodeset))
+        answers = [r for r in replies
+                   if type(r) is answer_type and getattr(r, "status", None) is Status.OK]
         needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
-        if len(done) < needed:
+        if len(answers) < needed:
             return LsnOutcome(
                 status=Status.NOTREADY,
-                message=f"{len(done)} of {len(metadata.nodeset)} storage nodes trimmed; "
-                        f"{needed} are needed; retry (trimming is idempotent)")
-        return LsnOutcome(status=Status.OK, lsn=Lsn(max(r.trim_lsn for r in done)))
+                message=f"{len(answers)} of {len(metadata.nodeset)} storage nodes answered; "
+                        f"{needed} are needed; retry")
+        return answers
 
     # ---- cluster -------------------------------------------------------------------------
 
