@@ -12,6 +12,7 @@ turns many small STOREs into a few large ones, which is what Python needs to kee
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import logging
@@ -106,6 +107,9 @@ class SequencerRuntime:
         self._drained = asyncio.Event()
         """Set once closing and no appender is in flight any more."""
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+        self.recovery_phases_count: collections.Counter[str] = collections.Counter()
+        """How often log recoveries entered each phase (SEALING counts attempts, DONE and
+        PREEMPTED the ends), for /metrics."""
         self._unavailable: frozenset[NodeId] = frozenset()
 
     async def start(self) -> None:
@@ -244,6 +248,7 @@ class SequencerRuntime:
             elif type(effect) is RecoveryProgress:
                 log.info("log %d: recovery attempt %d: %s", effect.log_id, effect.attempt,
                          effect.phase)
+                self.recovery_phases_count[effect.phase] += 1
                 if effect.phase == "DIGESTING":
                     failpoints.hit("recovery.after_seal")
             else:

@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from epoch_store import open_epoch_store
 from gossip.core.failure_detector import NodeState
 from gossip.runtime import GossipRuntime
+from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.http_api import create_api_app
 from services.node_service import NodeService
@@ -75,6 +76,16 @@ class _RoleCollector(Collector):
             yield GaugeMetricFamily("seqlog_sequencer_appends_in_flight",
                                     "appends waiting for their copies",
                                     value=sum(len(s.appenders) for s in sequencers))
+            yield GaugeMetricFamily("seqlog_sequencer_logs_recovering",
+                                    "logs whose earlier epochs are being recovered here",
+                                    value=sum(s.recovery is not None for s in sequencers))
+            phases = GaugeMetricFamily(
+                "seqlog_sequencer_recovery_phases", "log recoveries that entered each phase "
+                "(SEALING: attempts; DONE, PREEMPTED: ends)", labels=["phase"])
+            for phase in Phase:
+                phases.add_metric([phase.value],
+                                  self.sequencer.recovery_phases_count[phase.value])
+            yield phases
         view = self.gossip.view()
         for state in NodeState:
             yield GaugeMetricFamily(f"seqlog_gossip_nodes_{state.value.lower()}",

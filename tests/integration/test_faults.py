@@ -202,6 +202,12 @@ async def test_kill9_every_node_keeps_acknowledged_records(cluster_dir: Path) ->
                         30, "release after recovery")
             found = await _read_all(client, log_id, result.lsn)
             assert found == {**log_acked, result.lsn: b"after restart"}
+    # Operators see it: every log's recovery ran to its end once.
+    sequencers = [n for n in state.nodes if "sequencer" in n.roles]
+    done = sum(_metric(n.http, 'seqlog_sequencer_recovery_phases{phase="DONE"}')
+               for n in sequencers)
+    assert done == len(acked)
+    assert sum(_metric(n.http, "seqlog_sequencer_logs_recovering") for n in sequencers) == 0
 
 
 async def test_full_window_answers_429_and_writes_nothing(cluster_dir: Path) -> None:
