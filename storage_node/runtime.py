@@ -24,7 +24,6 @@ from shared.types import (
     EPOCH_INVALID,
     ESN_MAX,
     LSN_INVALID,
-    Epoch,
     Esn,
     LogId,
     Lsn,
@@ -116,30 +115,6 @@ class StorageNode:
                         type(message).__name__, peer)
             return
         handler(message, reply)
-
-    async def seal(self, log_id: LogId, epoch: Epoch, sealed_by: NodeId) -> Status:
-        """Durably seal ``log_id`` up to ``epoch``: afterwards every STORE of an epoch <= it
-        is PREEMPTED. Returns OK once the seal is durable (also when it already was at
-        ``epoch``); PREEMPTED when a higher seal exists (see ``log_state``); INVALID_PARAM;
-        or the record store's failure (OVERLOADED, NOSPC, DISABLED, SHUTDOWN, NOTREADY)."""
-        if not self._started or self._closing:
-            return Status.SHUTDOWN if self._closing else Status.NOTREADY
-        status = self._machine.seal(log_id, epoch, sealed_by)
-        if status not in (Status.OK, Status.UPTODATE):
-            return status
-        # Written even when UPTODATE: the earlier identical seal may still be queued, and
-        # the FIFO writer makes this one durable only after it.
-        done: asyncio.Future[Status] = asyncio.get_running_loop().create_future()
-
-        def persisted(result: Status) -> None:
-            if not done.done():
-                done.set_result(result)
-
-        status = self._store.submit_seal(SealEntry(log_id, epoch, sealed_by), persisted)
-        if status != Status.OK:
-            return status
-        self._counts["seals"] += 1
-        return await done
 
     def log_state(self, log_id: LogId) -> LogStorageState:
         return self._machine.state(log_id)

@@ -14,6 +14,7 @@ from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.codec import Message
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
+from shared.wire.recovery import Seal, Sealed
 from shared.wire.store import Store, Stored, payloads_checksum
 from storage_node.runtime import StorageNode
 
@@ -87,6 +88,14 @@ async def log_state(node: StorageNode, log_id: LogId = LOG) -> LogState:
     answer = await request(node, GetLogState(log_id=log_id))
     assert isinstance(answer, LogState)
     return answer
+
+
+async def seal(node: StorageNode, epoch: int, sealed_by: str, log_id: LogId = LOG) -> Status:
+    """Recovery's SEAL through on_message; the SEALED status."""
+    answer = await request(node, Seal(log_id=log_id, seal_epoch=Epoch(epoch),
+                                      sealed_by=NodeId(sealed_by), from_epoch=Epoch(1)))
+    assert isinstance(answer, Sealed)
+    return answer.status
 
 
 async def store_all(node: StorageNode, messages: list[Store]) -> list[Stored]:

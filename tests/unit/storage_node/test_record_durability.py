@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from shared.status import Status
-from shared.types import Epoch, NodeId
+from shared.types import NodeId
 from shared.wire.release import Release
 from shared.wire.store import Store
 from storage_node.runtime import StorageNode
@@ -27,6 +27,7 @@ from tests.unit.storage_node.helpers import (
     read,
     read_file,
     running_node,
+    seal,
     segment_paths,
     storage_config,
     store,
@@ -54,7 +55,7 @@ async def test_restart_rebuilds_index_release_and_seals(tmp_path: Path) -> None:
         assert_ok(await store_all(node, [make_store(lsn(1, i)) for i in range(1, 6)]))
         assert_ok([await store(node, make_store(lsn(2, 1), (b"a", b"b", b"c"), sequencer=SEQ_B))])
         node.on_message(NodeId("s"), Release(log_id=LOG, release_lsn=lsn(2, 2)), lambda m: None)
-        assert await node.seal(LOG, Epoch(1), NodeId("recoverer")) == Status.OK
+        assert await seal(node, 1, "recoverer") == Status.OK
     async with running_node(data_dir) as node:
         state = await log_state(node)
         assert state.release_lsn == lsn(2, 2) and state.last_lsn == lsn(2, 3)

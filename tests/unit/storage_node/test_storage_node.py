@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from shared.status import LogError, Status
-from shared.types import Epoch, NodeId
+from shared.types import NodeId
 from shared.wire.hello import Hello
 from shared.wire.read import GetLogState, LogState
 from shared.wire.release import Release
@@ -26,6 +26,7 @@ from tests.unit.storage_node.helpers import (
     read_file,
     request,
     running_node,
+    seal,
     segment_paths,
     storage_config,
     store,
@@ -118,9 +119,9 @@ async def test_store_of_newer_epoch_preempts_older_sequencer(tmp_path: Path) -> 
 async def test_durable_seal_preempts_and_survives_restart(tmp_path: Path) -> None:
     data_dir = str(tmp_path)
     async with running_node(data_dir) as node:
-        assert await node.seal(LOG, Epoch(4), NodeId("recoverer")) == Status.OK
-        assert await node.seal(LOG, Epoch(4), NodeId("recoverer")) == Status.OK
-        assert await node.seal(LOG, Epoch(3), NodeId("late")) == Status.PREEMPTED
+        assert await seal(node, 4, "recoverer") == Status.OK
+        assert await seal(node, 4, "recoverer") == Status.OK
+        assert await seal(node, 3, "late") == Status.PREEMPTED
         reply = await store(node, make_store(lsn(4, 1)))
         assert (reply.status, reply.sealed_epoch, reply.sealed_by) == (Status.PREEMPTED, 4,
                                                                        "recoverer")
