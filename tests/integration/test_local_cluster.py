@@ -67,6 +67,19 @@ async def read_all(client: Client, log_id: int, *, limit: int = 1000) -> list[Re
         next_lsn = result.next_lsn
 
 
+async def read_all_released(client: Client, log_id: int, through_lsn: int, *,
+                            timeout_s: float = 60) -> list[Record | Gap]:
+    """read_all once the release point covers ``through_lsn``: an append is acknowledged
+    when it is stored, but a sequencer that just took over releases only after recovering
+    the previous epoch, so an acknowledged record may be unreadable for a moment."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await client.tail(log_id)).release_lsn < through_lsn:
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"log {log_id}: release never reached {through_lsn}")
+        await asyncio.sleep(0.05)
+    return await read_all(client, log_id)
+
+
 async def test_json_appends_on_either_sequencer(local_cluster: RunningCluster) -> None:
     log_id = fresh_log()
     lsns: list[int] = []

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from seqlog_cluster_support import READY_TIMEOUT_MS, RunningCluster
-from test_local_cluster import fresh_log, read_all
+from test_local_cluster import fresh_log, read_all_released
 from test_local_cluster import (
     test_batches_are_atomic_and_consecutive as test_zk_batches_are_atomic_and_consecutive,
 )
@@ -101,13 +101,15 @@ async def test_sequencer_restart_takes_a_higher_epoch_from_zookeeper(
         await asyncio.to_thread(lc.restart, local_cluster.dir, owner,
                                 ready_timeout_ms=READY_TIMEOUT_MS)
         second = await client.append(log_id, b"after")
-        # While the owner restarts, gossip may route the log to the other sequencer node.
-        new_owner = (await client.tail(log_id)).sequencer
-        entries = await read_all(client, log_id)
+        entries = await read_all_released(client, log_id, second.lsn)
     assert lsn_to_epoch(second.lsn) > lsn_to_epoch(first.lsn)
     after = await asyncio.to_thread(read_log_state, local_cluster.state.epoch_store,
                                     LogId(log_id))
-    assert after.metadata is not None and after.metadata.last_writer == new_owner
+    # While the owner restarts, gossip may route the log to the other sequencer node, and
+    # the nodes' views may disagree for a while, so the writer is read from the epoch store.
+    assert after.metadata is not None
+    new_owner = after.metadata.last_writer
+    assert new_owner in {"seq1", "seq2"}
     assert after.metadata.next_epoch - 1 == lsn_to_epoch(second.lsn)
     # The drained epoch was marked clean on the way down.
     assert after.last_clean_epoch is not None
@@ -167,8 +169,9 @@ async def test_zookeeper_down_keeps_active_logs_and_recovers(
             return code == 200
 
         await _until(fresh_log_accepts, 60, "an activation once ZooKeeper is back")
-        written[(await client.append(active, b"up-1")).lsn] = b"up-1"
-        entries = await read_all(client, active)
+        last = await client.append(active, b"up-1")
+        written[last.lsn] = b"up-1"
+        entries = await read_all_released(client, active, last.lsn)
     assert {e.lsn: e.payload for e in entries if isinstance(e, Record)} == written
     state = await asyncio.to_thread(read_log_state, local_cluster.state.epoch_store,
                                     LogId(fresh))
