@@ -35,14 +35,16 @@ from shared.config import ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.limits import KEY_BYTES_MAX
 from shared.net.pool import PeerPool
+from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
 from shared.ports import EpochStore
-from shared.read_merge import NodeAnswer, f_majority, merge
+from shared.read_merge import f_majority
+from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, log_id_valid
+from shared.types import Epoch, LogId, Lsn, NodeId, log_id_valid
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
-from shared.wire.read import GetLogState, LogState, Read, ReadReply
+from shared.wire.read import GetLogState, LogState
 from shared.wire.trim import FindTime, FoundTime, Trim, Trimmed
 
 log = logging.getLogger(__name__)
@@ -267,24 +269,18 @@ class NodeService:
         bytes_max: int,
     ) -> ReadOutcome:
         release = await self._release_hint(log_id)
-        request = Read(log_id=log_id, from_lsn=from_lsn, until_lsn=LSN_MAX, release_lsn=release,
-                       records_max=records_max, bytes_max=bytes_max)
-        replies = await asyncio.gather(*(
-            self.pool.call(node, request, STORAGE_CALL_TIMEOUT_MS) for node in metadata.nodeset))
-        answers = [
-            NodeAnswer(records=r.records, next_lsn=r.next_lsn, release_lsn=r.release_lsn,
-                       markers=r.markers, trim_lsn=r.trim_lsn)
-            for r in replies if type(r) is ReadReply and r.status is Status.OK
-        ]
-        needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
-        if len(answers) < needed:
+        read_round = ReadRound(
+            log_id=log_id, span=span_of(metadata_spans(metadata), from_lsn), from_lsn=from_lsn,
+            release_lsn=release, records_max=records_max, bytes_max=bytes_max, wait_ms=0,
+            speculative_delay_ms=self.config.api.read_speculative_delay_ms)
+        result = await run_round(self.pool, read_round, STORAGE_CALL_TIMEOUT_MS)
+        if result.merged is None:
             return ReadOutcome(
                 status=Status.NOTREADY, next_lsn=from_lsn, release_lsn=release,
-                message=f"{len(answers)} of {len(metadata.nodeset)} storage nodes answered; "
-                        f"{needed} are needed to read without skipping records")
-        release = self._note_release(log_id, Lsn(max([release, *(a.release_lsn
-                                                               for a in answers)])))
-        merged = merge(answers, from_lsn, release, records_max, bytes_max)
+                message=f"{result.answered} of {len(metadata.nodeset)} storage nodes answered; "
+                        f"{result.needed} are needed to read without skipping records")
+        release = self._note_release(log_id, result.release_lsn)
+        merged = result.merged
         return ReadOutcome(
             status=Status.OK,
             records=[RecordOut(lsn=Lsn(r[0]), timestamp_ms=r[1], key=r[2], payload=r[3])

@@ -234,6 +234,9 @@ class ApiConfig:
     """Most payload bytes one read returns."""
     long_poll_ms_max: int = 60_000
     """Longest `wait_ms` a read may ask for (larger values are clamped)."""
+    read_speculative_delay_ms: int = 20
+    """Once an f-majority of a log's storage nodes answered a read, how long to wait for the
+    rest before merging without them (so a slow node costs readers this, not its latency)."""
     provision_on_append: bool = True
     """Create a log on its first append (else NOTFOUND)."""
     retry_after_s: int = 1
@@ -247,6 +250,7 @@ class ApiConfig:
         _in_range("read_records_max", self.read_records_max, 1, 100_000)
         _in_range("read_bytes_max", self.read_bytes_max, 1024, 2**31)
         _in_range("long_poll_ms_max", self.long_poll_ms_max, 0, 3_600_000)
+        _in_range("read_speculative_delay_ms", self.read_speculative_delay_ms, 0, 60_000)
         _in_range("retry_after_s", self.retry_after_s, 0, 3600)
 
 
