@@ -27,6 +27,8 @@ from services.log_service import (
     GapOut,
     LsnOutcome,
     NodeOut,
+    NodesetOut,
+    NodesetsOutcome,
     ReadOutcome,
     RecordOut,
     TailOutcome,
@@ -44,6 +46,7 @@ from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId, log_id_valid
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
+from shared.wire.hello import PROTOCOL_VERSION
 from shared.wire.read import GetLogState, LogState
 from shared.wire.trim import FindTime, FoundTime, Trim, Trimmed
 
@@ -316,6 +319,25 @@ class NodeService:
                 epoch = Epoch(max(fresh.next_epoch - 1, 0))
         return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
+
+    async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None:
+            return NodesetsOutcome(status=status, message=f"log {log_id}: {status.description}")
+        cluster = self.config.cluster
+        spans = []
+        for span in metadata_spans(metadata):
+            nodes = []
+            for node_id in span.nodeset:
+                node = cluster.node(node_id)
+                if node is not None:
+                    nodes.append((node_id, f"{node.host}:{node.data_port}"))
+            spans.append(NodesetOut(first_epoch=span.first_epoch, last_epoch=span.last_epoch,
+                                    replication_factor=span.replication_factor,
+                                    nodes=tuple(nodes)))
+        return NodesetsOutcome(status=Status.OK, nodesets=tuple(spans),
+                               cluster_fingerprint=self.pool.cluster_fingerprint,
+                               protocol_version=PROTOCOL_VERSION)
 
     async def find_time(self, log_id: LogId, timestamp_ms: int) -> LsnOutcome:
         """Every record is on R nodes, so among an f-majority's answers (each node's first LSN

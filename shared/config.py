@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shared.limits import COPYSET_SIZE_MAX, PAYLOAD_BYTES_MAX_LIMIT
-from shared.types import NodeId, node_id_valid
+from shared.types import CLIENT_ID_PREFIX, NodeId, is_client_id, node_id_valid
 
 Role = Literal["sequencer", "storage"]
 FsyncMode = Literal["always", "interval", "never"]
@@ -49,6 +49,9 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if not node_id_valid(self.node_id):
             raise ValueError(f"bad node id {self.node_id!r}")
+        if is_client_id(self.node_id):
+            raise ValueError(f"node id {self.node_id!r}: the prefix {CLIENT_ID_PREFIX!r} is "
+                             "reserved for client readers")
         if not self.roles or any(r not in ROLES for r in self.roles):
             raise ValueError(f"node {self.node_id}: roles must be among {ROLES}")
         _in_range("http_port", self.http_port, 0, 65535)
