@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import random
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -122,6 +123,9 @@ class LogReader:
             cluster_fingerprint=cluster_fingerprint, config=TransportConfig(),
             addresses=dict(addresses).get)
         self._task: asyncio.Task[None] | None = None
+        # Readers start at different nodes, so that catch-up reads spread over the copies.
+        nodes = list(dict.fromkeys(n for span in spans for n in span.nodeset))
+        self._order: list[NodeId] = random.sample(nodes, len(nodes))
 
     @property
     def next_lsn(self) -> Lsn:
@@ -231,8 +235,14 @@ class LogReader:
             log_id=self.log_id, span=span, from_lsn=self._cursor, release_lsn=self._release,
             records_max=max(1, min(self._round_records_max, space)),
             bytes_max=max(1, self._bytes_max - self._buffered_bytes), wait_ms=wait_ms,
-            speculative_delay_ms=self._speculative_delay_ms)
-        return await run_round(self._pool, read_round, READ_REQUEST_TIMEOUT_MS)
+            speculative_delay_ms=self._speculative_delay_ms,
+            started_ms=int(asyncio.get_running_loop().time() * 1000), order=self._order)
+        result = await run_round(self._pool, read_round, READ_REQUEST_TIMEOUT_MS)
+        # Nodes that failed or lagged are asked last next time; the others keep their place.
+        late = read_round.stragglers()
+        if late:
+            self._order = [*(n for n in self._order if n not in late), *late]
+        return result
 
     def _deliver(self, entries: list[Entry]) -> None:
         for entry in entries:

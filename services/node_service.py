@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
@@ -272,10 +273,14 @@ class NodeService:
         bytes_max: int,
     ) -> ReadOutcome:
         release = await self._release_hint(log_id)
+        span = span_of(metadata_spans(metadata), from_lsn)
         read_round = ReadRound(
-            log_id=log_id, span=span_of(metadata_spans(metadata), from_lsn), from_lsn=from_lsn,
-            release_lsn=release, records_max=records_max, bytes_max=bytes_max, wait_ms=0,
-            speculative_delay_ms=self.config.api.read_speculative_delay_ms)
+            log_id=log_id, span=span, from_lsn=from_lsn, release_lsn=release,
+            records_max=records_max, bytes_max=bytes_max, wait_ms=0,
+            speculative_delay_ms=self.config.api.read_speculative_delay_ms,
+            started_ms=int(asyncio.get_running_loop().time() * 1000),
+            # A random f-majority first spreads readers over the copies.
+            order=random.sample(span.nodeset, len(span.nodeset)))
         result = await run_round(self.pool, read_round, STORAGE_CALL_TIMEOUT_MS)
         if result.merged is None:
             return ReadOutcome(

@@ -18,6 +18,7 @@ at once, handing every node the newer pointer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,12 +92,13 @@ class RoundResult:
 
 
 class ReadRound:
-    __slots__ = ("_answers", "_bytes_max", "_failed", "_quorum_ms", "_records_max",
-                 "_speculative_delay_ms", "request", "span")
+    __slots__ = ("_answers", "_asked", "_bytes_max", "_failed", "_order", "_quorum_ms",
+                 "_records_max", "_speculative_delay_ms", "_started_ms", "request", "span")
 
     def __init__(self, *, log_id: LogId, span: NodesetSpan, from_lsn: Lsn, release_lsn: Lsn,
-                 records_max: int, bytes_max: int, wait_ms: int,
-                 speculative_delay_ms: int) -> None:
+                 records_max: int, bytes_max: int, wait_ms: int, speculative_delay_ms: int,
+                 started_ms: int, order: Sequence[NodeId] = ()) -> None:
+        """``order``: the nodes to ask first (the rest of the nodeset follows in its order)."""
         self.span = span
         self.request = Read(log_id=log_id, from_lsn=from_lsn,
                             until_lsn=Lsn(max(span.until_lsn, from_lsn)),
@@ -105,6 +107,10 @@ class ReadRound:
         self._records_max = records_max
         self._bytes_max = bytes_max
         self._speculative_delay_ms = speculative_delay_ms
+        self._started_ms = started_ms
+        first = [n for n in order if n in span.nodeset]
+        self._order = [*dict.fromkeys(first), *(n for n in span.nodeset if n not in first)]
+        self._asked: list[NodeId] = []
         self._answers: dict[NodeId, NodeAnswer] = {}
         self._failed: dict[NodeId, Status] = {}
         self._quorum_ms: int | None = None
@@ -113,9 +119,31 @@ class ReadRound:
     def needed(self) -> int:
         return f_majority(len(self.span.nodeset), self.span.replication_factor)
 
+    def _inflight(self) -> int:
+        return len(self._asked) - len(self._answers) - len(self._failed)
+
+    def to_ask(self, now_ms: int) -> list[NodeId]:
+        """Nodes to send the READ to now (each once). A catch-up round asks an f-majority
+        first, one more node per failure, and the rest once ``speculative_delay_ms`` passed
+        without enough answers; a long-poll round asks every node at once (a node holding
+        the READ cannot be told from a slow one)."""
+        unasked = [n for n in self._order if n not in self._asked]
+        if not unasked or len(self._answers) >= self.needed:
+            return []
+        if self.request.wait_ms > 0 or now_ms >= self._started_ms + self._speculative_delay_ms:
+            chosen = unasked
+        else:
+            chosen = unasked[:max(self.needed - len(self._answers) - self._inflight(), 0)]
+        self._asked.extend(chosen)
+        return chosen
+
+    def stragglers(self) -> list[NodeId]:
+        """Nodes asked that failed or had not answered: a reader asks them last next time."""
+        return [n for n in self._asked if n not in self._answers]
+
     def on_reply(self, node: NodeId, reply: object, now_ms: int) -> None:
         """A node's READ_REPLY, or the ``Status`` that ended its request."""
-        if node in self._answers or node in self._failed or node not in self.span.nodeset:
+        if node in self._answers or node in self._failed or node not in self._asked:
             return
         if type(reply) is ReadReply and reply.status is Status.OK:
             self._answers[node] = NodeAnswer(
@@ -128,26 +156,30 @@ class ReadRound:
             self._failed[node] = status if isinstance(status, Status) else Status.BADMSG
 
     def wake_ms(self) -> int | None:
-        """When ``result`` may change without another reply: the end of the speculative delay."""
-        if self._quorum_ms is None:
-            return None
-        return self._quorum_ms + self._speculative_delay_ms
+        """When ``to_ask`` or ``result`` may change without another reply: the end of the
+        speculative delay (since the start, or since the f-majority answered)."""
+        if self._quorum_ms is not None:
+            return self._quorum_ms + self._speculative_delay_ms if self._inflight() else None
+        if len(self._asked) < len(self._order):
+            return self._started_ms + self._speculative_delay_ms
+        return None
 
     def result(self, now_ms: int) -> RoundResult | None:
         """How the round ends now, or None to wait for more replies (or ``wake_ms``)."""
-        n = len(self.span.nodeset)
         answered = len(self._answers)
         release = Lsn(max([self.request.release_lsn,
                            *(a.release_lsn for a in self._answers.values())]))
-        pending = n - answered - len(self._failed)
-        if answered + pending < self.needed:
+        inflight = self._inflight()
+        unasked = len(self._order) - len(self._asked)
+        if answered + inflight + unasked < self.needed:
             return RoundResult(end="SHORT", release_lsn=release, answered=answered,
                                needed=self.needed, failures=tuple(self._failed.items()))
-        if pending and self.request.wait_ms > 0 and release > self.request.release_lsn:
+        if inflight and self.request.wait_ms > 0 and release > self.request.release_lsn:
             return RoundResult(end="RELEASE_MOVED", release_lsn=release, answered=answered,
                                needed=self.needed)
-        if pending and (self._quorum_ms is None
-                        or now_ms < self._quorum_ms + self._speculative_delay_ms):
+        if answered < self.needed or (
+                inflight and self._quorum_ms is not None
+                and now_ms < self._quorum_ms + self._speculative_delay_ms):
             return None
         merged = merge(list(self._answers.values()), self.request.from_lsn, release,
                        self._records_max, self._bytes_max)

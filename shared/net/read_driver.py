@@ -18,7 +18,7 @@ from shared.wire.codec import Message
 
 async def run_round(pool: PeerPool, read_round: ReadRound, timeout_ms: int) -> RoundResult:
     """The round's result. Every request ends within ``timeout_ms`` plus the READ's wait, so
-    this returns within that bound too."""
+    this returns within that bound too (after the last node was asked)."""
     loop = asyncio.get_running_loop()
     changed = asyncio.Event()
 
@@ -31,10 +31,10 @@ async def run_round(pool: PeerPool, read_round: ReadRound, timeout_ms: int) -> R
             changed.set()
         return done
 
-    for node in read_round.span.nodeset:
-        pool.request(node, read_round.request, answer(node),
-                     timeout_ms=timeout_ms + read_round.request.wait_ms)
     while True:
+        for node in read_round.to_ask(now_ms()):
+            pool.request(node, read_round.request, answer(node),
+                         timeout_ms=timeout_ms + read_round.request.wait_ms)
         result = read_round.result(now_ms())
         if result is not None:
             return result

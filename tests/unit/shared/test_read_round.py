@@ -26,10 +26,53 @@ def reply(*esns: int, release: int = 0, next_esn: int | None = None) -> ReadRepl
 
 
 def new_round(*, release: int, wait_ms: int = 0, delay_ms: int = 20,
-              span: NodesetSpan = SPAN) -> ReadRound:
-    return ReadRound(log_id=LogId(1), span=span, from_lsn=lsn(1, 1), release_lsn=Lsn(release),
-                     records_max=100, bytes_max=1 << 20, wait_ms=wait_ms,
-                     speculative_delay_ms=delay_ms)
+              span: NodesetSpan = SPAN, ask_all: bool = True) -> ReadRound:
+    """A round started at 0; with ``ask_all`` every node is asked (as after the delay)."""
+    r = ReadRound(log_id=LogId(1), span=span, from_lsn=lsn(1, 1), release_lsn=Lsn(release),
+                  records_max=100, bytes_max=1 << 20, wait_ms=wait_ms,
+                  speculative_delay_ms=delay_ms, started_ms=0)
+    if ask_all:
+        r.to_ask(0)
+        r.to_ask(delay_ms)
+    return r
+
+
+def test_catch_up_asks_an_f_majority_first_then_more_on_failure_or_delay() -> None:
+    r = ReadRound(log_id=LogId(1), span=SPAN, from_lsn=lsn(1, 1), release_lsn=lsn(1, 2),
+                  records_max=100, bytes_max=1 << 20, wait_ms=0, speculative_delay_ms=20,
+                  started_ms=0, order=(NodeId("n4"), NodeId("n2")))
+    assert r.to_ask(0) == ["n4", "n2", "n1"]  # the preferred nodes first, 3 = f-majority
+    assert r.to_ask(5) == [] and r.wake_ms() == 20
+    r.on_reply(NodeId("n5"), reply(1, 2, release=lsn(1, 2)), 5)  # not asked: ignored
+    r.on_reply(NodeId("n2"), Status.CONNFAILED, 6)
+    assert r.to_ask(6) == ["n3"]  # one more for the one that failed
+    r.on_reply(NodeId("n4"), reply(1, release=lsn(1, 2)), 7)
+    r.on_reply(NodeId("n1"), reply(2, release=lsn(1, 2)), 7)
+    assert r.result(7) is None  # n3 is still needed
+    assert r.to_ask(20) == ["n5"]  # the delay passed without an f-majority: ask the rest
+    r.on_reply(NodeId("n5"), reply(1, 2, release=lsn(1, 2)), 21)
+    result = r.result(21)
+    # n3 never answered; the f-majority (n4, n1, n5) was complete, n3 gets the delay.
+    assert result is None
+    result = r.result(41)
+    assert result is not None and result.end == "MERGED" and result.merged is not None
+    assert [rec[0] for rec in result.merged.records] == [lsn(1, 1), lsn(1, 2)]
+    assert r.stragglers() == ["n2", "n3"]
+
+
+def test_an_f_majority_of_prompt_answers_merges_at_once() -> None:
+    r = new_round(release=lsn(1, 1), ask_all=False)
+    asked = r.to_ask(0)
+    assert len(asked) == 3
+    for node in asked:
+        r.on_reply(node, reply(1, release=lsn(1, 1)), 1)
+    result = r.result(1)
+    assert result is not None and result.end == "MERGED" and result.answered == 3
+
+
+def test_long_poll_round_asks_every_node_at_once() -> None:
+    r = new_round(release=lsn(1, 1), wait_ms=1_000, ask_all=False)
+    assert r.to_ask(0) == list(NODES)
 
 
 def test_merges_once_every_node_answered() -> None:
@@ -78,6 +121,8 @@ def test_error_reply_counts_as_a_failure_and_strangers_are_ignored() -> None:
     for node in ("n1", "n2", "n3"):
         r.on_reply(NodeId(node), bad, 0)
     r.on_reply(NodeId("stranger"), reply(1, release=lsn(1, 1)), 0)
+    r.on_reply(NodeId("n4"), Status.TIMEDOUT, 0)
+    r.on_reply(NodeId("n5"), Status.TIMEDOUT, 0)
     result = r.result(0)
     assert result is not None and result.end == "SHORT" and result.answered == 0
 
@@ -103,7 +148,8 @@ def test_span_read_ends_its_last_epoch_with_a_bridge() -> None:
     assert span_of([old, new], lsn(2, 0)) is old
     assert span_of([old, new], lsn(2, 1)) is new
     assert new.until_lsn == LSN_MAX and old.until_lsn == lsn(2, 0)
-    r = new_round(release=lsn(2, 5), span=old)
+    r = new_round(release=lsn(2, 5), span=old, ask_all=False)
+    assert r.to_ask(0) == [NodeId("n1")]  # R=3 of 3: any one node holds every record
     assert r.request.until_lsn == lsn(2, 0)
     end = ReadReply(status=Status.OK, log_id=LogId(1), release_lsn=lsn(2, 5),
                     records=((lsn(1, 1), 1, None, b"x"),), next_lsn=Lsn(lsn(2, 0) + 1))
