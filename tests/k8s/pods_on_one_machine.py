@@ -363,27 +363,37 @@ class PodsOnOneMachine:
             if pending:
                 time.sleep(POLL_S * 2)
 
-    def stop(self, pod: Pod) -> StopResult:
-        """SIGTERM, then SIGKILL after the pod's terminationGracePeriodSeconds."""
-        grace_s = float(pod.spec.get("terminationGracePeriodSeconds", 30))
+    def terminate(self, pod: Pod) -> float:
+        """Send SIGTERM (what the kubelet does first); returns the monotonic send time. A
+        ZooKeeper pod is stopped here outright."""
         started_s = time.monotonic()
         if pod.zookeeper is not None:
-            zk_server.stop(pod.zookeeper, timeout_ms=int(grace_s * 1000))
+            grace_ms = int(float(pod.spec.get("terminationGracePeriodSeconds", 30)) * 1000)
+            zk_server.stop(pod.zookeeper, timeout_ms=grace_ms)
             pod.zookeeper = None
-            return StopResult(time.monotonic() - started_s, False, None)
+        elif pod.process is not None and pod.process.poll() is None:
+            pod.process.send_signal(signal.SIGTERM)
+        return started_s
+
+    def wait_stopped(self, pod: Pod, started_s: float) -> StopResult:
+        """Wait until ``terminationGracePeriodSeconds`` after ``started_s``, then SIGKILL."""
+        grace_s = float(pod.spec.get("terminationGracePeriodSeconds", 30))
         process = pod.process
-        if process is None or process.poll() is not None:
-            return StopResult(0.0, False, None if process is None else process.returncode)
-        process.send_signal(signal.SIGTERM)
+        if process is None:
+            return StopResult(time.monotonic() - started_s, False, None)
         killed = False
         try:
-            process.wait(timeout=grace_s)
+            process.wait(timeout=max(0.0, started_s + grace_s - time.monotonic()))
         except subprocess.TimeoutExpired:
             killed = True
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)
         return StopResult(time.monotonic() - started_s, killed, process.returncode)
+
+    def stop(self, pod: Pod) -> StopResult:
+        """SIGTERM, then SIGKILL after the pod's terminationGracePeriodSeconds."""
+        return self.wait_stopped(pod, self.terminate(pod))
 
     def start_all(self, *, timeout_s: float) -> None:
         self.check_ports_free()
