@@ -249,8 +249,8 @@ async def test_rolling_restart_under_load_loses_no_acknowledged_record(
             lost += [(log, lsn, payload) for lg, lsn, payload in load.acked
                      if lg == log and records.get(lsn) != payload]
     print(f"rolling restart: {len(load.acked)} appends acknowledged, {load.refused} refused "
-          f"(retried), {len(load.unknown)} unknown outcome {load.unknown[:3]}; longest stall between acks "
-          f"{load.longest_stall_s():.2f} s; steps: {steps}")
+          f"(retried), {len(load.unknown)} unknown outcome {load.unknown[:3]}; longest stall "
+          f"between acks {load.longest_stall_s():.2f} s; steps: {steps}")
     assert lost == [], f"{len(lost)} acknowledged records lost, e.g. {lost[:5]}"
 
 
