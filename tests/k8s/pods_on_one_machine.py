@@ -166,6 +166,30 @@ class PodsOnOneMachine:
                                      statefulset=sts, dir=self.root / name))
         self.connect_to = self._connect_to()
 
+    def reconfigure(self, docs: list[Manifest]) -> list[Pod]:
+        """Adopt re-rendered manifests (what ``kubectl apply`` of an edited overlay does):
+        existing pods keep their names, IPs and volumes and take the new templates when they
+        next start; pods of new ordinals are added (returned) and not started."""
+        existing = {p.name: p for p in self.pods}
+        index = len(self.pods)
+        pods, added = [], []
+        for sts in (d for d in docs if d["kind"] == "StatefulSet"):
+            for ordinal in range(int(sts["spec"]["replicas"])):
+                name = f"{sts['metadata']['name']}-{ordinal}"
+                pod = existing.get(name)
+                if pod is None:
+                    index += 1
+                    pod = Pod(name=name, ordinal=ordinal, ip=f"{self.network}.{index}",
+                              statefulset=sts, dir=self.root / name)
+                    added.append(pod)
+                pod.statefulset = sts
+                pods.append(pod)
+        if len(pods) < len(self.pods):
+            raise PodError("scaling down is not simulated")
+        self.docs, self.pods = docs, pods
+        self.connect_to = self._connect_to()
+        return added
+
     # -- simulated cluster DNS and Services ------------------------------------------------
 
     def _dns_names(self) -> dict[str, str]:
@@ -266,9 +290,9 @@ class PodsOnOneMachine:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def check_ports_free(self) -> None:
+    def check_ports_free(self, pods: list[Pod] | None = None) -> None:
         busy = []
-        for pod in self.pods:
+        for pod in self.pods if pods is None else pods:
             for port in pod.container.get("ports", []):
                 with socket.socket() as sock:
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import itertools
 import random
 import time
@@ -281,3 +282,57 @@ async def _restart(pods: PodsOnOneMachine, pod: Pod, session: aiohttp.ClientSess
             load.endpoints.append(pod.http)
     step["acked_so_far"] = len(load.acked)
     return step
+
+
+async def test_adding_a_storage_node_by_config_change_and_full_restart(
+        pods: PodsOnOneMachine) -> None:
+    """The scale-out procedure of docs/DEPLOY.md as the code supports it today: the storage
+    StatefulSet and SEQLOG_STORAGE_REPLICAS grow together, and since nodes with different
+    cluster configs refuse each other, every Seqlog pod restarts at once. Existing logs keep
+    their nodeset (an epoch bump copies it) and all their records; logs provisioned after
+    the change use the new node too."""
+    sequencers = pods.by_component("sequencer")
+    storage_before = [p.name for p in pods.by_component("storage")]
+    async with aiohttp.ClientSession() as session:
+        acked = []
+        for log in (1, 2, 3):
+            status, body, _ = await _append(session, sequencers[0].http, log, b"before")
+            assert status == 200, body
+            acked.append((log, body["lsn"]))
+        docs = copy.deepcopy(pods.docs)
+        storage = next(d for d in docs if d["kind"] == "StatefulSet"
+                       and d["metadata"]["name"] == "seqlog-storage")
+        storage["spec"]["replicas"] += 1
+        for configmap in (d for d in docs if d["kind"] == "ConfigMap"
+                          and "SEQLOG_STORAGE_REPLICAS" in d.get("data", {})):
+            configmap["data"]["SEQLOG_STORAGE_REPLICAS"] = str(storage["spec"]["replicas"])
+        running = _seqlog_pods(pods)
+        started = [await asyncio.to_thread(pods.terminate, p) for p in running]
+        for pod, started_s in zip(running, started, strict=True):
+            result = await asyncio.to_thread(pods.wait_stopped, pod, started_s)
+            assert not result.killed and result.exit_code == 0
+        added = pods.reconfigure(docs)
+        assert [p.name for p in added] == [f"seqlog-storage-{len(storage_before)}"]
+        await asyncio.to_thread(pods.check_ports_free, added)
+        seqlog = _seqlog_pods(pods)
+        for pod in seqlog:
+            await asyncio.to_thread(pods.start, pod)
+        await asyncio.to_thread(pods.wait_ready, seqlog, timeout_s=READY_TIMEOUT_S)
+        for pod in seqlog:
+            await _wait_views(session, seqlog, pod.name, {"ALIVE"})
+        zookeeper = pods.by_component("epoch-store")
+        url = "zk://" + ",".join(f"{p.ip}:{p.port('client')}" for p in zookeeper) + "/seqlog"
+        for log, lsn in acked:
+            status, body, _ = await _append(session, sequencers[-1].http, log, b"after")
+            assert status == 200, body
+            assert body["lsn"] >> 32 > lsn >> 32  # a new epoch
+            records, _ = await _read_log(session, sequencers[0].http, log, body["lsn"])
+            assert records[lsn] == b"before" and records[body["lsn"]] == b"after"
+            state = await asyncio.to_thread(read_log_state, url, LogId(log))
+            assert state.metadata is not None
+            assert list(state.metadata.nodeset) == storage_before
+        status, body, _ = await _append(session, sequencers[0].http, 100, b"new log")
+        assert status == 200, body
+        state = await asyncio.to_thread(read_log_state, url, LogId(100))
+        assert state.metadata is not None
+        assert list(state.metadata.nodeset) == [*storage_before, added[0].name]
