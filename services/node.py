@@ -29,10 +29,12 @@ from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, con
 from shared.config import ProcessConfig, process_from_dict
 
 HTTP_SHUTDOWN_TIMEOUT_S = 10.0
-SHUTDOWN_SHARE_HTTP = 0.3
-SHUTDOWN_SHARE_DRAIN = 0.3
-"""Shares of the shutdown bound that in-flight HTTP requests (long-poll reads, appends) and
-the sequencers' drain may use at most; the rest is for marking epochs clean and closing."""
+SHUTDOWN_SHARE_HTTP = 0.2
+SHUTDOWN_SHARE_DRAIN = 0.25
+"""Shares of the shutdown bound for in-flight HTTP requests (long-poll reads, appends) and for
+the sequencers' drain. aiohttp may spend its shutdown timeout twice (waiting for a handler,
+then cancelling it and waiting again), so HTTP can take 40 %; the rest of the bound is for
+marking epochs clean and closing. A shutdown that still overruns is cut short."""
 GC_GEN0_THRESHOLD = 50_000
 """Every append allocates many short-lived objects; collecting generation 0 every 700
 allocations (the default) costs several percent of a node's CPU under load for nothing, since

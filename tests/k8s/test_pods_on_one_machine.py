@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import copy
 import itertools
+import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -336,3 +339,51 @@ async def test_adding_a_storage_node_by_config_change_and_full_restart(
         state = await asyncio.to_thread(read_log_state, url, LogId(100))
         assert state.metadata is not None
         assert list(state.metadata.nodeset) == [*storage_before, added[0].name]
+
+
+STUCK_SHUTDOWN_TIMEOUT_MS = 3_000
+EXIT_SLACK_S = 1.0
+"""Interpreter teardown after the shutdown bound has cut the graceful shutdown short."""
+
+
+async def test_a_stuck_node_still_exits_within_its_shutdown_bound(tmp_path: Path) -> None:
+    """SIGTERM while appends cannot complete (every storage pod frozen with SIGSTOP): the
+    sequencer's graceful shutdown cannot finish its drain, yet the process is gone within
+    SEQLOG_SHUTDOWN_TIMEOUT_MS (set to 3 s here), never reaching the kubelet's SIGKILL."""
+    docs = copy.deepcopy(render("overlays/dev"))
+    for configmap in (d for d in docs if d["kind"] == "ConfigMap"
+                      and "SEQLOG_SHUTDOWN_TIMEOUT_MS" in d.get("data", {})):
+        configmap["data"]["SEQLOG_SHUTDOWN_TIMEOUT_MS"] = str(STUCK_SHUTDOWN_TIMEOUT_MS)
+    pods = PodsOnOneMachine(docs, tmp_path)
+    frozen: list[int] = []
+    try:
+        await asyncio.to_thread(pods.start_all, timeout_s=READY_TIMEOUT_S)
+        sequencer = pods.by_component("sequencer")[0]
+        async with aiohttp.ClientSession() as session:
+            status, body, _ = await _append(session, sequencer.http, 1, b"warm")
+            assert status == 200, body
+            for pod in pods.by_component("storage"):
+                assert pod.process is not None
+                os.kill(pod.process.pid, signal.SIGSTOP)
+                frozen.append(pod.process.pid)
+            stuck = [asyncio.create_task(_append(session, sequencer.http, log, b"stuck"))
+                     for log in (1, 2, 3)]
+            deadline_s = time.monotonic() + VIEW_TIMEOUT_S
+            while True:
+                async with session.get(f"http://{sequencer.http}/metrics") as resp:
+                    metrics = await resp.text()
+                if "seqlog_sequencer_appends_in_flight 0.0" not in metrics:
+                    break
+                assert time.monotonic() < deadline_s, "the appends never got in flight"
+                await asyncio.sleep(0.05)
+            started_s = await asyncio.to_thread(pods.terminate, sequencer)
+            result = await asyncio.to_thread(pods.wait_stopped, sequencer, started_s)
+            await asyncio.gather(*stuck, return_exceptions=True)
+        print(f"stuck shutdown: {result}")
+        assert not result.killed
+        assert result.seconds < STUCK_SHUTDOWN_TIMEOUT_MS / 1000 + EXIT_SLACK_S, result
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        await asyncio.to_thread(pods.close)
