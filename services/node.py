@@ -5,8 +5,9 @@ environment variables (``services.env_config``; how a Kubernetes pod starts it).
 It refuses to run with ``-O`` (assertions are part of the safety design), serves the HTTP API
 and the node-to-node transport, and on SIGTERM or SIGINT shuts down gracefully within a bound
 (``--shutdown-timeout-ms``, or ``SEQLOG_SHUTDOWN_TIMEOUT_MS`` with ``--from-env``): it stops
-taking requests, tells its gossip peers at once that it is going away, drains its sequencers
-(in-flight appends finish, drained epochs are marked clean) and closes its stores. A shutdown
+taking requests and lets in-flight ones finish, tells its gossip peers that it is going away,
+drains its sequencers (in-flight appends finish, drained epochs are marked clean) and closes
+its stores. A shutdown
 that overruns the bound is cut short and the process exits with status 1, so that it never
 outlives a pod's ``terminationGracePeriodSeconds`` into a SIGKILL.
 """
