@@ -100,7 +100,12 @@ class _RoleCollector(Collector):
                                     value=getattr(counters, name))
 
 
-def create_app(config: ProcessConfig) -> web.Application:
+def create_app(config: ProcessConfig, *, listen_host: str | None = None,
+               drain_timeout_s: float = DRAIN_TIMEOUT_S) -> web.Application:
+    """``listen_host``: where the node-to-node server binds, when not the node's advertised
+    ``host`` (a pod binds 0.0.0.0 and is reached at its DNS name). ``drain_timeout_s``: how
+    long a stopping sequencer lets in-flight appends finish (the runner shortens it to fit
+    its shutdown bound)."""
     me = config.me
     cluster = config.cluster
     fingerprint = cluster.fingerprint()
@@ -141,7 +146,7 @@ def create_app(config: ProcessConfig) -> web.Application:
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         if storage is not None:
             await storage.start()
-        server = await start_server(me.host, me.data_port, node_id=config.node_id,
+        server = await start_server(listen_host or me.host, me.data_port, node_id=config.node_id,
                                     cluster_fingerprint=fingerprint,
                                     handler=_Dispatcher(service, storage, gossip),
                                     config=config.transport)
@@ -155,7 +160,7 @@ def create_app(config: ProcessConfig) -> web.Application:
         service.started = False
         gossip.begin_failover()
         if sequencer is not None:
-            await sequencer.drain(DRAIN_TIMEOUT_S)
+            await sequencer.drain(drain_timeout_s)
             await sequencer.close()
         await service.close()
         await gossip.close()

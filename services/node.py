@@ -1,8 +1,15 @@
-"""The node runner: ``python -m services.node --config FILE`` runs one Seqlog node process.
+"""The node runner: ``python -m services.node --config FILE`` runs one Seqlog node process;
+``python -m services.node --from-env`` runs the same node configured from ``SEQLOG_*``
+environment variables (``services.env_config``; how a Kubernetes pod starts it).
 
 It refuses to run with ``-O`` (assertions are part of the safety design), serves the HTTP API
-and the node-to-node transport, and on SIGTERM or SIGINT drains its sequencers, stops serving
-and closes its stores before it exits.
+and the node-to-node transport, and on SIGTERM or SIGINT shuts down gracefully within a bound
+(``--shutdown-timeout-ms``, or ``SEQLOG_SHUTDOWN_TIMEOUT_MS`` with ``--from-env``): it stops
+taking requests and lets in-flight ones finish, tells its gossip peers that it is going away,
+drains its sequencers (in-flight appends finish, drained epochs are marked clean) and closes
+its stores. A shutdown
+that overruns the bound is cut short and the process exits with status 1, so that it never
+outlives a pod's ``terminationGracePeriodSeconds`` into a SIGKILL.
 """
 
 from __future__ import annotations
@@ -12,19 +19,29 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 
 from aiohttp import web
 
-from services.app import create_app
+from services.app import DRAIN_TIMEOUT_S, create_app
+from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, config_from_env
 from shared.config import ProcessConfig, process_from_dict
 
 HTTP_SHUTDOWN_TIMEOUT_S = 10.0
+SHUTDOWN_SHARE_HTTP = 0.2
+SHUTDOWN_SHARE_DRAIN = 0.25
+"""Shares of the shutdown bound for in-flight HTTP requests (long-poll reads, appends) and for
+the sequencers' drain. aiohttp may spend its shutdown timeout twice (waiting for a handler,
+then cancelling it and waiting again), so HTTP can take 40 %; the rest of the bound is for
+marking epochs clean and closing. A shutdown that still overruns is cut short."""
 GC_GEN0_THRESHOLD = 50_000
 """Every append allocates many short-lived objects; collecting generation 0 every 700
 allocations (the default) costs several percent of a node's CPU under load for nothing, since
 the hot path creates no reference cycles."""
+
+log = logging.getLogger(__name__)
 
 
 def load_config(path: str) -> ProcessConfig:
@@ -32,49 +49,95 @@ def load_config(path: str) -> ProcessConfig:
         return process_from_dict(json.load(f))
 
 
-async def serve(config: ProcessConfig) -> None:
-    app = create_app(config)
-    runner = web.AppRunner(app, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S, access_log=None,
-                           handle_signals=False)
+async def serve(config: ProcessConfig, *, listen_host: str | None = None,
+                shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS) -> int:
+    """Run the node until SIGTERM/SIGINT; returns the exit status (1: shutdown overran)."""
+    bound_s = shutdown_timeout_ms / 1000
+    app = create_app(config, listen_host=listen_host,
+                     drain_timeout_s=min(DRAIN_TIMEOUT_S, bound_s * SHUTDOWN_SHARE_DRAIN))
+    runner = web.AppRunner(
+        app, shutdown_timeout=min(HTTP_SHUTDOWN_TIMEOUT_S, bound_s * SHUTDOWN_SHARE_HTTP),
+        access_log=None, handle_signals=False)
     await runner.setup()
     # Long-lived start-up objects never need scanning again.
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     me = config.me
-    site = web.TCPSite(runner, me.host, me.http_port, reuse_address=True)
-    await site.start()
+    site = web.TCPSite(runner, listen_host or me.host, me.http_port, reuse_address=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    status = 1
     try:
+        await site.start()
         await stop.wait()
     finally:
-        logging.getLogger(__name__).info("node %s shutting down", config.node_id)
-        await runner.cleanup()
+        status = await _shutdown(runner, config, shutdown_timeout_ms)
+    return status
+
+
+async def _shutdown(runner: web.AppRunner, config: ProcessConfig, timeout_ms: int) -> int:
+    log.info("node %s shutting down (at most %d ms)", config.node_id, timeout_ms)
+    loop = asyncio.get_running_loop()
+    started_s = loop.time()
+    try:
+        async with asyncio.timeout(timeout_ms / 1000):
+            await runner.cleanup()
+    except TimeoutError:
+        log.error("node %s: graceful shutdown overran %d ms; exiting without finishing it",
+                  config.node_id, timeout_ms)
+        return 1
+    log.info("node %s stopped in %d ms", config.node_id, (loop.time() - started_s) * 1000)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     if sys.flags.optimize:
         raise SystemExit("refusing to run with -O: assertions are part of Seqlog's safety design")
-    parser = argparse.ArgumentParser(prog="seqlog-node", description=__doc__)
-    parser.add_argument("--config", required=True, help="the node's JSON config file")
+    parser = argparse.ArgumentParser(prog="seqlog-node", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="the node's JSON config file")
+    source.add_argument("--from-env", action="store_true",
+                        help="configure the node from SEQLOG_* environment variables")
+    parser.add_argument("--shutdown-timeout-ms", type=int, default=None,
+                        help="bound on the graceful shutdown (default "
+                             f"{DEFAULT_SHUTDOWN_TIMEOUT_MS}; with --from-env, "
+                             "SEQLOG_SHUTDOWN_TIMEOUT_MS)")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        config = load_config(args.config)
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"bad config {args.config}: {exc}", file=sys.stderr)
-        return 2
+    listen_host: str | None = None
+    shutdown_timeout_ms = DEFAULT_SHUTDOWN_TIMEOUT_MS
+    if args.from_env:
+        try:
+            env_config = config_from_env(os.environ)
+        except EnvConfigError as exc:
+            print(f"bad environment: {exc}", file=sys.stderr)
+            return 2
+        config = env_config.config
+        listen_host = env_config.listen_host
+        shutdown_timeout_ms = env_config.shutdown_timeout_ms
+    else:
+        try:
+            config = load_config(args.config)
+        except (OSError, ValueError, TypeError) as exc:
+            print(f"bad config {args.config}: {exc}", file=sys.stderr)
+            return 2
+    if args.shutdown_timeout_ms is not None:
+        if not 1_000 <= args.shutdown_timeout_ms <= 600_000:
+            print("--shutdown-timeout-ms must be in [1000, 600000]", file=sys.stderr)
+            return 2
+        shutdown_timeout_ms = args.shutdown_timeout_ms
     try:
         import uvloop
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(config))
-    return 0
+    return asyncio.run(serve(config, listen_host=listen_host,
+                             shutdown_timeout_ms=shutdown_timeout_ms))
 
 
 if __name__ == "__main__":
