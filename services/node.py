@@ -17,7 +17,7 @@ import sys
 
 from aiohttp import web
 
-from services.app import create_app
+from services.app import MEMBERSHIP_KEY, create_app
 from shared.config import ProcessConfig, process_from_dict
 
 HTTP_SHUTDOWN_TIMEOUT_S = 10.0
@@ -32,7 +32,7 @@ def load_config(path: str) -> ProcessConfig:
         return process_from_dict(json.load(f))
 
 
-async def serve(config: ProcessConfig) -> None:
+async def serve(config: ProcessConfig, config_path: str | None = None) -> None:
     app = create_app(config)
     runner = web.AppRunner(app, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT_S, access_log=None,
                            handle_signals=False)
@@ -47,6 +47,9 @@ async def serve(config: ProcessConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if config_path is not None:
+        # Membership changes (added nodes, weights) apply without a restart.
+        loop.add_signal_handler(signal.SIGHUP, app[MEMBERSHIP_KEY].reload, config_path)
     try:
         await stop.wait()
     finally:
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, args.config))
     return 0
 
 
