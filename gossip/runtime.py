@@ -68,6 +68,12 @@ class GossipRuntime:
         self._listeners.append(listener)
         listener(self.core.view())
 
+    def add_nodes(self, nodes: tuple[NodeId, ...]) -> None:
+        """Members added to the configuration while running (see services.membership)."""
+        for node in nodes:
+            self.core.add_node(node)
+        self._publish()
+
     # ---- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:

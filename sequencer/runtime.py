@@ -112,6 +112,12 @@ class SequencerRuntime:
         PREEMPTED the ends), for /metrics."""
         self._unavailable: frozenset[NodeId] = frozenset()
 
+    def update_cluster(self, cluster: ClusterConfig) -> None:
+        """Nodes were added or reweighted (services.membership): new logs get the new default
+        nodeset, copysets the new capacities."""
+        self.cluster = cluster
+        self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+
     async def start(self) -> None:
         self._broadcast_task = asyncio.create_task(self._broadcast_loop())
         self._expiry_task = asyncio.create_task(self._expiry_loop())

@@ -19,9 +19,10 @@ from gossip.runtime import GossipRuntime
 from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.http_api import create_api_app
+from services.membership import ClusterChange, Membership
 from services.node_service import NodeService
 from shared.clock import SystemClock
-from shared.config import ProcessConfig
+from shared.config import ClusterConfig, ProcessConfig
 from shared.net.pool import PeerPool
 from shared.net.server import start_server
 from shared.net.types import ReplyFn
@@ -32,6 +33,8 @@ from shared.wire.gossip import Gossip
 from storage_node.runtime import StorageNode
 
 log = logging.getLogger(__name__)
+MEMBERSHIP_KEY = web.AppKey("membership", Membership)
+"""The node's live cluster configuration; ``services.node`` reloads it on SIGHUP."""
 
 DRAIN_TIMEOUT_S = 5.0
 
@@ -111,8 +114,10 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     fingerprint = cluster.fingerprint()
     epoch_store = open_epoch_store(_epoch_store_url(config))
 
+    membership = Membership(config)
+
     def address(node_id: NodeId) -> tuple[str, int] | None:
-        node = cluster.node(node_id)
+        node = membership.cluster.node(node_id)
         if node is None:
             return None
         # A proxy or NAT in front of the peer (transport.peer_addresses), else its own port.
@@ -139,9 +144,18 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
             frozenset(n for n, s in view.items() if s is NodeState.DEAD)))
     service = NodeService(config=config, pool=pool, sequencer=sequencer,
                           epoch_store=epoch_store, gossip=gossip)
+
+    def on_cluster_change(new: ClusterConfig, change: ClusterChange) -> None:
+        gossip.add_nodes(tuple(n.node_id for n in change.added))
+        if sequencer is not None:
+            sequencer.update_cluster(new)
+        service.update_cluster(new)
+
+    membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
     registry.register(_RoleCollector(storage, sequencer, pool, gossip))
     app = create_api_app(service, config.api, registry)
+    app[MEMBERSHIP_KEY] = membership
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         if storage is not None:

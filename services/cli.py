@@ -23,6 +23,7 @@ from seqlog import Client, Gap, LogError, Record
 from seqlog.demo import run_demo
 from seqlog.results import ClusterInfo
 from services import local_cluster as lc
+from services.local_membership import add_node
 from shared.config import FSYNC_MODES
 from shared.status import Status
 from shared.types import LOG_ID_MAX, LOG_ID_MIN, LogId, format_lsn, parse_lsn
@@ -95,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     restart.add_argument("node_id")
     status = actions.add_parser("status", help="show the nodes of a local cluster")
     status.add_argument("--dir", type=Path, required=True)
+    add_node = actions.add_parser(
+        "add-node", help="start a new node and add it to every running node's membership "
+                         "(no restarts; new logs use a new storage node)")
+    add_node.add_argument("--dir", type=Path, required=True)
+    add_node.add_argument("--role", choices=("storage", "sequencer"), default="storage")
 
     append = commands.add_parser("append", help="append payloads (arguments or stdin lines)")
     append.add_argument("log_id", type=_log_id, metavar="LOG")
@@ -292,6 +298,9 @@ def _local(args: argparse.Namespace) -> int:
     elif args.action == "restart":
         node = lc.restart(args.dir, args.node_id)
         _print(f"restarted {node.node_id} as pid {node.pid}")
+    elif args.action == "add-node":
+        node = add_node(args.dir, args.role)
+        _print(f"added {node.node_id} ({args.role}) at http://{node.http}, pid {node.pid}")
     else:
         recorded = lc.load_state(args.dir.resolve())
         if recorded is None:

@@ -220,7 +220,7 @@ def _state_from_json(data: dict[str, Any]) -> ClusterState:
     return ClusterState(nodes=nodes, epoch_store=str(data["epoch_store"]), zookeeper=zookeeper)
 
 
-def _save_state(root: Path, state: ClusterState, name: str = STATE_FILE) -> None:
+def save_state(root: Path, state: ClusterState, name: str = STATE_FILE) -> None:
     tmp = root / (name + ".tmp")
     tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
     tmp.replace(root / name)
@@ -248,7 +248,7 @@ def node_alive(root: Path, node: NodeEntry) -> bool:
     return str(config_path(root, node.node_id)).encode() in cmdline
 
 
-def _start(root: Path, node_id: str, extra_env: Mapping[str, str] | None = None) -> int:
+def start_node(root: Path, node_id: str, extra_env: Mapping[str, str] | None = None) -> int:
     env = dict(os.environ)
     env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH")) if p)
@@ -378,10 +378,10 @@ def up(spec: LocalClusterSpec, *, ready_timeout_ms: int = 30_000) -> ClusterStat
     try:
         write_configs(spec, configs)
         (root / STATE_FILE).unlink(missing_ok=True)
-        _save_state(root, _state(spec, started, zookeeper), _STARTING_FILE)
+        save_state(root, _state(spec, started, zookeeper), _STARTING_FILE)
         for config in configs:
-            started.append(_entry(config, _start(root, config.node_id)))
-            _save_state(root, _state(spec, started, zookeeper), _STARTING_FILE)
+            started.append(_entry(config, start_node(root, config.node_id)))
+            save_state(root, _state(spec, started, zookeeper), _STARTING_FILE)
         wait_ready(root, started, ready_timeout_ms=ready_timeout_ms)
     except BaseException:
         stop_nodes(root, started)
@@ -390,7 +390,7 @@ def up(spec: LocalClusterSpec, *, ready_timeout_ms: int = 30_000) -> ClusterStat
         (root / _STARTING_FILE).unlink(missing_ok=True)
         raise
     state = _state(spec, started, zookeeper)
-    _save_state(root, state)
+    save_state(root, state)
     (root / _STARTING_FILE).unlink(missing_ok=True)
     return state
 
@@ -427,11 +427,11 @@ def restart(
         raise LocalClusterError(f"no node {node_id!r} in {root / STATE_FILE}")
     stop_nodes(root, [old], stop_timeout_ms=stop_timeout_ms)
     new = NodeEntry(
-        node_id=old.node_id, pid=_start(root, old.node_id, extra_env), roles=old.roles,
+        node_id=old.node_id, pid=start_node(root, old.node_id, extra_env), roles=old.roles,
         http=old.http, data_dir=old.data_dir,
     )
     nodes = tuple(new if n.node_id == node_id else n for n in state.nodes)
-    _save_state(root, replace(state, nodes=nodes))
+    save_state(root, replace(state, nodes=nodes))
     wait_ready(root, [new], ready_timeout_ms=ready_timeout_ms)
     return new
 
@@ -493,7 +493,7 @@ def start_zookeeper(root: Path, *, ready_timeout_ms: int = 30_000) -> ServerHand
         return state.zookeeper
     server = _start_zookeeper(root, avoid_ports=[], ready_timeout_ms=ready_timeout_ms,
                               port=state.zookeeper.client_port)
-    _save_state(root, replace(state, zookeeper=server))
+    save_state(root, replace(state, zookeeper=server))
     return server
 
 

@@ -10,6 +10,7 @@ drains its sequencers (in-flight appends finish, drained epochs are marked clean
 its stores. A shutdown
 that overruns the bound is cut short and the process exits with status 1, so that it never
 outlives a pod's ``terminationGracePeriodSeconds`` into a SIGKILL.
+SIGHUP re-reads the config file and applies membership changes (services.membership).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import sys
 
 from aiohttp import web
 
-from services.app import DRAIN_TIMEOUT_S, create_app
+from services.app import DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app
 from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, config_from_env
 from shared.config import ProcessConfig, process_from_dict
 
@@ -50,8 +51,10 @@ def load_config(path: str) -> ProcessConfig:
 
 
 async def serve(config: ProcessConfig, *, listen_host: str | None = None,
-                shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS) -> int:
-    """Run the node until SIGTERM/SIGINT; returns the exit status (1: shutdown overran)."""
+                shutdown_timeout_ms: int = DEFAULT_SHUTDOWN_TIMEOUT_MS,
+                config_path: str | None = None) -> int:
+    """Run the node until SIGTERM/SIGINT; returns the exit status (1: shutdown overran).
+    SIGHUP re-reads ``config_path`` for membership changes (services.membership)."""
     bound_s = shutdown_timeout_ms / 1000
     app = create_app(config, listen_host=listen_host,
                      drain_timeout_s=min(DRAIN_TIMEOUT_S, bound_s * SHUTDOWN_SHARE_DRAIN))
@@ -68,6 +71,14 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    if config_path is not None:
+        # Membership changes (added nodes, weights) apply without a restart.
+        loop.add_signal_handler(signal.SIGHUP, app[MEMBERSHIP_KEY].reload, config_path)
+    else:
+        # Configured from the environment: nothing to re-read, and SIGHUP must not kill.
+        loop.add_signal_handler(signal.SIGHUP, log.warning,
+                                "SIGHUP ignored: a node configured from the environment "
+                                "changes membership by a restart")
     status = 1
     try:
         await site.start()
@@ -137,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         pass
     return asyncio.run(serve(config, listen_host=listen_host,
-                             shutdown_timeout_ms=shutdown_timeout_ms))
+                             shutdown_timeout_ms=shutdown_timeout_ms,
+                             config_path=None if args.from_env else args.config))
 
 
 if __name__ == "__main__":

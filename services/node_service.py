@@ -18,6 +18,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 from gossip.core.failure_detector import NodeState
@@ -34,7 +35,7 @@ from services.log_service import (
     RecordOut,
     TailOutcome,
 )
-from shared.config import ProcessConfig
+from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.limits import KEY_BYTES_MAX
 from shared.net.pool import PeerPool
@@ -91,6 +92,15 @@ class NodeService:
         self._routable = list(self._sequencer_weights)
         if gossip is not None:
             gossip.subscribe(self._on_view)
+
+    def update_cluster(self, cluster: ClusterConfig) -> None:
+        """Nodes were added or reweighted (services.membership): route with the new weights."""
+        self.config = replace(self.config, cluster=cluster)
+        self._sequencer_weights = [(n.node_id, n.sequencer_weight)
+                                   for n in cluster.sequencer_nodes]
+        view = self.gossip.view() if self.gossip is not None else {}
+        self._routable = (routable_sequencers(self._sequencer_weights, view)
+                          if self.gossip is not None else list(self._sequencer_weights))
 
     def _on_view(self, view: Mapping[NodeId, NodeState]) -> None:
         self._routable = routable_sequencers(self._sequencer_weights, view)

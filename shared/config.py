@@ -110,7 +110,12 @@ class ClusterConfig:
         return storage[: max(size, self.replication_factor)]
 
     def fingerprint(self) -> str:
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """Identifies the cluster and the settings every node must share. The node list is
+        left out: membership changes reach nodes one at a time (see services.membership),
+        and a node ignores peers it does not know (no address, gossip dropped)."""
+        settings = dataclasses.asdict(self)
+        del settings["nodes"]
+        text = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

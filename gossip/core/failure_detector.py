@@ -118,6 +118,19 @@ class FailureDetector:
         entry = self._entries.get(node)
         return entry.heartbeat if entry is not None else None
 
+    # ---- membership ----------------------------------------------------------------------
+
+    def add_node(self, node: NodeId) -> bool:
+        """A node joined the configuration: it starts ALIVE and never heard of, like every
+        node at start-up, so it goes DEAD after the threshold if it stays silent. False if it
+        was already a member."""
+        if node in self._entries:
+            return False
+        self._entries[node] = _Entry(heartbeat=0, instance_id=0, failover=False,
+                                     state=NodeState.ALIVE)
+        self.version += 1
+        return True
+
     # ---- inputs --------------------------------------------------------------------------
 
     def on_tick(self, now_ms: int, wall_ms: int) -> list[Send]:

@@ -207,3 +207,20 @@ def test_version_counts_state_changes() -> None:
     assert fd.version == version + 2  # b and c, never heard of, are DEAD
     _ticks(fd, 600, 900)
     assert fd.version == version + 2
+
+
+def test_added_node_is_gossiped_to_and_goes_dead_if_silent() -> None:
+    fd = _fd("a")
+    _hear(fd, "b", 100)
+    _hear(fd, "c", 100)
+    # Before it is added, d's gossip is dropped.
+    assert not _hear(fd, "d", 150)
+    assert fd.add_node(NodeId("d")) and not fd.add_node(NodeId("d"))
+    assert fd.state(NodeId("d")) is NodeState.ALIVE
+    assert _hear(fd, "d", 200)
+    targets = {e.node for i in range(3, 40) for e in fd.on_tick(i * 100, WALL0 + i * 100)
+               if _hear(fd, "b", i * 100) and _hear(fd, "c", i * 100)}
+    assert "d" in targets
+    # d stopped gossiping at 200 ms: DEAD after the threshold, while b and c stay ALIVE.
+    assert fd.state(NodeId("d")) is NodeState.DEAD
+    assert fd.state(NodeId("b")) is NodeState.ALIVE
