@@ -100,6 +100,10 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
         "TrimRequest": _object({"lsn": _ref("Lsn")}),
         "TrimResponse": _object({"trim_lsn": _ref("Lsn")}),
         "FindTimeResponse": _object({"lsn": _ref("Lsn")}),
+        "Redirect": _object({
+            "status": {"type": "string"}, "message": {"type": "string"},
+            "sequencer_node": {"type": "string"}, "sequencer_http": {"type": "string"},
+        }),
         "NodesetsResponse": _object({
             "cluster_fingerprint": {"type": "string"},
             "protocol_version": _uint(2**31 - 1),
@@ -127,6 +131,10 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
 
 
 _HEADERS: dict[str, Schema] = {
+    "Location": {
+        "description": "The same request's URL on the log's sequencer node (307 answers)",
+        "schema": {"type": "string"},
+    },
     "Retry-After": {
         "description": "Seconds to wait before retrying (429 and 503 answers)",
         "schema": {"type": "integer", "minimum": 0},
@@ -183,13 +191,27 @@ def _read_params(api: ApiConfig) -> list[Schema]:
     ]
 
 
+_NO_FORWARD_PARAMS: list[Schema] = [
+    {"name": "no_forward", "in": "query", "required": False,
+     "schema": {"type": "string", "enum": ["1", "true", "yes"]},
+     "description": "answer 307 with the log's sequencer node instead of forwarding "
+                    "(docs/API-EXTENSIONS.md)"},
+    {"name": "X-Seqlog-No-Forward", "in": "header", "required": False,
+     "schema": {"type": "string", "enum": ["1", "true", "yes"]},
+     "description": "the same as the no_forward query parameter"},
+]
+
+
 def _append_op(summary: str, request: str, answer: str) -> Schema:
     return {
         "summary": summary,
-        "parameters": [_LOG_ID_PARAM],
+        "parameters": [_LOG_ID_PARAM, *_NO_FORWARD_PARAMS],
         "requestBody": {"required": True, "content": _body(request)},
         "responses": {
             "200": _answer("durable on R storage nodes", answer, ("X-Seqlog-Sequencer",)),
+            "307": _answer("with no_forward, on a node that does not sequence the log: send "
+                           "the same request to Location", "Redirect",
+                           ("Location", "X-Seqlog-Sequencer")),
             **_errors((400, 404, 413, 429, 500, 503, 504), sequencer=True),
         },
     }

@@ -25,6 +25,8 @@ from services.log_service import (
     GapType,
     LsnOutcome,
     NodeOut,
+    NodesetOut,
+    NodesetsOutcome,
     ReadOutcome,
     RecordOut,
     TailOutcome,
@@ -95,6 +97,9 @@ class FakeLogService:
         self.is_ready = True
         self.fail_with: Status | None = None
         self.raise_error = False
+        self.redirect_to: str | None = None
+        """When set, appends answer as a node that does not sequence the log under
+        no_forward: a redirect to this ``host:port``."""
         self.appends: list[AppendCall] = []
         self.reads: list[ReadCall] = []
         self.trims: list[tuple[LogId, Lsn]] = []
@@ -123,11 +128,15 @@ class FakeLogService:
         return self.fail_with
 
     async def append(
-        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
+        no_forward: bool = False,
     ) -> AppendOutcome:
         failed = self._check()
         if failed is not None:
             return AppendOutcome(status=failed, sequencer_node=self.node_id, message="forced")
+        if self.redirect_to is not None and no_forward:
+            return AppendOutcome(status=Status.NOSEQUENCER, sequencer_node=NodeId("n2"),
+                                 message="sequenced elsewhere", redirect_http=self.redirect_to)
         self.appends.append(AppendCall(log_id=log_id, payloads=payloads, key=key))
         first = self._next(log_id)
         records = self._records.setdefault(log_id, [])
@@ -222,6 +231,18 @@ class FakeLogService:
             return LsnOutcome(status=Status.INVALID_PARAM, message="beyond the release")
         self.trims.append((log_id, trim_lsn))
         return LsnOutcome(status=Status.OK, lsn=trim_lsn)
+
+    async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
+        failed = self._check()
+        if failed is not None:
+            return NodesetsOutcome(status=failed, message="forced")
+        if log_id not in self._records:
+            return NodesetsOutcome(status=Status.NOTFOUND, message="no such log")
+        return NodesetsOutcome(
+            status=Status.OK, cluster_fingerprint="fp", protocol_version=1,
+            nodesets=(NodesetOut(first_epoch=Epoch(1), last_epoch=Epoch(2**32 - 2),
+                                 replication_factor=1,
+                                 nodes=((NodeId("s1"), "127.0.0.1:3"),)),))
 
     def cluster_nodes(self) -> list[NodeOut]:
         return [

@@ -46,7 +46,7 @@ class Checker:
             ref = {"$ref": DOC_URI + schema["$ref"]} if "$ref" in schema else schema
             Draft202012Validator(ref, registry=self.registry).validate(body)
             for header in answer.get("headers", {}):
-                if header == "Retry-After" or resp.status == 200:
+                if header == "Retry-After" or resp.status in (200, 307):
                     assert header in resp.headers, (template, resp.status, header)
             self.checked.add((template, method, key))
             return resp.status
@@ -106,10 +106,20 @@ async def test_real_answers_validate_against_the_document(
         await checker.check(client, "GET", records, "/v1/logs/3/records")
         await checker.check(client, "GET", tail, "/v1/logs/3/tail")
     fake.fail_with = None
+    nodesets = "/v1/logs/{log_id}/nodesets"
+    assert await checker.check(client, "GET", nodesets, "/v1/logs/3/nodesets") == 200
+    assert await checker.check(client, "GET", nodesets, "/v1/logs/999/nodesets") == 404
+    find_time = "/v1/logs/{log_id}/find-time"
+    assert await checker.check(client, "GET", find_time,
+                               "/v1/logs/3/find-time?timestamp_ms=0") == 200
+    fake.redirect_to = "127.0.0.1:9"
+    assert await checker.check(client, "POST", append, "/v1/logs/3/append?no_forward=1",
+                               allow_redirects=False, **body) == 307
+    fake.redirect_to = None
     fake.is_ready = False
     assert await checker.check(client, "GET", "/readyz", "/readyz") == 503
     assert {key for _, _, key in checker.checked} >= {
-        "200", "400", "404", "413", "429", "500", "503", "504", "default",
+        "200", "307", "400", "404", "413", "429", "500", "503", "504", "default",
     }
 
 
