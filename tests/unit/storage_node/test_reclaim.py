@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from shared.config import StorageConfig
 from shared.status import Status
@@ -16,6 +19,7 @@ from shared.types import LogId, Lsn, NodeId
 from shared.wire.release import Release
 from shared.wire.store import Store
 from shared.wire.trim import Trim, Trimmed
+from storage_node import record_store
 from storage_node.core.retention import BacklogTable
 from storage_node.record_store import ReclaimReport
 from storage_node.runtime import StorageNode
@@ -200,10 +204,10 @@ async def test_reads_racing_with_compaction_and_deletion_see_every_record(
                 assert await payloads(node, LOG_B) == want
                 reads_done[0] += 1
 
-        readers = [asyncio.create_task(reader()) for _ in range(4)]
+        readers = [asyncio.create_task(reader()) for _ in range(6)]
         try:
             # Trim A step by step: each pass deletes or compacts under the readers' feet.
-            for esn in range(5, 31, 5):
+            for esn in range(2, 31, 2):
                 await trim(node, LOG_A, lsn(1, esn))
                 await node.retention_pass()
                 await asyncio.sleep(0.01)  # let the readers run between passes
@@ -261,3 +265,44 @@ async def test_background_retention_frees_disk_without_being_asked(tmp_path: Pat
             await asyncio.sleep(0.02)
         assert node.log_state(LOG_A).trim_lsn == lsn(1, 30)
         assert node.stats()["retention_passes"] >= 1
+
+
+async def test_a_read_located_before_the_swap_reads_the_old_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deterministic version of the race: a read has located its entries, then compaction
+    replaces the file and deletion removes another before the read's pread runs."""
+    data_dir = str(tmp_path)
+    gate = threading.Event()
+    entered = threading.Event()
+    real_read_locations = record_store.read_locations
+
+    def gated(*args: Any) -> Any:
+        entered.set()
+        assert gate.wait(10)
+        return real_read_locations(*args)
+
+    async with node_at(data_dir) as node:
+        await fill_interleaved(node, range(1, 31))
+        release(node, LOG_A, lsn(1, 30))
+        release(node, LOG_B, lsn(1, 30))
+        monkeypatch.setattr(record_store, "read_locations", gated)
+        held_a = asyncio.create_task(read(node, make_read(lsn(1, 1), release_lsn=ALL,
+                                                          log_id=LOG_A)))
+        held_b = asyncio.create_task(read(node, make_read(lsn(1, 1), release_lsn=ALL,
+                                                          log_id=LOG_B)))
+        try:
+            assert await asyncio.to_thread(entered.wait, 10)
+            monkeypatch.setattr(record_store, "read_locations", real_read_locations)
+            await trim(node, LOG_A, lsn(1, 30))
+            await trim(node, LOG_B, lsn(1, 6))  # the first segment is then dead: deleted
+            report = await node.retention_pass()
+            assert report.reclaim.segments_compacted >= 1
+            assert report.reclaim.segments_deleted >= 1
+        finally:
+            gate.set()
+        reply_a, reply_b = await held_a, await held_b
+        assert reply_a.status is Status.OK and reply_b.status is Status.OK
+        assert {r[0]: r[3] for r in reply_a.records} == expected(LOG_A, range(1, 31))
+        assert {r[0]: r[3] for r in reply_b.records} == expected(LOG_B, range(1, 31))
+        assert await payloads(node, LOG_B) == expected(LOG_B, range(7, 31))
+        assert node.store.open_files_count() <= node.stats()["segments"]
