@@ -73,7 +73,11 @@ class SegmentRefs:
             self.live_bytes[location.segment_id] = (
                 self.live_bytes.get(location.segment_id, 0) + location.length)
         else:
+            # A piece re-added after its entry's other pieces went (a split): the range must
+            # still cover every piece.
             entry[0] += 1
+            entry[3] = min(entry[3], location.first_lsn)
+            entry[4] = max(entry[4], location.last_lsn)
 
     def remove(self, location: Location) -> None:
         segment = self.entries[location.segment_id]

@@ -35,6 +35,7 @@ KEPT_LOG = 900_001
 AGED_LOGS = (900_011, 900_012, 900_013)
 RECORD_BYTES = 48 * 1024
 RECORDS_PER_LOG = 40
+RECORDS_PER_BATCH = 4
 
 
 def segments_bytes(data_dir: str) -> int:
@@ -67,16 +68,22 @@ async def test_a_cluster_trims_aged_records_and_frees_disk(tmp_path: Path) -> No
         async with Client(state.sequencer_urls) as client:
             kept: list[bytes] = []
             last_old: dict[int, int] = {}
-            for i in range(RECORDS_PER_LOG):
+            written_s = time.monotonic()
+            for i in range(0, RECORDS_PER_LOG, RECORDS_PER_BATCH):
                 for log_id in AGED_LOGS:
-                    payload = (b"%d:%d:" % (log_id, i)) * (RECORD_BYTES // 16)
-                    last_old[log_id] = (await client.append(log_id, payload)).lsn
-                kept.append(b"kept %d" % i)
-                await client.append(KEPT_LOG, kept[-1])
+                    batch = [((b"%d:%d:" % (log_id, i + j)) * RECORD_BYTES)[:RECORD_BYTES]
+                             for j in range(RECORDS_PER_BATCH)]
+                    last_old[log_id] = (await client.append_batch(log_id, batch)).last_lsn
+                if i < RECORDS_PER_LOG // 2:
+                    # The first segments are mixed (compacted), the last ones are not (deleted).
+                    kept.append(b"kept %d" % i)
+                    await client.append(KEPT_LOG, kept[-1])
             before = {n.node_id: await asyncio.to_thread(segments_bytes, n.data_dir)
                       for n in storage}
-            assert all(size > 4 * 1024 * 1024 for size in before.values()), before
-            written_s = time.monotonic()
+            # Measured before anything could age (else the figure would be meaningless).
+            assert time.monotonic() - written_s < BACKLOG_MS / 1000, "writing was too slow"
+            written_bytes = len(AGED_LOGS) * RECORDS_PER_LOG * RECORD_BYTES
+            assert all(size > written_bytes for size in before.values()), before
             # Every aged log is trimmed on the storage nodes once its records pass the backlog.
             deadline = time.monotonic() + DEADLINE_S
             for log_id in AGED_LOGS:
@@ -104,6 +111,7 @@ async def test_a_cluster_trims_aged_records_and_frees_disk(tmp_path: Path) -> No
                 await asyncio.sleep(0.1)
         text = await asyncio.to_thread(metrics_text, storage[0].http)
         assert metric(text, "seqlog_storage_segments_deleted") >= 1
+        assert metric(text, "seqlog_storage_segments_compacted") >= 1
         assert metric(text, "seqlog_storage_retention_trims") >= len(AGED_LOGS)
         assert metric(text, "seqlog_storage_disk_bytes") < before[storage[0].node_id] / 3
     finally:

@@ -306,3 +306,29 @@ async def test_a_read_located_before_the_swap_reads_the_old_file(
         assert {r[0]: r[3] for r in reply_b.records} == expected(LOG_B, range(1, 31))
         assert await payloads(node, LOG_B) == expected(LOG_B, range(7, 31))
         assert node.store.open_files_count() <= node.stats()["segments"]
+
+
+async def test_compaction_moves_both_pieces_of_a_split_batch(tmp_path: Path) -> None:
+    """A batch whose middle record was stored again later (a new wave) is served in two
+    pieces from one entry; compaction must move both, and a restart must agree."""
+    data_dir = str(tmp_path)
+    batch = tuple(payload_for(lsn(1, e) + LOG_B, 1000) for e in range(1, 6))
+    async with node_at(data_dir) as node:
+        assert (await store(node, make_store(lsn(1, 1), batch, log_id=LOG_B))).status is (
+            Status.OK)
+        for esn in range(1, 25):
+            assert_ok([await store(node, big(LOG_A, esn))])
+        again = make_store(lsn(1, 3), (b"wave 2",), log_id=LOG_B, wave=2)
+        assert (await store(node, again)).status is Status.OK
+        release(node, LOG_A, lsn(1, 24))
+        release(node, LOG_B, lsn(1, 5))
+        await trim(node, LOG_A, lsn(1, 24))
+        report = await node.retention_pass()
+        assert report.reclaim.segments_compacted >= 1
+        want = {lsn(1, e): p for e, p in zip(range(1, 6), batch, strict=True)}
+        want[lsn(1, 3)] = b"wave 2"
+        assert await payloads(node, LOG_B) == want
+        live = snapshot(node)
+    async with node_at(data_dir) as node:
+        assert snapshot(node) == live
+        assert await payloads(node, LOG_B) == want
