@@ -30,7 +30,7 @@ from shared.types import (
     lsn_to_epoch,
     lsn_to_esn,
 )
-from shared.wire.store import RecordFlags
+from shared.wire.store import RecordFlags, Store
 from storage_node.core.store_machine import LogStorageState
 from storage_node.record_index import Location, RecordIndex
 from storage_node.segment_format import (
@@ -67,19 +67,9 @@ class DurableState:
             logs = self.segment_logs[segment_id] = set()
         logs.add(log_id)
         if isinstance(entry, StoreMeta):
-            self._index.insert(log_id, Location(
-                segment_id, scanned.offset, scanned.length, entry.first_lsn, entry.last_lsn,
-                timestamp_ms=index_time(entry.flags, entry.timestamp_ms)))
-            last = self._last.get(log_id)
-            if last is None or entry.last_lsn > last[0]:
-                self._last[log_id] = (entry.last_lsn, entry.sequencer_node)
-            tails = self._tails.setdefault(log_id, {})
-            epoch = lsn_to_epoch(entry.first_lsn)
-            lng, last_esn = tails.get(epoch, (0, 0))
-            tails[epoch] = (max(lng, entry.last_known_good),
-                            max(last_esn, lsn_to_esn(entry.last_lsn)))
-            if self._live and entry.first_lsn <= self._trims.get(log_id, 0):
-                self._index.drop_through(log_id, self._trims[log_id])
+            self._on_store(segment_id, scanned.offset, scanned.length, log_id, entry.first_lsn,
+                           entry.last_lsn, entry.sequencer_node, entry.last_known_good,
+                           index_time(entry.flags, entry.timestamp_ms))
         elif isinstance(entry, ReleaseEntry):
             if entry.release_lsn > self._releases.get(log_id, 0):
                 self._releases[log_id] = entry.release_lsn
@@ -90,6 +80,47 @@ class DurableState:
                 self._seals[log_id] = (entry.epoch, entry.sealed_by)
         else:
             self._on_checkpoint(entry)
+
+    def on_store(self, segment_id: int, offset: int, length: int, store: Store) -> None:
+        """A STORE entry was written (the writer's hot path: no intermediate objects)."""
+        log_id = store.log_id
+        logs = self.segment_logs.get(segment_id)
+        if logs is None:
+            logs = self.segment_logs[segment_id] = set()
+        logs.add(log_id)
+        self._on_store(segment_id, offset, length, log_id, store.lsn, store.last_lsn,
+                       store.sequencer_node, store.last_known_good,
+                       index_time(store.flags, store.timestamp_ms))
+
+    def on_release(self, segment_id: int, log_id: LogId, release_lsn: Lsn) -> None:
+        """A RELEASE entry was written."""
+        logs = self.segment_logs.get(segment_id)
+        if logs is None:
+            logs = self.segment_logs[segment_id] = set()
+        logs.add(log_id)
+        if release_lsn > self._releases.get(log_id, 0):
+            self._releases[log_id] = release_lsn
+
+    def _on_store(self, segment_id: int, offset: int, length: int, log_id: LogId,
+                  first_lsn: Lsn, last_lsn: Lsn, node: NodeId, last_known_good: int,
+                  timestamp_ms: int) -> None:
+        self._index.insert(log_id, Location(segment_id, offset, length, first_lsn, last_lsn,
+                                            Lsn(0), timestamp_ms))
+        last = self._last.get(log_id)
+        if last is None or last_lsn > last[0]:
+            self._last[log_id] = (last_lsn, node)
+        tails = self._tails.get(log_id)
+        if tails is None:
+            tails = self._tails[log_id] = {}
+        epoch = lsn_to_epoch(first_lsn)
+        last_esn = lsn_to_esn(last_lsn)
+        tail = tails.get(epoch)
+        if tail is None:
+            tails[epoch] = (last_known_good, last_esn)
+        elif last_known_good > tail[0] or last_esn > tail[1]:
+            tails[epoch] = (max(tail[0], last_known_good), max(tail[1], last_esn))
+        if self._live and self._trims and first_lsn <= self._trims.get(log_id, 0):
+            self._index.drop_through(log_id, self._trims[log_id])
 
     def _on_checkpoint(self, entry: CheckpointEntry) -> None:
         log_id = entry.log_id

@@ -48,11 +48,8 @@ from storage_node.record_reads import CopiesResult, ReadResult, read_locations
 from storage_node.segment_files import AppendResult, RecoveryReport, SegmentReader, SegmentWriter
 from storage_node.segment_format import (
     CheckpointEntry,
-    Entry,
-    ReleaseEntry,
     ScannedEntry,
     SealEntry,
-    StoreMeta,
     TrimEntry,
     encode_checkpoint,
     encode_release,
@@ -523,16 +520,20 @@ class RecordStore:
             return
         offset = result.offset
         segment_id = result.segment_id
+        durable = self._durable
         stores_count = records_count = 0
-        entries: list[Entry] = [_entry(p.chunk_source) for p in batch]
-        entries += [ReleaseEntry(log_id, lsn) for log_id, lsn in releases]
-        for pending in batch:
-            if isinstance(pending.chunk_source, Store):
+        # The same fold as a restart's scan: index, per-log state, logs per segment.
+        for pending, length in zip(batch, lengths, strict=False):
+            source = pending.chunk_source
+            if isinstance(source, Store):
+                durable.on_store(segment_id, offset, length, source)
                 stores_count += 1
                 records_count += pending.records_count
-        # The same fold as a restart's scan: index, per-log state, logs per segment.
-        for entry, length in zip(entries, lengths, strict=True):
-            self._durable.on_entry(segment_id, ScannedEntry(offset, length, entry))
+            else:
+                durable.on_entry(segment_id, ScannedEntry(offset, length, source))
+            offset += length
+        for (log_id, release_lsn), length in zip(releases, lengths[len(batch):], strict=True):
+            durable.on_release(segment_id, log_id, release_lsn)
             offset += length
         self._segment_bytes[segment_id] = offset
         self._newest_segment_id = max(self._newest_segment_id, segment_id)
@@ -634,11 +635,3 @@ def _encode(source: ChunkSource) -> bytes:
     if isinstance(source, TrimEntry):
         return encode_trim(source.log_id, source.trim_lsn)
     return encode_checkpoint(source)
-
-
-def _entry(source: ChunkSource) -> Entry:
-    """What a restart's scan finds for a written chunk."""
-    if isinstance(source, Store):
-        return StoreMeta(source.log_id, source.lsn, len(source.payloads), source.sequencer_node,
-                         source.last_known_good, source.flags, source.timestamp_ms)
-    return source
