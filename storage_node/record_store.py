@@ -75,10 +75,13 @@ COUNTERS = (
     "release_entries", "releases_dropped", "reads", "read_records", "read_checksum_failures",
     "torn_tail_bytes", "corrupt_segments", "reclaim_passes", "reclaim_failures",
     "checkpoint_entries", "segments_deleted", "bytes_deleted", "segments_compacted",
-    "bytes_compacted", "bytes_copied",
+    "bytes_compacted", "bytes_copied", "segments_rolled",
 )
 """Always present in ``stats()`` (monotonic totals)."""
 _ENTRY_OVERHEAD_BYTES = 96
+ROLL_DEAD_FRACTION_DIVISOR = 8
+"""The segment being written is closed early once this fraction (1/8) of
+``segment_bytes_max`` in it is dead."""
 RECLAIM_DELETES_MAX = 1000
 """Segments one reclaim pass deletes at most (each is pinned open until reads let go)."""
 
@@ -315,6 +318,7 @@ class RecordStore:
             deletes_max=RECLAIM_DELETES_MAX)
 
     async def _reclaim(self) -> ReclaimReport:
+        await self._roll_if_dead()
         plan = self.reclaim_plan()
         if not plan:
             return ReclaimReport()
@@ -345,6 +349,28 @@ class RecordStore:
         done = await loop.run_in_executor(self._reclaim_thread, run_reclaim,
                                           self._segments_dir, self._reader, delete, compact)
         return self._apply_reclaim(done, len(checkpoints))
+
+    async def _roll_if_dead(self) -> None:
+        """Close the segment being written when enough of it is dead, so that it can be
+        reclaimed: without this, a log written slowly would keep its trimmed records on disk
+        until the segment fills up."""
+        newest = self._newest_segment_id
+        size = self._segment_bytes.get(newest, 0)
+        live = self._index.refs.live_bytes.get(newest, 0)
+        dead = size - live
+        if dead < self._config.segment_bytes_max // ROLL_DEAD_FRACTION_DIVISOR or not (
+                live == 0 or live < size * self._config.compaction_live_fraction_max):
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            segment_id, fsyncs = await loop.run_in_executor(self._writer_thread,
+                                                            self._writer.roll)
+        except OSError as error:
+            log.error("reclaim: cannot close segment %d: %s", newest, error)
+            return
+        self._counts.update(fsyncs=fsyncs, segments_rolled=1)
+        self._segment_bytes.setdefault(segment_id, 0)
+        self._newest_segment_id = max(self._newest_segment_id, segment_id)
 
     async def _write_checkpoints(self, checkpoints: list[CheckpointEntry]) -> bool:
         """Queue the checkpoint entries (past the queue limit: they are few and must not

@@ -192,6 +192,12 @@ class SegmentWriter:
             os.close(self._fd)
             self._fd = -1
 
+    def roll(self) -> tuple[int, int]:
+        """Close the current segment and start the next one (reclaim asks for it when the
+        current one is mostly trimmed). Returns (new segment id, fsyncs done)."""
+        fsyncs = self._roll()
+        return self._segment_id, fsyncs
+
     def _roll(self) -> int:
         """Switch to a fresh segment. The new file is opened first so that a failure leaves
         the current segment in place and nothing changed."""

@@ -332,3 +332,24 @@ async def test_compaction_moves_both_pieces_of_a_split_batch(tmp_path: Path) -> 
     async with node_at(data_dir) as node:
         assert snapshot(node) == live
         assert await payloads(node, LOG_B) == want
+
+
+async def test_a_mostly_trimmed_segment_being_written_is_closed_and_reclaimed(
+        tmp_path: Path) -> None:
+    data_dir = str(tmp_path)
+    async with node_at(data_dir) as node:
+        for esn in range(1, 16):
+            assert_ok([await store(node, big(LOG_A, esn, release_esn=esn))])
+        await trim(node, LOG_A, lsn(1, 15))
+        active = segment_paths(data_dir)[-1]
+        report = await node.retention_pass()
+        # Nothing but the checkpoint is left, in a fresh segment.
+        assert not await asyncio.to_thread(os.path.exists, active)
+        assert report.reclaim.segments_deleted == 2 and node.stats()["segments_rolled"] == 1
+        assert await asyncio.to_thread(disk_bytes, data_dir) < 1024
+        assert (await node.retention_pass()).reclaim == ReclaimReport()
+    async with node_at(data_dir) as node:
+        assert node.log_state(LOG_A).trim_lsn == lsn(1, 15)
+        assert node.log_state(LOG_A).last_lsn == lsn(1, 15)
+        assert node.log_state(LOG_A).epoch_tails == {1: (0, 15)}
+        assert (await store(node, big(LOG_A, 16))).status is Status.OK
