@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.net.local_ports import free_port_block
+
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 SLF4J_JAR = "/usr/share/java/slf4j-simple.jar"
 STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -75,17 +77,10 @@ def check_installed() -> None:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports that are free on the loopback right now."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((HOST, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """``count`` distinct ports that are free on the loopback right now (outside the
+    ephemeral range, so that a restarted server can bind them again)."""
+    base = free_port_block(count, host=HOST)
+    return list(range(base, base + count))
 
 
 def port_free(port: int) -> bool:

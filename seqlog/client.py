@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from seqlog import body as wire
+from seqlog.reader import LogReader, parse_nodesets
 from seqlog.results import (
     AppendResult,
     BatchResult,
@@ -195,6 +196,28 @@ class Client:
                 # The node answered before anything new was released (long poll off or cut
                 # short); a short pause keeps this from spinning.
                 await asyncio.sleep(self._follow_idle_ms / 1000)
+
+    async def reader(
+        self, log_id: int, from_lsn: int = LSN_OLDEST, *, follow: bool = False,
+        until_lsn: int | None = None, read_ahead_records_max: int = 10_000,
+        read_ahead_bytes_max: int = 32 * 1024 * 1024, wait_ms: int = 5_000,
+        speculative_delay_ms: int = 20, stall_timeout_ms: int = 60_000,
+    ) -> LogReader:
+        """A reader that reads the log straight from its storage nodes (see
+        ``seqlog.reader``): ``async with await client.reader(log) as r: async for e in r``."""
+        log = _check_log(log_id)
+        if not lsn_valid(from_lsn) or from_lsn < LSN_OLDEST or (
+                until_lsn is not None and not lsn_valid(until_lsn)) or wait_ms < 0:
+            raise LogError(Status.INVALID_PARAM, "from_lsn, until_lsn or wait_ms out of range")
+        answer = await self._call("GET", log, f"/v1/logs/{log}/nodesets", None, writes=False)
+        spans, addresses, fingerprint = parse_nodesets(answer.data)
+        return LogReader(
+            log_id=log, from_lsn=Lsn(from_lsn), spans=spans, addresses=addresses,
+            cluster_fingerprint=fingerprint, follow=follow,
+            until_lsn=None if until_lsn is None else Lsn(until_lsn),
+            read_ahead_records_max=read_ahead_records_max,
+            read_ahead_bytes_max=read_ahead_bytes_max, wait_ms=wait_ms,
+            speculative_delay_ms=speculative_delay_ms, stall_timeout_ms=stall_timeout_ms)
 
     async def tail(self, log_id: int) -> TailResult:
         log = _check_log(log_id)

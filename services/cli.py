@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "2026-11-22T10:00:00+00:00, or milliseconds since the epoch)")
     read.add_argument("--limit", type=_positive, default=1000, help="records per request")
     read.add_argument("--follow", action="store_true", help="keep waiting for new records")
+    read.add_argument("--direct", action="store_true",
+                      help="read the storage nodes directly (Client.reader) instead of "
+                           "through a node's HTTP API")
     _add_target(read)
 
     tail = commands.add_parser("tail", help="show a log's release point and sequencer")
@@ -194,6 +197,12 @@ async def _append(client: Client, args: argparse.Namespace, payloads: list[bytes
 async def _read(client: Client, args: argparse.Namespace) -> int:
     if args.since is not None:
         args.from_lsn = await client.find_time(args.log_id, args.since)
+    if args.direct:
+        async with await client.reader(args.log_id, args.from_lsn,
+                                       follow=args.follow) as reader:
+            async for item in reader:
+                _print(format_entry(item))
+        return 0
     if args.follow:
         async for entry in client.follow(args.log_id, args.from_lsn, limit=args.limit):
             _print(format_entry(entry))

@@ -273,6 +273,24 @@ async def on_find_time(request: web.Request) -> web.StreamResponse:
     return _answer(request, {"lsn": outcome.lsn})
 
 
+async def on_nodesets(request: web.Request) -> web.StreamResponse:
+    log_id = parse_log_id(request.match_info["log_id"])
+    if isinstance(log_id, Rejection):
+        return _rejected(request, log_id)
+    outcome = await request.app[SERVICE_KEY].nodesets(log_id)
+    if outcome.status is not Status.OK:
+        return _error(request, outcome.status, outcome.message)
+    return _answer(request, {
+        "cluster_fingerprint": outcome.cluster_fingerprint,
+        "protocol_version": outcome.protocol_version,
+        "nodesets": [
+            {"first_epoch": n.first_epoch, "last_epoch": n.last_epoch,
+             "replication_factor": n.replication_factor,
+             "nodes": [{"node_id": node, "data": address} for node, address in n.nodes]}
+            for n in outcome.nodesets],
+    })
+
+
 async def on_trim(request: web.Request) -> web.StreamResponse:
     parsed = await _body_request(request, parse_trim)
     if isinstance(parsed, web.StreamResponse):
@@ -397,6 +415,7 @@ def create_api_app(
     app.router.add_get("/v1/logs/{log_id}/tail", on_tail)
     app.router.add_post("/v1/logs/{log_id}/trim", on_trim)
     app.router.add_get("/v1/logs/{log_id}/find-time", on_find_time)
+    app.router.add_get("/v1/logs/{log_id}/nodesets", on_nodesets)
     app.router.add_get("/v1/cluster", on_cluster)
     app.router.add_get("/healthz", on_healthz)
     app.router.add_get("/readyz", on_readyz)

@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -46,6 +44,7 @@ from shared.config import (
     TransportConfig,
     to_dict,
 )
+from shared.net.local_ports import busy_ports, free_port_block
 from shared.types import NodeId
 
 DEFAULT_BASE_PORT = 7400
@@ -342,25 +341,10 @@ def log_tail(root: Path, node_id: str, lines: int = _LOG_TAIL_LINES) -> str:
 
 def free_base_port(nodes_count: int, *, host: str = "127.0.0.1", seed: int | None = None) -> int:
     """A base port whose ``2 * nodes_count`` ports are free right now (for tests)."""
-    rng = random.Random(seed)
-    for _ in range(100):
-        base = rng.randrange(20_000, 60_000, 2)
-        if not _busy_ports(host, list(range(base, base + 2 * nodes_count))):
-            return base
-    raise LocalClusterError(f"no {2 * nodes_count} consecutive free ports found")
-
-
-def _busy_ports(host: str, ports: list[int]) -> list[int]:
-    busy = []
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            # The nodes' servers set SO_REUSEADDR too, so TIME_WAIT leftovers do not count.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, port))
-            except OSError:
-                busy.append(port)
-    return busy
+    try:
+        return free_port_block(2 * nodes_count, host=host, seed=seed)
+    except OSError as exc:
+        raise LocalClusterError(str(exc)) from exc
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -390,7 +374,7 @@ def up(spec: LocalClusterSpec, *, ready_timeout_ms: int = 30_000) -> ClusterStat
         raise LocalClusterError("use either a local ZooKeeper or --epoch-store, not both")
     configs = plan(spec)
     ports = [p for c in configs for p in (c.me.http_port, c.me.data_port)]
-    busy = _busy_ports(spec.host, ports)
+    busy = busy_ports(spec.host, ports)
     if busy:
         raise LocalClusterError(f"ports already in use on {spec.host}: {busy}")
     zookeeper = None

@@ -82,6 +82,26 @@ class NodeOut:
     storage_capacity: float
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodesetOut:
+    first_epoch: Epoch
+    last_epoch: Epoch
+    replication_factor: int
+    nodes: tuple[tuple[NodeId, str], ...]
+    """(node id, ``host:port`` of its node-to-node transport) for each nodeset member."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodesetsOutcome:
+    """Where a log's records are, for readers that read storage nodes directly."""
+
+    status: Status
+    nodesets: tuple[NodesetOut, ...] = ()
+    cluster_fingerprint: str = ""
+    protocol_version: int = 0
+    message: str = ""
+
+
 class LogService(Protocol):
     """Statuses: every method may return ``NOTREADY``, ``SHUTDOWN`` or ``INTERNAL``.
 
@@ -90,6 +110,7 @@ class LogService(Protocol):
     ``OVERLOADED``, ``NOSPC``, ``TOOBIG``.
     ``read``/``tail``: ``OK``, ``NOTFOUND``, ``NOSEQUENCER``, ``TIMEDOUT``.
     ``find_time``: ``OK``, ``NOTFOUND``, ``NOTREADY`` (fewer than an f-majority answered).
+    ``nodesets``: ``OK``, ``NOTFOUND``.
     ``trim``: ``OK``, ``NOTFOUND``, ``INVALID_PARAM`` (beyond the release pointer),
     ``NOTREADY`` (too few storage nodes confirmed; retry: trimming is idempotent).
     """
@@ -122,6 +143,11 @@ class LogService(Protocol):
 
     async def trim(self, log_id: LogId, trim_lsn: Lsn) -> LsnOutcome:
         """Make every record at or below ``trim_lsn`` unreadable (a ``TRIM`` gap)."""
+        ...
+
+    async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
+        """The log's nodesets by epoch, the storage nodes' transport addresses and what a
+        reader's HELLO must carry: ``OK`` or ``NOTFOUND``."""
         ...
 
     def cluster_nodes(self) -> list[NodeOut]: ...

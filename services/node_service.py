@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
@@ -27,6 +28,8 @@ from services.log_service import (
     GapOut,
     LsnOutcome,
     NodeOut,
+    NodesetOut,
+    NodesetsOutcome,
     ReadOutcome,
     RecordOut,
     TailOutcome,
@@ -35,14 +38,17 @@ from shared.config import ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.limits import KEY_BYTES_MAX
 from shared.net.pool import PeerPool
+from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
 from shared.ports import EpochStore
-from shared.read_merge import NodeAnswer, f_majority, merge
+from shared.read_merge import f_majority
+from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, log_id_valid
+from shared.types import Epoch, LogId, Lsn, NodeId, log_id_valid
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
-from shared.wire.read import GetLogState, LogState, Read, ReadReply
+from shared.wire.hello import PROTOCOL_VERSION
+from shared.wire.read import GetLogState, LogState
 from shared.wire.trim import FindTime, FoundTime, Trim, Trimmed
 
 log = logging.getLogger(__name__)
@@ -267,24 +273,22 @@ class NodeService:
         bytes_max: int,
     ) -> ReadOutcome:
         release = await self._release_hint(log_id)
-        request = Read(log_id=log_id, from_lsn=from_lsn, until_lsn=LSN_MAX, release_lsn=release,
-                       records_max=records_max, bytes_max=bytes_max)
-        replies = await asyncio.gather(*(
-            self.pool.call(node, request, STORAGE_CALL_TIMEOUT_MS) for node in metadata.nodeset))
-        answers = [
-            NodeAnswer(records=r.records, next_lsn=r.next_lsn, release_lsn=r.release_lsn,
-                       markers=r.markers, trim_lsn=r.trim_lsn)
-            for r in replies if type(r) is ReadReply and r.status is Status.OK
-        ]
-        needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
-        if len(answers) < needed:
+        span = span_of(metadata_spans(metadata), from_lsn)
+        read_round = ReadRound(
+            log_id=log_id, span=span, from_lsn=from_lsn, release_lsn=release,
+            records_max=records_max, bytes_max=bytes_max, wait_ms=0,
+            speculative_delay_ms=self.config.api.read_speculative_delay_ms,
+            started_ms=int(asyncio.get_running_loop().time() * 1000),
+            # A random f-majority first spreads readers over the copies.
+            order=random.sample(span.nodeset, len(span.nodeset)))
+        result = await run_round(self.pool, read_round, STORAGE_CALL_TIMEOUT_MS)
+        if result.merged is None:
             return ReadOutcome(
                 status=Status.NOTREADY, next_lsn=from_lsn, release_lsn=release,
-                message=f"{len(answers)} of {len(metadata.nodeset)} storage nodes answered; "
-                        f"{needed} are needed to read without skipping records")
-        release = self._note_release(log_id, Lsn(max([release, *(a.release_lsn
-                                                               for a in answers)])))
-        merged = merge(answers, from_lsn, release, records_max, bytes_max)
+                message=f"{result.answered} of {len(metadata.nodeset)} storage nodes answered; "
+                        f"{result.needed} are needed to read without skipping records")
+        release = self._note_release(log_id, result.release_lsn)
+        merged = result.merged
         return ReadOutcome(
             status=Status.OK,
             records=[RecordOut(lsn=Lsn(r[0]), timestamp_ms=r[1], key=r[2], payload=r[3])
@@ -320,6 +324,25 @@ class NodeService:
                 epoch = Epoch(max(fresh.next_epoch - 1, 0))
         return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
+
+    async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None:
+            return NodesetsOutcome(status=status, message=f"log {log_id}: {status.description}")
+        cluster = self.config.cluster
+        spans = []
+        for span in metadata_spans(metadata):
+            nodes = []
+            for node_id in span.nodeset:
+                node = cluster.node(node_id)
+                if node is not None:
+                    nodes.append((node_id, f"{node.host}:{node.data_port}"))
+            spans.append(NodesetOut(first_epoch=span.first_epoch, last_epoch=span.last_epoch,
+                                    replication_factor=span.replication_factor,
+                                    nodes=tuple(nodes)))
+        return NodesetsOutcome(status=Status.OK, nodesets=tuple(spans),
+                               cluster_fingerprint=self.pool.cluster_fingerprint,
+                               protocol_version=PROTOCOL_VERSION)
 
     async def find_time(self, log_id: LogId, timestamp_ms: int) -> LsnOutcome:
         """Every record is on R nodes, so among an f-majority's answers (each node's first LSN

@@ -100,6 +100,16 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
         "TrimRequest": _object({"lsn": _ref("Lsn")}),
         "TrimResponse": _object({"trim_lsn": _ref("Lsn")}),
         "FindTimeResponse": _object({"lsn": _ref("Lsn")}),
+        "NodesetsResponse": _object({
+            "cluster_fingerprint": {"type": "string"},
+            "protocol_version": _uint(2**31 - 1),
+            "nodesets": {"type": "array", "items": _object({
+                "first_epoch": _uint(2**32 - 1), "last_epoch": _uint(2**32 - 1),
+                "replication_factor": _uint(127, 1),
+                "nodes": {"type": "array", "items": _object({
+                    "node_id": {"type": "string"}, "data": {"type": "string"}})},
+            })},
+        }),
         "TailResponse": _object({
             "release_lsn": _ref("Lsn"), "trim_lsn": _ref("Lsn"),
             "epoch": _uint(2**32 - 1), "sequencer": {"type": "string"},
@@ -219,6 +229,10 @@ def build_openapi(api: ApiConfig) -> dict[str, Any]:
                 parameters=[_LOG_ID_PARAM, {
                     "name": "timestamp_ms", "in": "query", "required": True,
                     "schema": _uint(2**63 - 1), "description": "milliseconds since the epoch"}])},
+            "/v1/logs/{log_id}/nodesets": {"get": _get_op(
+                "the log's storage nodes by epoch and their node-to-node addresses, for "
+                "readers that read storage nodes directly (see docs/API-EXTENSIONS.md)",
+                "NodesetsResponse", (400, 404, 500, 503, 504), parameters=[_LOG_ID_PARAM])},
             "/v1/logs/{log_id}/trim": {"post": {
                 "summary": "make records at or below an LSN unreadable (TRIM gaps)",
                 "parameters": [_LOG_ID_PARAM],

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shared.limits import COPYSET_SIZE_MAX, PAYLOAD_BYTES_MAX_LIMIT
-from shared.types import LOG_ID_MAX, LOG_ID_MIN, NodeId, node_id_valid
+from shared.types import (
+    CLIENT_ID_PREFIX,
+    LOG_ID_MAX,
+    LOG_ID_MIN,
+    NodeId,
+    is_client_id,
+    node_id_valid,
+)
 
 Role = Literal["sequencer", "storage"]
 FsyncMode = Literal["always", "interval", "never"]
@@ -50,6 +57,9 @@ class NodeConfig:
     def __post_init__(self) -> None:
         if not node_id_valid(self.node_id):
             raise ValueError(f"bad node id {self.node_id!r}")
+        if is_client_id(self.node_id):
+            raise ValueError(f"node id {self.node_id!r}: the prefix {CLIENT_ID_PREFIX!r} is "
+                             "reserved for client readers")
         if not self.roles or any(r not in ROLES for r in self.roles):
             raise ValueError(f"node {self.node_id}: roles must be among {ROLES}")
         _in_range("http_port", self.http_port, 0, 65535)
@@ -291,6 +301,9 @@ class ApiConfig:
     """Most payload bytes one read returns."""
     long_poll_ms_max: int = 60_000
     """Longest `wait_ms` a read may ask for (larger values are clamped)."""
+    read_speculative_delay_ms: int = 20
+    """Once an f-majority of a log's storage nodes answered a read, how long to wait for the
+    rest before merging without them (so a slow node costs readers this, not its latency)."""
     provision_on_append: bool = True
     """Create a log on its first append (else NOTFOUND)."""
     retry_after_s: int = 1
@@ -304,6 +317,7 @@ class ApiConfig:
         _in_range("read_records_max", self.read_records_max, 1, 100_000)
         _in_range("read_bytes_max", self.read_bytes_max, 1024, 2**31)
         _in_range("long_poll_ms_max", self.long_poll_ms_max, 0, 3_600_000)
+        _in_range("read_speculative_delay_ms", self.read_speculative_delay_ms, 0, 60_000)
         _in_range("retry_after_s", self.retry_after_s, 0, 3600)
 
 

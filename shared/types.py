@@ -85,6 +85,15 @@ def node_id_valid(value: object) -> bool:
     return isinstance(value, str) and _NODE_ID.match(value) is not None
 
 
+CLIENT_ID_PREFIX = "client."
+"""Peers whose HELLO names them ``client.<anything>`` are readers, not cluster nodes: they may
+only send the read-only messages (see ``shared.net.server``). No node id may start so."""
+
+
+def is_client_id(node_id: str) -> bool:
+    return node_id.startswith(CLIENT_ID_PREFIX)
+
+
 # Relationships the rest of the code relies on, checked once at import.
 assert not epoch_valid(lsn_to_epoch(LSN_MAX))
 assert compose_lsn(EPOCH_MIN, ESN_MIN) > LSN_OLDEST

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 ReplyFn = Callable[[Message], None]
 READS_INFLIGHT_MAX = 256
 """READs being served at once; more are answered OVERLOADED."""
+READ_WAITERS_MAX = 4096
+"""Long-poll READs held at once; past this a READ is answered at once, as if it had no wait
+(the reader just asks again), so that idle tailing readers cannot pin unbounded memory."""
 _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", "NOSPC",
                   "OVERLOADED", "NOTREADY", "SHUTDOWN", "INTERNAL")
 COUNTERS = (
@@ -87,6 +90,17 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class _Waiter:
+    """A long-poll READ held until the node's release pointer passes its ``from_lsn``."""
+
+    __slots__ = ("read", "reply", "timer")
+
+    def __init__(self, read: Read, reply: ReplyFn) -> None:
+        self.read = read
+        self.reply = reply
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class StorageNode:
     """One storage node: per-log seals and release pointers plus the durable record store."""
 
@@ -103,6 +117,8 @@ class StorageNode:
         self._retention_task: asyncio.Task[None] | None = None
         self._retention_lock = asyncio.Lock()
         self._reads: set[asyncio.Task[None]] = set()
+        self._waiters: dict[LogId, dict[_Waiter, None]] = {}
+        self._waiters_count = 0
         self._started = self._closing = False
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self._handlers: dict[type[Any], Callable[[Any, ReplyFn], None]] = {
@@ -137,6 +153,9 @@ class StorageNode:
         if self._retention_task is not None:
             self._retention_task.cancel()
             await asyncio.gather(self._retention_task, return_exceptions=True)
+        for log_id in list(self._waiters):
+            for waiter in list(self._waiters.get(log_id, ())):
+                self._wake(waiter)
         if self._reads:
             await asyncio.gather(*self._reads, return_exceptions=True)
         await self._store.close()
@@ -164,6 +183,7 @@ class StorageNode:
         counts = self._store.stats()
         counts.update(self._counts)
         counts["reads_inflight"] = len(self._reads)
+        counts["reads_waiting"] = self._waiters_count
         return counts
 
     # ---- retention ----
@@ -233,6 +253,7 @@ class StorageNode:
         decision = self._machine.on_store(store, disk_low=self._store.disk_low)
         if decision.release_lsn is not None:
             self._store.note_release(store.log_id, decision.release_lsn)
+            self._release_moved(store.log_id)
         if decision.reply is not None:
             self._counts[f"stored_{decision.status.name.lower()}"] += 1
             reply(decision.reply)
@@ -260,6 +281,7 @@ class StorageNode:
         release_lsn = self._machine.on_release(release)
         if release_lsn is not None:
             self._store.note_release(release.log_id, release_lsn)
+            self._release_moved(release.log_id)
 
     def _on_read(self, read: Read, reply: ReplyFn) -> None:
         self._counts["read_messages"] += 1
@@ -273,9 +295,50 @@ class StorageNode:
             reply(ReadReply(status=status, log_id=read.log_id, release_lsn=LSN_INVALID,
                             records=(), next_lsn=read.from_lsn))
             return
+        if (read.wait_ms > 0 and not self._readable(read)
+                and self._waiters_count < READ_WAITERS_MAX):
+            self._hold(read, reply)
+            return
+        self._start_read(read, reply)
+
+    def _start_read(self, read: Read, reply: ReplyFn) -> None:
         task = asyncio.get_running_loop().create_task(self._serve_read(read, reply))
         self._reads.add(task)
         task.add_done_callback(self._reads.discard)
+
+    # ---- long-poll READs ----
+
+    def _readable(self, read: Read) -> bool:
+        """Whether the node may answer ``read`` with something at or after ``from_lsn``: a
+        released record, or the trim gap."""
+        release = max(self._machine.release_lsn(read.log_id), read.release_lsn)
+        return release >= read.from_lsn or self._machine.trim_lsn(read.log_id) >= read.from_lsn
+
+    def _hold(self, read: Read, reply: ReplyFn) -> None:
+        waiter = _Waiter(read, reply)
+        waiter.timer = asyncio.get_running_loop().call_later(
+            read.wait_ms / 1000, self._wake, waiter)
+        self._waiters.setdefault(read.log_id, {})[waiter] = None
+        self._waiters_count += 1
+
+    def _wake(self, waiter: _Waiter) -> None:
+        """Serve a held READ now (its release came, its wait ran out, or the node closes)."""
+        held = self._waiters.get(waiter.read.log_id)
+        if held is None or waiter not in held:
+            return
+        del held[waiter]
+        if not held:
+            del self._waiters[waiter.read.log_id]
+        self._waiters_count -= 1
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+        self._start_read(waiter.read, waiter.reply)
+
+    def _release_moved(self, log_id: LogId) -> None:
+        held = self._waiters.get(log_id)
+        if held:
+            for waiter in [w for w in held if self._readable(w.read)]:
+                self._wake(waiter)
 
     async def _serve_read(self, read: Read, reply: ReplyFn) -> None:
         until_lsn = self._machine.readable_until(read)

@@ -17,11 +17,16 @@ from shared.config import TransportConfig
 from shared.net.connection import FramedProtocol, wait_lost
 from shared.net.types import Counters, MessageHandler
 from shared.status import Status
-from shared.types import NodeId, node_id_valid
+from shared.types import NodeId, is_client_id, node_id_valid
 from shared.wire.codec import Message, encode
 from shared.wire.hello import PROTOCOL_VERSION, Hello, HelloReply
+from shared.wire.read import GetLogState, Read
+from shared.wire.trim import FindTime
 
 log = logging.getLogger(__name__)
+
+CLIENT_MESSAGES: frozenset[type] = frozenset({Read, GetLogState, FindTime})
+"""What a client reader's connection may send; anything else closes it."""
 
 CLOSE_WAIT_S = 5.0
 """How long ``Server.close`` waits for sockets to go away before giving up on them."""
@@ -83,6 +88,10 @@ class _ServerProtocol(FramedProtocol):
             return
         if type(message) is Hello:
             self.desync("second HELLO")
+            return
+        if is_client_id(peer) and type(message) not in CLIENT_MESSAGES:
+            # A reader's connection carries reads only: it must not store, seal or gossip.
+            self.desync(f"client {peer} sent {type(message).__name__}")
             return
         reply = _Reply(self, correlation_id) if correlation_id else _no_reply
         try:

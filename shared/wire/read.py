@@ -2,7 +2,8 @@
 
 A storage node answers READ with its records in ``[from_lsn, until_lsn]`` that are at or
 below ``max(its own release pointer, release_lsn)``: ``release_lsn`` comes from the log's
-sequencer, which is the authority on what is released.
+sequencer (or a reader that learnt it from another node), which is the authority on what is
+released. Readers in the client send READs straight to storage nodes too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class Read:
     release_lsn: Lsn
     records_max: int
     bytes_max: int
+    wait_ms: int = 0
+    """Long poll: when nothing at or after ``from_lsn`` is released on the node yet, it holds
+    the read until its release pointer passes ``from_lsn - 1`` or this much time has gone by
+    (at most ``READ_WAIT_MS_MAX``), then answers as usual."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

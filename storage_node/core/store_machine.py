@@ -16,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from shared.limits import BATCH_RECORDS_MAX, COPYSET_SIZE_MAX, KEY_BYTES_MAX, READ_RECORDS_MAX
+from shared.limits import (
+    BATCH_RECORDS_MAX,
+    COPYSET_SIZE_MAX,
+    KEY_BYTES_MAX,
+    READ_RECORDS_MAX,
+    READ_WAIT_MS_MAX,
+)
 from shared.status import Status
 from shared.types import (
     EPOCH_INVALID,
@@ -131,6 +137,8 @@ def read_fields_status(read: Read) -> Status:
     if not (lsn_valid(read.from_lsn) and lsn_valid(read.until_lsn) and lsn_valid(read.release_lsn)):
         return Status.BADMSG
     if not 1 <= read.records_max <= READ_RECORDS_MAX or read.bytes_max < 1:
+        return Status.BADMSG
+    if not 0 <= read.wait_ms <= READ_WAIT_MS_MAX:
         return Status.BADMSG
     return Status.OK
 

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from shared.config import (
     StorageConfig,
     to_dict,
 )
+from shared.net.local_ports import free_port_block
 from shared.routing import routable_sequencers, sequencer_for
 from shared.types import LogId, NodeId
 
@@ -41,16 +41,8 @@ THRESHOLD_MS = FAST_GOSSIP.gossip_interval_ms * FAST_GOSSIP.gossip_threshold_int
 
 
 def _free_ports(count: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    base = free_port_block(count)
+    return list(range(base, base + count))
 
 
 def get_json(http: str, path: str, timeout_s: float = 2.0) -> Any:

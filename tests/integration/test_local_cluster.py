@@ -311,3 +311,10 @@ async def test_find_time_agrees_with_a_scan_and_read_since_starts_there(
         assert done.returncode == 0, done.stdout + done.stderr
         first = min(lsn for lsn, ts in written if ts >= since_ms)
         assert done.stdout.count("\n") == sum(1 for lsn, _ in written if lsn >= first)
+        direct = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "services.cli", "read", str(log_id), "--since", str(since_ms),
+             "--direct", "--dir", str(local_cluster.dir)],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert direct.returncode == 0, direct.stdout + direct.stderr
+        assert direct.stdout == done.stdout

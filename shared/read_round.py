@@ -1,0 +1,187 @@
+"""One round of a log read, pure: a READ to every node of an epoch span's nodeset, and the
+decision of when the answers suffice to merge (``shared.read_merge``).
+
+Both readers use it: the node serving ``GET /v1/logs/{id}/records`` and the client's reader
+that reads storage nodes directly, so curl users and the client see the same log.
+
+A round merges once an f-majority of the nodeset has answered (every record is then seen at
+least once) and either every node answered or ``speculative_delay_ms`` has passed since the
+f-majority did: a slow node delays a read by that much, not by its own latency (DistributedLog's
+speculative reads, in a send-to-all form). A round that can no longer reach an f-majority
+ends ``SHORT``; the reader waits and asks again rather than skip anything.
+
+A long-poll round (``wait_ms > 0``) ends ``RELEASE_MOVED`` as soon as one node reports a
+release pointer above the one the round carried while others are still holding the READ:
+nodes outside the newest records' copysets learn the release late, so the reader asks again
+at once, handing every node the newer pointer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.epoch_metadata import LogMetadata
+from shared.read_merge import Merged, NodeAnswer, f_majority, merge
+from shared.status import Status
+from shared.types import (
+    EPOCH_MAX,
+    EPOCH_MIN,
+    ESN_INVALID,
+    LSN_MAX,
+    Epoch,
+    LogId,
+    Lsn,
+    NodeId,
+    compose_lsn,
+)
+from shared.wire.read import Read, ReadReply
+
+RoundEnd = Literal["MERGED", "RELEASE_MOVED", "SHORT"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodesetSpan:
+    """Epochs ``first_epoch .. last_epoch`` of a log, stored on ``nodeset`` with R copies."""
+
+    first_epoch: Epoch
+    last_epoch: Epoch
+    nodeset: tuple[NodeId, ...]
+    replication_factor: int
+
+    @property
+    def until_lsn(self) -> Lsn:
+        """The last LSN a READ of this span covers: slot 0 of the epoch after the span, so that
+        whatever its last epoch did not fill ends in a BRIDGE gap, as at any epoch change."""
+        if self.last_epoch >= EPOCH_MAX:
+            return LSN_MAX
+        return compose_lsn(Epoch(self.last_epoch + 1), ESN_INVALID)
+
+    def __post_init__(self) -> None:
+        assert 1 <= self.first_epoch <= self.last_epoch <= EPOCH_MAX, self
+        assert self.nodeset and 1 <= self.replication_factor <= len(self.nodeset), self
+
+
+def metadata_spans(metadata: LogMetadata) -> list[NodesetSpan]:
+    """The log's nodeset spans as its epoch metadata records them: today one nodeset serves
+    every epoch (a nodeset change would start a new span at the epoch that takes it)."""
+    return [NodesetSpan(first_epoch=EPOCH_MIN, last_epoch=EPOCH_MAX, nodeset=metadata.nodeset,
+                        replication_factor=metadata.replication_factor)]
+
+
+def span_of(spans: list[NodesetSpan], lsn: Lsn) -> NodesetSpan:
+    """The span holding ``lsn``; LSNs before the first span belong to it (epoch 0 and 1 hold
+    nothing readers could miss)."""
+    for span in spans:
+        if lsn <= span.until_lsn:
+            return span
+    return spans[-1]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RoundResult:
+    end: RoundEnd
+    release_lsn: Lsn
+    """The highest release pointer any answer (or the round itself) carried."""
+    merged: Merged | None = None
+    """For MERGED: records and gaps from ``from_lsn`` on."""
+    answered: int = 0
+    needed: int = 0
+    failures: tuple[tuple[NodeId, Status], ...] = ()
+
+
+class ReadRound:
+    __slots__ = ("_answers", "_asked", "_bytes_max", "_failed", "_order", "_quorum_ms",
+                 "_records_max", "_speculative_delay_ms", "_started_ms", "request", "span")
+
+    def __init__(self, *, log_id: LogId, span: NodesetSpan, from_lsn: Lsn, release_lsn: Lsn,
+                 records_max: int, bytes_max: int, wait_ms: int, speculative_delay_ms: int,
+                 started_ms: int, order: Sequence[NodeId] = ()) -> None:
+        """``order``: the nodes to ask first (the rest of the nodeset follows in its order)."""
+        self.span = span
+        self.request = Read(log_id=log_id, from_lsn=from_lsn,
+                            until_lsn=Lsn(max(span.until_lsn, from_lsn)),
+                            release_lsn=release_lsn, records_max=records_max,
+                            bytes_max=bytes_max, wait_ms=wait_ms)
+        self._records_max = records_max
+        self._bytes_max = bytes_max
+        self._speculative_delay_ms = speculative_delay_ms
+        self._started_ms = started_ms
+        first = [n for n in order if n in span.nodeset]
+        self._order = [*dict.fromkeys(first), *(n for n in span.nodeset if n not in first)]
+        self._asked: list[NodeId] = []
+        self._answers: dict[NodeId, NodeAnswer] = {}
+        self._failed: dict[NodeId, Status] = {}
+        self._quorum_ms: int | None = None
+
+    @property
+    def needed(self) -> int:
+        return f_majority(len(self.span.nodeset), self.span.replication_factor)
+
+    def _inflight(self) -> int:
+        return len(self._asked) - len(self._answers) - len(self._failed)
+
+    def to_ask(self, now_ms: int) -> list[NodeId]:
+        """Nodes to send the READ to now (each once). A catch-up round asks an f-majority
+        first, one more node per failure, and the rest once ``speculative_delay_ms`` passed
+        without enough answers; a long-poll round asks every node at once (a node holding
+        the READ cannot be told from a slow one)."""
+        unasked = [n for n in self._order if n not in self._asked]
+        if not unasked or len(self._answers) >= self.needed:
+            return []
+        if self.request.wait_ms > 0 or now_ms >= self._started_ms + self._speculative_delay_ms:
+            chosen = unasked
+        else:
+            chosen = unasked[:max(self.needed - len(self._answers) - self._inflight(), 0)]
+        self._asked.extend(chosen)
+        return chosen
+
+    def stragglers(self) -> list[NodeId]:
+        """Nodes asked that failed or had not answered: a reader asks them last next time."""
+        return [n for n in self._asked if n not in self._answers]
+
+    def on_reply(self, node: NodeId, reply: object, now_ms: int) -> None:
+        """A node's READ_REPLY, or the ``Status`` that ended its request."""
+        if node in self._answers or node in self._failed or node not in self._asked:
+            return
+        if type(reply) is ReadReply and reply.status is Status.OK:
+            self._answers[node] = NodeAnswer(
+                records=reply.records, next_lsn=reply.next_lsn, release_lsn=reply.release_lsn,
+                markers=reply.markers, trim_lsn=reply.trim_lsn)
+            if self._quorum_ms is None and len(self._answers) >= self.needed:
+                self._quorum_ms = now_ms
+        else:
+            status = reply.status if type(reply) is ReadReply else reply
+            self._failed[node] = status if isinstance(status, Status) else Status.BADMSG
+
+    def wake_ms(self) -> int | None:
+        """When ``to_ask`` or ``result`` may change without another reply: the end of the
+        speculative delay (since the start, or since the f-majority answered)."""
+        if self._quorum_ms is not None:
+            return self._quorum_ms + self._speculative_delay_ms if self._inflight() else None
+        if len(self._asked) < len(self._order):
+            return self._started_ms + self._speculative_delay_ms
+        return None
+
+    def result(self, now_ms: int) -> RoundResult | None:
+        """How the round ends now, or None to wait for more replies (or ``wake_ms``)."""
+        answered = len(self._answers)
+        release = Lsn(max([self.request.release_lsn,
+                           *(a.release_lsn for a in self._answers.values())]))
+        inflight = self._inflight()
+        unasked = len(self._order) - len(self._asked)
+        if answered + inflight + unasked < self.needed:
+            return RoundResult(end="SHORT", release_lsn=release, answered=answered,
+                               needed=self.needed, failures=tuple(self._failed.items()))
+        if inflight and self.request.wait_ms > 0 and release > self.request.release_lsn:
+            return RoundResult(end="RELEASE_MOVED", release_lsn=release, answered=answered,
+                               needed=self.needed)
+        if answered < self.needed or (
+                inflight and self._quorum_ms is not None
+                and now_ms < self._quorum_ms + self._speculative_delay_ms):
+            return None
+        merged = merge(list(self._answers.values()), self.request.from_lsn, release,
+                       self._records_max, self._bytes_max)
+        return RoundResult(end="MERGED", release_lsn=release, merged=merged, answered=answered,
+                           needed=self.needed)
