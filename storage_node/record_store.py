@@ -130,6 +130,10 @@ class RecordStore:
         """Size of every segment file (as far as completed writes and reclaims know)."""
         self._newest_segment_id = 0
         self._corrupt_segments: frozenset[int] = frozenset()
+        self._reclaim_failed: set[int] = set()
+        """Segments a reclaim could not delete or compact (an I/O error, a bad live entry):
+        left alone until the next start, instead of being checkpointed and retried every
+        pass."""
         self._reclaim_thread = ThreadPoolExecutor(1, thread_name_prefix="seqlog-reclaim")
         self._reclaiming = False
         self._read_ticket = 0
@@ -312,7 +316,8 @@ class RecordStore:
         return plan_reclaim(
             (SegmentUsage(segment_id, size, live.get(segment_id, 0))
              for segment_id, size in self._segment_bytes.items()),
-            newest_segment_id=self._newest_segment_id, excluded=self._corrupt_segments,
+            newest_segment_id=self._newest_segment_id,
+            excluded=self._corrupt_segments | self._reclaim_failed,
             live_fraction_max=self._config.compaction_live_fraction_max,
             copy_bytes_max=self._config.reclaim_bytes_per_pass_max,
             deletes_max=RECLAIM_DELETES_MAX)
@@ -394,6 +399,7 @@ class RecordStore:
         return all(status is Status.OK for status in results)
 
     def _apply_reclaim(self, done: ReclaimDone, checkpoint_entries: int) -> ReclaimReport:
+        self._reclaim_failed.update(done.failed)
         retired: list[tuple[int, int]] = []
         for deleted in done.deleted:
             self._segment_bytes.pop(deleted.segment_id, None)

@@ -23,13 +23,17 @@ from storage_node import record_store
 from storage_node.core.retention import BacklogTable
 from storage_node.record_store import ReclaimReport
 from storage_node.runtime import StorageNode
+from storage_node.segment_format import HEADER_BYTES, StoreMeta, scan_segment
 from tests.unit.storage_node.helpers import (
     assert_ok,
+    file_size,
+    flip_byte,
     lsn,
     make_read,
     make_store,
     payload_for,
     read,
+    read_file,
     request,
     seal,
     segment_paths,
@@ -353,3 +357,37 @@ async def test_a_mostly_trimmed_segment_being_written_is_closed_and_reclaimed(
         assert node.log_state(LOG_A).last_lsn == lsn(1, 15)
         assert node.log_state(LOG_A).epoch_tails == {1: (0, 15)}
         assert (await store(node, big(LOG_A, 16))).status is Status.OK
+
+
+async def test_segments_with_damage_are_left_alone(tmp_path: Path) -> None:
+    """A live entry that fails its CRC is not copied into a fresh file (nor is its segment
+    retried every pass), and a segment found corrupt at start is never deleted: the bytes
+    after its bad entry may be acknowledged records nobody could index."""
+    data_dir = str(tmp_path)
+    async with node_at(data_dir) as node:
+        await fill_interleaved(node, range(1, 21))
+        release(node, LOG_A, lsn(1, 20))
+        release(node, LOG_B, lsn(1, 20))
+        first, second = segment_paths(data_dir)[:2]
+        entries = scan_segment(await asyncio.to_thread(read_file, second)).entries
+        # Damage a B record in the second segment while the node runs (alternating A, B).
+        victim = next(e for e in entries
+                      if isinstance(e.entry, StoreMeta) and e.entry.log_id == LOG_B)
+        await asyncio.to_thread(flip_byte, second, victim.offset + victim.length - 10)
+        await trim(node, LOG_A, lsn(1, 20))
+        report = await node.retention_pass()
+        assert report.reclaim.failed == 1 and node.stats()["reclaim_failures"] == 1
+        assert report.reclaim.segments_compacted >= 1
+        # The damaged segment was not rewritten, and is not tried again.
+        assert await asyncio.to_thread(file_size, second) == entries[-1].offset + (
+            entries[-1].length)
+        checkpoints = node.stats()["checkpoint_entries"]
+        assert (await node.retention_pass()).reclaim == ReclaimReport()
+        assert node.stats()["checkpoint_entries"] == checkpoints
+    # Now damage the first segment's first entry: at start its rest cannot be indexed.
+    await asyncio.to_thread(flip_byte, first, HEADER_BYTES + 3)
+    async with node_at(data_dir) as node:
+        assert node.stats()["corrupt_segments"] >= 1
+        await trim(node, LOG_B, lsn(1, 20))
+        await node.retention_pass()
+        assert await asyncio.to_thread(os.path.exists, first)
