@@ -30,6 +30,7 @@ from shared.types import NodeId
 from shared.wire.append import Append, GetSequencerState
 from shared.wire.codec import Message
 from shared.wire.gossip import Gossip
+from storage_node.core.retention import BacklogTable
 from storage_node.runtime import StorageNode
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     storage = None
     if "storage" in me.roles:
         storage = StorageNode(node_id=config.node_id, data_dir=config.data_dir,
-                              config=config.storage)
+                              config=config.storage, backlogs=BacklogTable.of(cluster))
     sequencer = None
     if "sequencer" in me.roles:
         sequencer = SequencerRuntime(

@@ -59,6 +59,12 @@ def _time_ms(text: str) -> int:
     return int(moment.timestamp() * 1000)
 
 
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a non-negative integer: {text!r}")
+    return int(text)
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer: {text!r}")
@@ -88,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--with-zookeeper", action="store_true",
                     help="start a local ZooKeeper server (data in DIR/zookeeper) and use it")
     up.add_argument("--fsync", choices=FSYNC_MODES, default="always")
+    up.add_argument("--log-backlog-ms", type=_non_negative, default=0,
+                    help="retention of every log: storage nodes trim and delete records older "
+                         "than this (0: keep forever)")
     up.add_argument("--ready-timeout-ms", type=_positive, default=30_000)
     down = actions.add_parser("down", help="stop a local cluster")
     down.add_argument("--dir", type=Path, required=True)
@@ -286,6 +295,7 @@ def _local(args: argparse.Namespace) -> int:
             dir=args.dir, storage_nodes=args.storage_nodes, sequencers=args.sequencers,
             replication=args.replication, base_port=args.base_port,
             epoch_store=args.epoch_store, fsync=args.fsync, with_zookeeper=args.with_zookeeper,
+            log_backlog_ms=args.log_backlog_ms,
         )
         started_s = time.monotonic()
         state = lc.up(spec, ready_timeout_ms=args.ready_timeout_ms)

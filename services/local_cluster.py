@@ -35,6 +35,7 @@ from shared.config import (
     ClusterConfig,
     FsyncMode,
     GossipConfig,
+    LogBacklog,
     NodeConfig,
     ProcessConfig,
     Role,
@@ -80,6 +81,12 @@ class LocalClusterSpec:
     then be ``file``, the default)."""
     fsync: FsyncMode = "always"
     host: str = "127.0.0.1"
+    log_backlog_ms: int = 0
+    """Retention of every log (``cluster.log_backlog_ms``); 0 keeps records forever."""
+    log_backlogs: tuple[LogBacklog, ...] = ()
+    """Per log-id range retention (``cluster.log_backlogs``)."""
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    """Storage-role settings for every node; ``fsync`` above wins over its ``fsync``."""
     sequencer: SequencerConfig = field(default_factory=SequencerConfig)
     """Sequencer-role settings for every node (tests shrink the window with it)."""
     gossip: GossipConfig = field(default_factory=GossipConfig)
@@ -145,7 +152,8 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
     )
     try:
         cluster = ClusterConfig(
-            cluster_name="seqlog-local", nodes=nodes, replication_factor=spec.replication
+            cluster_name="seqlog-local", nodes=nodes, replication_factor=spec.replication,
+            log_backlog_ms=spec.log_backlog_ms, log_backlogs=spec.log_backlogs,
         )
         file_store = spec.epoch_store == "file"
         return [
@@ -155,7 +163,7 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
                 data_dir=str(root / node.node_id),
                 epoch_store=spec.epoch_store,
                 epoch_store_dir=str(root / "epochs") if file_store else "",
-                storage=StorageConfig(fsync=spec.fsync),
+                storage=replace(spec.storage, fsync=spec.fsync),
                 sequencer=spec.sequencer,
                 gossip=spec.gossip,
                 transport=TransportConfig(

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shared.limits import COPYSET_SIZE_MAX, PAYLOAD_BYTES_MAX_LIMIT
-from shared.types import CLIENT_ID_PREFIX, NodeId, is_client_id, node_id_valid
+from shared.types import (
+    CLIENT_ID_PREFIX,
+    LOG_ID_MAX,
+    LOG_ID_MIN,
+    NodeId,
+    is_client_id,
+    node_id_valid,
+)
 
 Role = Literal["sequencer", "storage"]
 FsyncMode = Literal["always", "interval", "never"]
@@ -64,6 +72,31 @@ class NodeConfig:
         return f"{self.host}:{self.http_port}"
 
 
+BACKLOG_MS_MAX = 100 * 365 * 86_400_000
+"""A century: longer backlogs are surely a unit mistake."""
+LOG_BACKLOGS_MAX = 10_000
+"""Most per-range backlog overrides in one cluster config."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogBacklog:
+    """The retention of the logs ``first_log_id..last_log_id`` (inclusive)."""
+
+    first_log_id: int
+    last_log_id: int
+    backlog_ms: int
+    """Records older than this are trimmed by the storage nodes; 0 keeps them forever."""
+
+    def __post_init__(self) -> None:
+        for name in ("first_log_id", "last_log_id", "backlog_ms"):
+            if type(getattr(self, name)) is not int:
+                raise ValueError(f"log_backlogs: {name}={getattr(self, name)!r} is not an "
+                                 "integer")
+        _in_range("log_backlogs first_log_id", self.first_log_id, LOG_ID_MIN, LOG_ID_MAX)
+        _in_range("log_backlogs last_log_id", self.last_log_id, self.first_log_id, LOG_ID_MAX)
+        _in_range("log_backlogs backlog_ms", self.backlog_ms, 0, BACKLOG_MS_MAX)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterConfig:
     """Cluster-wide settings; nodes refuse peers whose fingerprint differs."""
@@ -76,11 +109,29 @@ class ClusterConfig:
     """R for logs provisioned on first append."""
     nodeset_size: int = 0
     """Storage nodes in a new log's nodeset; 0 means every storage node."""
+    log_backlog_ms: int = 0
+    """Retention of every log not in `log_backlogs`: each storage node trims records older
+    than this (by their append timestamp) and deletes them from disk; 0 keeps them forever."""
+    log_backlogs: tuple[LogBacklog, ...] = ()
+    """Per log-id range retention overriding `log_backlog_ms`: a list of
+    `{"first_log_id", "last_log_id", "backlog_ms"}` objects whose ranges must not overlap."""
 
     def __post_init__(self) -> None:
         ids = [n.node_id for n in self.nodes]
         if len(ids) != len(set(ids)):
             raise ValueError("node ids must be unique")
+        if type(self.log_backlog_ms) is not int:
+            raise ValueError(f"log_backlog_ms={self.log_backlog_ms!r} is not an integer")
+        _in_range("log_backlog_ms", self.log_backlog_ms, 0, BACKLOG_MS_MAX)
+        if len(self.log_backlogs) > LOG_BACKLOGS_MAX:
+            raise ValueError(f"log_backlogs has {len(self.log_backlogs)} ranges; at most "
+                             f"{LOG_BACKLOGS_MAX}")
+        ranges = sorted(self.log_backlogs, key=lambda b: b.first_log_id)
+        for before, after in itertools.pairwise(ranges):
+            if after.first_log_id <= before.last_log_id:
+                raise ValueError(
+                    f"log_backlogs: log ids {before.first_log_id}..{before.last_log_id} and "
+                    f"{after.first_log_id}..{after.last_log_id} overlap")
         _in_range("replication_factor", self.replication_factor, 1, COPYSET_SIZE_MAX)
         _in_range("nodeset_size", self.nodeset_size, 0, COPYSET_SIZE_MAX)
         storage = self.storage_node_ids
@@ -215,6 +266,15 @@ class StorageConfig:
     """Below this much free disk, STOREs get NOSPC."""
     accept_writes: bool = True
     """False makes every STORE answer DISABLED (for draining a node)."""
+    retention_interval_ms: int = 10_000
+    """How often the node trims logs with a backlog (`cluster.log_backlog_ms`) by age and
+    reclaims disk: deletes segments holding only trimmed records, compacts mixed ones."""
+    compaction_live_fraction_max: float = 0.5
+    """A closed segment whose live (untrimmed, not superseded) record bytes are below this
+    fraction of its size is rewritten with only those; 0 turns compaction off."""
+    reclaim_bytes_per_pass_max: int = 64 * 1024 * 1024
+    """Most live bytes one reclaim pass copies while compacting, so that writes keep their
+    latency (a segment bigger than this is still compacted, alone)."""
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_MODES:
@@ -224,6 +284,10 @@ class StorageConfig:
         _in_range("store_queue_records_max", self.store_queue_records_max, 1, 10_000_000)
         _in_range("commit_batch_bytes_max", self.commit_batch_bytes_max, 64 * 1024, 2**31)
         _in_range("disk_free_bytes_min", self.disk_free_bytes_min, 0, 2**50)
+        _in_range("retention_interval_ms", self.retention_interval_ms, 10, 86_400_000)
+        _in_range("compaction_live_fraction_max", self.compaction_live_fraction_max, 0.0, 1.0)
+        _in_range("reclaim_bytes_per_pass_max", self.reclaim_bytes_per_pass_max, 64 * 1024,
+                  2**40)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -387,7 +451,13 @@ def cluster_from_dict(data: dict[str, Any]) -> ClusterConfig:
     nodes = tuple(
         _build(NodeConfig, {**n, "roles": tuple(n.get("roles", ()))}) for n in data.get("nodes", ())
     )
-    cluster: ClusterConfig = _build(ClusterConfig, {**data, "nodes": nodes})
+    backlogs = data.get("log_backlogs", ())
+    if not isinstance(backlogs, list | tuple) or not all(isinstance(b, dict) for b in backlogs):
+        raise ValueError("log_backlogs must be a list of "
+                         '{"first_log_id", "last_log_id", "backlog_ms"} objects')
+    built = {**data, "nodes": nodes,
+             "log_backlogs": tuple(_build(LogBacklog, b) for b in backlogs)}
+    cluster: ClusterConfig = _build(ClusterConfig, built)
     return cluster
 
 

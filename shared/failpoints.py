@@ -36,6 +36,12 @@ KNOWN: Final[Mapping[str, str]] = MappingProxyType({
         "epoch recovery, after an f-majority sealed and before its mutations and the bridge",
     "storage.after_write_before_fsync":
         "a storage node, after a batch's write() and before its fsync (fsync=always batches)",
+    "storage.reclaim_after_checkpoint":
+        "a storage node's disk reclaim, after its checkpoint is fsynced and before any segment "
+        "is deleted or compacted",
+    "storage.compact_before_rename":
+        "a storage node's compaction, after the compacted copy is fsynced and before it is "
+        "renamed over the segment",
 })
 """Every failpoint the code may hit, with where it sits. Add a name here before using it."""
 

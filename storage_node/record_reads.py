@@ -76,7 +76,8 @@ def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Locatio
     payload_bytes = 0
     for location in locations:
         try:
-            data = reader.pread(location.segment_id, location.offset, location.length)
+            data = reader.pread(location.segment_id, location.offset, location.length,
+                                location.version)
         except OSError as error:
             log.error("read of segment %d failed: %s", location.segment_id, error)
             return _partial(records, Status.INTERNAL, from_lsn), False

@@ -12,6 +12,13 @@ mode is ``never``, since recovery relies on them.
 Reads look the entries up in the in-memory index on the event loop, then pread and
 CRC-check them in a read thread.
 
+Reclaim (``reclaim()``, driven by the storage node's retention task): closed segments whose
+records are all trimmed (or replaced) are deleted, mostly dead ones compacted. Before any file
+goes, a CHECKPOINT entry of every log with entries in it is written and fsynced (see
+``durable_state``), so that a restart rebuilds the same seals, trim points, release pointers,
+epoch tails and index. Reads hold a ticket while in a read thread: the descriptor of a deleted
+or replaced file is closed only once every read that might still use it has ended.
+
 Lifecycle: ``open()`` (scan, cut a torn tail, rebuild the index and per-log state) ->
 ``submit_*``/``note_release``/``read`` -> ``close()`` (drain, fsync, close files).
 """
@@ -31,32 +38,26 @@ from dataclasses import dataclass
 from shared import failpoints
 from shared.config import StorageConfig
 from shared.status import LogError, Status
-from shared.types import (
-    EPOCH_INVALID,
-    LSN_INVALID,
-    Epoch,
-    LogId,
-    Lsn,
-    NodeId,
-    lsn_to_epoch,
-    lsn_to_esn,
-)
-from shared.wire.store import RecordFlags, Store
+from shared.types import LogId, Lsn
+from shared.wire.store import Store
+from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
 from storage_node.core.store_machine import LogStorageState
-from storage_node.record_index import Location, RecordIndex
+from storage_node.durable_state import DurableState
+from storage_node.record_index import RecordIndex
 from storage_node.record_reads import CopiesResult, ReadResult, read_locations
 from storage_node.segment_files import AppendResult, RecoveryReport, SegmentReader, SegmentWriter
 from storage_node.segment_format import (
-    ReleaseEntry,
+    CheckpointEntry,
     ScannedEntry,
     SealEntry,
-    StoreMeta,
     TrimEntry,
+    encode_checkpoint,
     encode_release,
     encode_seal,
     encode_store,
     encode_trim,
 )
+from storage_node.segment_reclaim import ReclaimDone, run_reclaim
 
 log = logging.getLogger(__name__)
 
@@ -72,22 +73,45 @@ _FAILPOINT_BEFORE_FSYNC = "storage.after_write_before_fsync"
 COUNTERS = (
     "stores", "store_records", "commit_batches", "fsyncs", "bytes_written", "overloaded",
     "release_entries", "releases_dropped", "reads", "read_records", "read_checksum_failures",
-    "torn_tail_bytes", "corrupt_segments",
+    "torn_tail_bytes", "corrupt_segments", "reclaim_passes", "reclaim_failures",
+    "checkpoint_entries", "segments_deleted", "bytes_deleted", "segments_compacted",
+    "bytes_compacted", "bytes_copied", "segments_rolled",
 )
 """Always present in ``stats()`` (monotonic totals)."""
 _ENTRY_OVERHEAD_BYTES = 96
+ROLL_DEAD_FRACTION_DIVISOR = 8
+"""The segment being written is closed early once this fraction (1/8) of
+``segment_bytes_max`` in it is dead."""
+RECLAIM_DELETES_MAX = 1000
+"""Segments one reclaim pass deletes at most (each is pinned open until reads let go)."""
 
 
 def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+ChunkSource = Store | SealEntry | TrimEntry | CheckpointEntry
+
+
 @dataclass(slots=True)
 class _Pending:
-    chunk_source: Store | SealEntry | TrimEntry
+    chunk_source: ChunkSource
     done: DoneFn
     records_count: int
     bytes_estimate: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimReport:
+    """What one reclaim pass did."""
+
+    segments_deleted: int = 0
+    bytes_deleted: int = 0
+    segments_compacted: int = 0
+    bytes_compacted: int = 0
+    """Bytes freed by compaction (old size minus new size)."""
+    checkpoint_entries: int = 0
+    failed: int = 0
 
 
 class RecordStore:
@@ -100,6 +124,23 @@ class RecordStore:
             disk_free_bytes_min=config.disk_free_bytes_min)
         self._reader = SegmentReader(segments_dir)
         self._index = RecordIndex()
+        self._durable = DurableState(self._index)
+        self._segments_dir = segments_dir
+        self._segment_bytes: dict[int, int] = {}
+        """Size of every segment file (as far as completed writes and reclaims know)."""
+        self._newest_segment_id = 0
+        self._corrupt_segments: frozenset[int] = frozenset()
+        self._reclaim_failed: set[int] = set()
+        """Segments a reclaim could not delete or compact (an I/O error, a bad live entry):
+        left alone until the next start, instead of being checkpointed and retried every
+        pass."""
+        self._reclaim_thread = ThreadPoolExecutor(1, thread_name_prefix="seqlog-reclaim")
+        self._reclaiming = False
+        self._read_ticket = 0
+        self._reads_active: set[int] = set()
+        self._retired: list[tuple[int, list[tuple[int, int]]]] = []
+        """(read ticket when retired, reader keys): descriptors of deleted or replaced files,
+        closed once no read with a ticket at or below it runs."""
         self._queue: collections.deque[_Pending] = collections.deque()
         self._queued_records_count = 0
         self._inflight: list[_Pending] = []
@@ -124,9 +165,13 @@ class RecordStore:
         except BaseException:
             self._writer_thread.shutdown(wait=False)
             self._read_threads.shutdown(wait=False)
+            self._reclaim_thread.shutdown(wait=False)
             raise
         self._counts.update(torn_tail_bytes=report.torn_tail_bytes,
                             corrupt_segments=report.corrupt_segments_count)
+        self._segment_bytes = dict(report.segment_bytes)
+        self._newest_segment_id = max(self._segment_bytes, default=0)
+        self._corrupt_segments = report.corrupt_segment_ids
         self._opened = True
         self._writer_task = asyncio.create_task(self._run_writer(), name="seqlog-writer")
         return states
@@ -182,12 +227,29 @@ class RecordStore:
         if not locations:
             return CopiesResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
         loop = asyncio.get_running_loop()
-        result, corrupt = await loop.run_in_executor(
-            self._read_threads, read_locations, self._reader, log_id, locations, from_lsn,
-            until_lsn, records_max, bytes_max)
+        self._read_ticket += 1
+        ticket = self._read_ticket
+        self._reads_active.add(ticket)
+        try:
+            result, corrupt = await loop.run_in_executor(
+                self._read_threads, read_locations, self._reader, log_id, locations, from_lsn,
+                until_lsn, records_max, bytes_max)
+        finally:
+            self._reads_active.discard(ticket)
+            if self._retired:
+                self._release_retired()
         self._counts.update(reads=1, read_records=len(result.copies),
                             read_checksum_failures=int(corrupt))
         return result
+
+    def last_older_lsn(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
+        """The last LSN held up to the first record not older than ``timestamp_ms`` (index
+        lookup; see ``LogIndex.last_before_time``)."""
+        return self._index.last_before_time(log_id, timestamp_ms)
+
+    def durable_trim_lsn(self, log_id: LogId) -> Lsn:
+        """The trim point the files hold (written; fsynced per the fsync mode)."""
+        return self._durable.trim_lsn(log_id)
 
     def find_time(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
         """The first LSN this store holds a record of with a timestamp at or after
@@ -198,10 +260,25 @@ class RecordStore:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
         return self._index.ranges(log_id, from_lsn, until_lsn)
 
+    def index_snapshot(self) -> dict[LogId, list[tuple[int, ...]]]:
+        """Per log, every index location without its in-memory file version: what a restart
+        must rebuild exactly (tests compare them)."""
+        return {log_id: [(loc.segment_id, loc.offset, loc.length, loc.first_lsn, loc.last_lsn,
+                          loc.stored_first_lsn, loc.timestamp_ms)
+                         for loc in self._index.locations(log_id)]
+                for log_id in sorted(self._index.log_ids())}
+
+    def open_files_count(self) -> int:
+        """Segment descriptors open for reads (old file versions included)."""
+        return self._reader.open_count()
+
     def stats(self) -> dict[str, int]:
         counts = dict(self._counts)
         counts.update(queued_records=self._queued_records_count,
                       index_entries=self._index.entries_count,
+                      disk_bytes=sum(self._segment_bytes.values()),
+                      segments=len(self._segment_bytes),
+                      live_bytes=sum(self._index.refs.live_bytes.values()),
                       segment_id=self._writer.segment_id,
                       write_calls=self._writer.write_calls_count,
                       disk_low=int(self._writer.disk_low), broken=int(self._broken))
@@ -216,10 +293,154 @@ class RecordStore:
         if self._writer_task is not None:
             await self._writer_task
         loop = asyncio.get_running_loop()
-        # Waits for reads already running so that no descriptor is closed under them.
+        # Waits for reads and a reclaim already running so that no descriptor is closed under
+        # them.
         await asyncio.to_thread(self._read_threads.shutdown, True)
+        await asyncio.to_thread(self._reclaim_thread.shutdown, True)
         await loop.run_in_executor(self._writer_thread, self._close_sync)
         self._writer_thread.shutdown(wait=False)
+
+    async def reclaim(self) -> ReclaimReport:
+        """One bounded reclaim pass: checkpoint the logs of the segments to delete or compact,
+        then delete and compact them (in the reclaim thread) and update the index."""
+        if not self._opened or self._closing or self._broken or self._reclaiming:
+            return ReclaimReport()
+        self._reclaiming = True
+        try:
+            return await self._reclaim()
+        finally:
+            self._reclaiming = False
+
+    def reclaim_plan(self) -> ReclaimPlan:
+        live = self._index.refs.live_bytes
+        return plan_reclaim(
+            (SegmentUsage(segment_id, size, live.get(segment_id, 0))
+             for segment_id, size in self._segment_bytes.items()),
+            newest_segment_id=self._newest_segment_id,
+            excluded=self._corrupt_segments | self._reclaim_failed,
+            live_fraction_max=self._config.compaction_live_fraction_max,
+            copy_bytes_max=self._config.reclaim_bytes_per_pass_max,
+            deletes_max=RECLAIM_DELETES_MAX)
+
+    async def _reclaim(self) -> ReclaimReport:
+        await self._roll_if_dead()
+        plan = self.reclaim_plan()
+        if not plan:
+            return ReclaimReport()
+        self._counts["reclaim_passes"] += 1
+        logs: set[LogId] = set()
+        for segment_id in plan.delete + plan.compact:
+            logs |= self._durable.segment_logs.get(segment_id, set())
+        checkpoints = [self._durable.checkpoint(log_id) for log_id in sorted(logs)]
+        if checkpoints and not await self._write_checkpoints(checkpoints):
+            self._counts["reclaim_failures"] += 1
+            return ReclaimReport(failed=len(plan.delete) + len(plan.compact))
+        self._counts["checkpoint_entries"] += len(checkpoints)
+        if self._closing:
+            return ReclaimReport(checkpoint_entries=len(checkpoints))
+        # Live entries only ever die (trims, re-STOREs); none is born in a closed segment. So
+        # the entries copied now cover every entry still live once the copy is swapped in.
+        refs = self._index.refs.entries
+        delete = list(plan.delete)
+        compact: list[tuple[int, list[tuple[int, int]]]] = []
+        for segment_id in plan.compact:
+            live = sorted((offset, entry[1]) for offset, entry
+                          in refs.get(segment_id, {}).items())
+            if live:
+                compact.append((segment_id, live))
+            else:
+                delete.append(segment_id)
+        loop = asyncio.get_running_loop()
+        done = await loop.run_in_executor(self._reclaim_thread, run_reclaim,
+                                          self._segments_dir, self._reader, delete, compact)
+        return self._apply_reclaim(done, len(checkpoints))
+
+    async def _roll_if_dead(self) -> None:
+        """Close the segment being written when enough of it is dead, so that it can be
+        reclaimed: without this, a log written slowly would keep its trimmed records on disk
+        until the segment fills up."""
+        newest = self._newest_segment_id
+        size = self._segment_bytes.get(newest, 0)
+        live = self._index.refs.live_bytes.get(newest, 0)
+        dead = size - live
+        if dead < self._config.segment_bytes_max // ROLL_DEAD_FRACTION_DIVISOR or not (
+                live == 0 or live < size * self._config.compaction_live_fraction_max):
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            segment_id, fsyncs = await loop.run_in_executor(self._writer_thread,
+                                                            self._writer.roll)
+        except OSError as error:
+            log.error("reclaim: cannot close segment %d: %s", newest, error)
+            return
+        self._counts.update(fsyncs=fsyncs, segments_rolled=1)
+        self._segment_bytes.setdefault(segment_id, 0)
+        self._newest_segment_id = max(self._newest_segment_id, segment_id)
+
+    async def _write_checkpoints(self, checkpoints: list[CheckpointEntry]) -> bool:
+        """Queue the checkpoint entries (past the queue limit: they are few and must not
+        starve behind STOREs) and wait until they are durable; False if any failed."""
+        if self._closing or self._broken:
+            return False
+        loop = asyncio.get_running_loop()
+        results: list[Status] = []
+        finished: asyncio.Future[None] = loop.create_future()
+
+        def done(status: Status) -> None:
+            results.append(status)
+            if len(results) == len(checkpoints) and not finished.done():
+                finished.set_result(None)
+
+        for entry in checkpoints:
+            estimate = _ENTRY_OVERHEAD_BYTES + 16 * len(entry.tails)
+            self._queue.append(_Pending(entry, done, 0, estimate))
+        self._wakeup.set()
+        await finished
+        return all(status is Status.OK for status in results)
+
+    def _apply_reclaim(self, done: ReclaimDone, checkpoint_entries: int) -> ReclaimReport:
+        self._reclaim_failed.update(done.failed)
+        retired: list[tuple[int, int]] = []
+        for deleted in done.deleted:
+            self._segment_bytes.pop(deleted.segment_id, None)
+            self._durable.segment_logs.pop(deleted.segment_id, None)
+            self._index.refs.forget_segment(deleted.segment_id)
+            retired.append((deleted.segment_id, deleted.version))
+        for compacted in done.compacted:
+            segment_id = compacted.segment_id
+            self._index.relocate(segment_id, compacted.moves, compacted.new_version)
+            self._segment_bytes[segment_id] = compacted.new_bytes
+            # Only logs with a live STORE in it are left; the rest was checkpointed.
+            self._durable.segment_logs[segment_id] = {
+                LogId(entry[2]) for entry in self._index.refs.entries.get(segment_id, {}).values()}
+            retired.append((segment_id, compacted.old_version))
+        if retired:
+            self._retired.append((self._read_ticket, retired))
+            self._release_retired()
+        report = ReclaimReport(
+            segments_deleted=len(done.deleted),
+            bytes_deleted=sum(d.file_bytes for d in done.deleted),
+            segments_compacted=len(done.compacted),
+            bytes_compacted=sum(c.old_bytes - c.new_bytes for c in done.compacted),
+            checkpoint_entries=checkpoint_entries, failed=len(done.failed))
+        self._counts.update(
+            segments_deleted=report.segments_deleted, bytes_deleted=report.bytes_deleted,
+            segments_compacted=report.segments_compacted,
+            bytes_compacted=report.bytes_compacted,
+            bytes_copied=sum(c.new_bytes for c in done.compacted),
+            reclaim_failures=report.failed)
+        return report
+
+    def _release_retired(self) -> None:
+        """Close the descriptors no running read can use. A read locates its entries when it
+        takes its ticket, so a file retired when the newest ticket was T may be used by reads
+        with tickets up to T, and by none after."""
+        oldest = min(self._reads_active, default=self._read_ticket + 1)
+        keys: list[tuple[int, int]] = []
+        while self._retired and self._retired[0][0] < oldest:
+            keys += self._retired.pop(0)[1]
+        if keys:
+            self._reader.release(keys)
 
     # ---- queue and writer task (event loop) ----
 
@@ -308,11 +529,12 @@ class RecordStore:
         self._releases_written_ms = _now_ms()
         mode = self._config.fsync
         # Seals and recovery's writes are what later recoveries rely on: synced in every mode
-        # but "never".
+        # but "never". A checkpoint is synced in every mode: files are deleted right after.
         has_seal = any(not isinstance(p.chunk_source, Store) or p.chunk_source.flags
                        for p in batch)
         fsync = (mode == "always" and bool(batch)) or (mode != "never" and has_seal) or (
-            mode == "interval" and self._interval_sync_due_ms() <= 0)
+            mode == "interval" and self._interval_sync_due_ms() <= 0) or any(
+            isinstance(p.chunk_source, CheckpointEntry) for p in batch)
         self._inflight = batch
         loop = asyncio.get_running_loop()
         result, lengths = await loop.run_in_executor(
@@ -329,16 +551,24 @@ class RecordStore:
             self._complete(batch, result.status)
             return
         offset = result.offset
+        segment_id = result.segment_id
+        durable = self._durable
         stores_count = records_count = 0
-        for pending, length in zip(batch, lengths, strict=True):
+        # The same fold as a restart's scan: index, per-log state, logs per segment.
+        for pending, length in zip(batch, lengths, strict=False):
             source = pending.chunk_source
             if isinstance(source, Store):
-                self._index.insert(source.log_id, Location(
-                    result.segment_id, offset, length, source.lsn, source.last_lsn,
-                    timestamp_ms=_index_time(source.flags, source.timestamp_ms)))
+                durable.on_store(segment_id, offset, length, source)
                 stores_count += 1
                 records_count += pending.records_count
+            else:
+                durable.on_entry(segment_id, ScannedEntry(offset, length, source))
             offset += length
+        for (log_id, release_lsn), length in zip(releases, lengths[len(batch):], strict=True):
+            durable.on_release(segment_id, log_id, release_lsn)
+            offset += length
+        self._segment_bytes[segment_id] = offset
+        self._newest_segment_id = max(self._newest_segment_id, segment_id)
         self._counts.update(stores=stores_count, store_records=records_count,
                             release_entries=len(releases))
         self._complete(batch, Status.OK)
@@ -381,16 +611,17 @@ class RecordStore:
             os.close(self._lock_fd)
             raise LogError(Status.EXISTS, f"{self._data_dir} is used by another process") from None
         try:
-            recovery = _Recovery(self._index)
-            report = self._writer.recover(recovery.on_entry)
+            report = self._writer.recover(self._durable.on_entry)
         except BaseException:
             os.close(self._lock_fd)
             self._lock_fd = -1
             raise
-        return recovery.states(), report
+        self._durable.finish_recovery()
+        return self._durable.states(), report
 
     def _append_sync(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
                      fsync: bool) -> tuple[AppendResult, list[int]]:
+        """Lengths of every chunk written (the batch's, then the release pointers')."""
         chunks = [_encode(p.chunk_source) for p in batch]
         chunks += [encode_release(log_id, lsn) for log_id, lsn in releases]
         if fsync and failpoints.armed(_FAILPOINT_BEFORE_FSYNC):
@@ -405,12 +636,12 @@ class RecordStore:
                     # Like a failed fsync inside append(): the store can no longer be trusted.
                     result = AppendResult(Status.DISABLED, result.segment_id, result.offset,
                                           result.fsyncs_count, True)
-                    return result, [len(c) for c in chunks[: len(batch)]]
+                    return result, [len(c) for c in chunks]
                 result = AppendResult(Status.OK, result.segment_id, result.offset,
                                       result.fsyncs_count + synced, False)
-            return result, [len(c) for c in chunks[: len(batch)]]
+            return result, [len(c) for c in chunks]
         result = self._writer.append(chunks, fsync=fsync)
-        return result, [len(c) for c in chunks[: len(batch)]]
+        return result, [len(c) for c in chunks]
 
     def _sync_sync(self, fsync: bool) -> int:
         if not fsync:
@@ -428,69 +659,11 @@ class RecordStore:
                 self._lock_fd = -1
 
 
-def _index_time(flags: int, timestamp_ms: int) -> int:
-    """Holes and bridges have no timestamp: find-time skips them."""
-    return -1 if flags & RecordFlags.HOLE else timestamp_ms
-
-
-def _encode(source: Store | SealEntry | TrimEntry) -> bytes:
+def _encode(source: ChunkSource) -> bytes:
     if isinstance(source, Store):
         return encode_store(source)
     if isinstance(source, SealEntry):
         return encode_seal(source.log_id, source.epoch, source.sealed_by)
-    return encode_trim(source.log_id, source.trim_lsn)
-
-
-class _Recovery:
-    """Accumulates per-log state and the index from the entries found at open (plain dicts:
-    there is one call per entry ever written)."""
-
-    def __init__(self, index: RecordIndex) -> None:
-        self._index = index
-        self._last: dict[LogId, tuple[Lsn, NodeId]] = {}
-        self._releases: dict[LogId, Lsn] = {}
-        self._seals: dict[LogId, tuple[Epoch, NodeId]] = {}
-        self._tails: dict[LogId, dict[Epoch, tuple[int, int]]] = {}
-        self._trims: dict[LogId, Lsn] = {}
-
-    def on_entry(self, segment_id: int, scanned: ScannedEntry) -> None:
-        entry = scanned.entry
-        log_id = entry.log_id
-        if isinstance(entry, StoreMeta):
-            self._index.insert(log_id, Location(
-                segment_id, scanned.offset, scanned.length, entry.first_lsn, entry.last_lsn,
-                timestamp_ms=_index_time(entry.flags, entry.timestamp_ms)))
-            last = self._last.get(log_id)
-            if last is None or entry.last_lsn > last[0]:
-                self._last[log_id] = (entry.last_lsn, entry.sequencer_node)
-            tails = self._tails.setdefault(log_id, {})
-            epoch = lsn_to_epoch(entry.first_lsn)
-            lng, last_esn = tails.get(epoch, (0, 0))
-            tails[epoch] = (max(lng, entry.last_known_good),
-                            max(last_esn, lsn_to_esn(entry.last_lsn)))
-        elif isinstance(entry, ReleaseEntry):
-            if entry.release_lsn > self._releases.get(log_id, 0):
-                self._releases[log_id] = entry.release_lsn
-        elif isinstance(entry, TrimEntry):
-            if entry.trim_lsn > self._trims.get(log_id, 0):
-                self._trims[log_id] = entry.trim_lsn
-        elif log_id not in self._seals or entry.epoch > self._seals[log_id][0]:
-            self._seals[log_id] = (entry.epoch, entry.sealed_by)
-
-    def states(self) -> dict[LogId, LogStorageState]:
-        """The soft seal is not written by itself: the newest STORE proves its sequencer's
-        epoch exists, which rebuilds the soft seal it caused."""
-        result: dict[LogId, LogStorageState] = {}
-        for log_id in (self._last.keys() | self._releases.keys() | self._seals.keys()
-                       | self._trims.keys()):
-            last_lsn, newest_sequencer = self._last.get(log_id, (LSN_INVALID, None))
-            sealed_epoch, sealed_by = self._seals.get(log_id, (EPOCH_INVALID, None))
-            soft_epoch = Epoch(max(lsn_to_epoch(last_lsn) - 1, EPOCH_INVALID))
-            result[log_id] = LogStorageState(
-                sealed_epoch=sealed_epoch, sealed_by=sealed_by,
-                soft_sealed_epoch=soft_epoch,
-                soft_sealed_by=newest_sequencer if soft_epoch > EPOCH_INVALID else None,
-                release_lsn=self._releases.get(log_id, LSN_INVALID), last_lsn=last_lsn,
-                epoch_tails=self._tails.get(log_id, {}),
-                trim_lsn=self._trims.get(log_id, LSN_INVALID))
-        return result
+    if isinstance(source, TrimEntry):
+        return encode_trim(source.log_id, source.trim_lsn)
+    return encode_checkpoint(source)

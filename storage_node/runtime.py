@@ -6,6 +6,11 @@ writer (``reply`` is called once it is durable, or at once with an error status)
 updates the pointer (persisted with the next batch); a READ runs in a read thread; a
 GET_LOG_STATE is answered at once.
 
+Retention: a background task runs ``retention_pass()`` every ``retention_interval_ms``: it
+trims every log with a backlog (``BacklogTable``) up to its records older than the backlog
+(the pure ``plan_age_trims``), writing the same durable TRIM entry a TRIM message writes, then
+has the record store reclaim disk (delete and compact segments).
+
 Lifecycle: ``start()`` (recover from disk) -> messages -> ``close()`` (drain and fsync).
 Messages before ``start`` get NOTREADY, after ``close`` SHUTDOWN.
 """
@@ -15,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from shared.config import StorageConfig
@@ -39,6 +46,7 @@ from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import Store
 from shared.wire.trim import FindTime, FoundTime, Trim
+from storage_node.core.retention import BacklogTable, plan_age_trims
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
@@ -47,7 +55,7 @@ from storage_node.core.store_machine import (
     recovery_hole_stores,
     stored_reply,
 )
-from storage_node.record_store import RecordStore
+from storage_node.record_store import ReclaimReport, RecordStore
 from storage_node.segment_format import SealEntry, TrimEntry
 
 log = logging.getLogger(__name__)
@@ -62,11 +70,24 @@ _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", 
                   "OVERLOADED", "NOTREADY", "SHUTDOWN", "INTERNAL")
 COUNTERS = (
     "store_messages", "release_messages", "read_messages", "seals", "unexpected_messages",
-    "digests", "cleans", "purged_records",
+    "digests", "cleans", "purged_records", "retention_passes", "retention_trims",
     *(f"stored_{name.lower()}" for name in _STORE_REPLIES),
     *(f"read_{name.lower()}" for name in ("BADMSG", "OVERLOADED", "NOTREADY", "SHUTDOWN")),
 )
 """Always present in ``stats()`` besides the record store's counters."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionReport:
+    """What one retention pass did."""
+
+    trims: list[tuple[LogId, Lsn]]
+    """(log, new trim point) raised by age."""
+    reclaim: ReclaimReport
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class _Waiter:
@@ -83,10 +104,18 @@ class _Waiter:
 class StorageNode:
     """One storage node: per-log seals and release pointers plus the durable record store."""
 
-    def __init__(self, *, node_id: NodeId, data_dir: str, config: StorageConfig) -> None:
+    def __init__(self, *, node_id: NodeId, data_dir: str, config: StorageConfig,
+                 backlogs: BacklogTable | None = None,
+                 wall_ms: Callable[[], int] = _wall_ms) -> None:
         self.node_id = node_id
+        self._config = config
+        self._backlogs = backlogs or BacklogTable(0)
+        self._wall_ms = wall_ms
+        """Wall clock, the one record timestamps come from (tests move it)."""
         self._machine = StoreMachine(accept_writes=config.accept_writes)
         self._store = RecordStore(data_dir=data_dir, config=config)
+        self._retention_task: asyncio.Task[None] | None = None
+        self._retention_lock = asyncio.Lock()
         self._reads: set[asyncio.Task[None]] = set()
         self._waiters: dict[LogId, dict[_Waiter, None]] = {}
         self._waiters_count = 0
@@ -113,12 +142,17 @@ class StorageNode:
         for log_id, state in states.items():
             self._machine.restore(log_id, state)
         self._started = True
+        self._retention_task = asyncio.get_running_loop().create_task(
+            self._run_retention(), name=f"seqlog-retention-{self.node_id}")
 
     async def close(self) -> None:
         """Answer running reads, drain the writer, fsync and close files."""
         if self._closing:
             return
         self._closing = True
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            await asyncio.gather(self._retention_task, return_exceptions=True)
         for log_id in list(self._waiters):
             for waiter in list(self._waiters.get(log_id, ())):
                 self._wake(waiter)
@@ -138,12 +172,75 @@ class StorageNode:
     def log_state(self, log_id: LogId) -> LogStorageState:
         return self._machine.state(log_id)
 
+    def log_ids(self) -> list[LogId]:
+        return self._machine.log_ids()
+
+    @property
+    def store(self) -> RecordStore:
+        return self._store
+
     def stats(self) -> dict[str, int]:
         counts = self._store.stats()
         counts.update(self._counts)
         counts["reads_inflight"] = len(self._reads)
         counts["reads_waiting"] = self._waiters_count
         return counts
+
+    # ---- retention ----
+
+    async def retention_pass(self) -> RetentionReport:
+        """Trim by age, then reclaim disk; one at a time."""
+        async with self._retention_lock:
+            if not self._started or self._closing:
+                return RetentionReport([], ReclaimReport())
+            self._counts["retention_passes"] += 1
+            trims = plan_age_trims(
+                self._machine.log_ids(), now_ms=self._wall_ms(), backlogs=self._backlogs,
+                release_lsn=self._machine.release_lsn, trim_lsn=self._store.durable_trim_lsn,
+                last_older_lsn=self._store.last_older_lsn)
+            written = await self._write_age_trims(trims)
+            return RetentionReport(written, await self._store.reclaim())
+
+    async def _write_age_trims(self, trims: list[tuple[LogId, Lsn]]) -> list[tuple[LogId, Lsn]]:
+        """Raise each trim point as a TRIM message would, and wait until the entries are
+        written (reclaim then finds the trimmed records gone from the index). A trim that
+        could not be queued is decided again by the next pass."""
+        if not trims:
+            return []
+        loop = asyncio.get_running_loop()
+        pending: list[asyncio.Future[Status]] = []
+        written: list[tuple[LogId, Lsn]] = []
+        for log_id, trim_lsn in trims:
+            self._machine.trim(Trim(log_id=log_id, trim_lsn=trim_lsn))
+            future: asyncio.Future[Status] = loop.create_future()
+            status = self._store.submit_trim(
+                TrimEntry(log_id, self._machine.trim_lsn(log_id)), future.set_result)
+            if status is Status.OK:
+                pending.append(future)
+                written.append((log_id, trim_lsn))
+        results = await asyncio.gather(*pending)
+        done = [trim for trim, result in zip(written, results, strict=True)
+                if result is Status.OK]
+        self._counts["retention_trims"] += len(done)
+        return done
+
+    async def _run_retention(self) -> None:
+        interval_s = self._config.retention_interval_ms / 1000
+        while not self._closing:
+            await asyncio.sleep(interval_s)
+            try:
+                report = await self.retention_pass()
+            except Exception:
+                # A failed pass (an I/O error) must not end retention; the next one retries.
+                log.exception("storage node %s: retention pass failed", self.node_id)
+                continue
+            if report.trims or report.reclaim.segments_deleted or (
+                    report.reclaim.segments_compacted):
+                log.info("storage node %s: retention trimmed %d logs, deleted %d segments "
+                         "(%d bytes), compacted %d (%d bytes freed)", self.node_id,
+                         len(report.trims), report.reclaim.segments_deleted,
+                         report.reclaim.bytes_deleted, report.reclaim.segments_compacted,
+                         report.reclaim.bytes_compacted)
 
     # ---- handlers ----
 

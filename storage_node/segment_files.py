@@ -2,11 +2,12 @@
 
 ``SegmentWriter`` is confined to the record store's single writer thread (every method runs
 there, one at a time), so it needs no locks. ``SegmentReader`` is used from the read threads
-and keeps one read-only descriptor per segment behind a lock. Nothing here runs on the event
-loop.
+(and by reclaim) and keeps read-only descriptors per segment file version behind a lock.
+Nothing here runs on the event loop.
 
 Layout: ``<segments_dir>/000000001.seg``, ``000000002.seg``, ...; only the newest segment is
-ever written to.
+ever written to. Reclaim (``segment_reclaim``) deletes older segments and replaces others by
+compacted copies under the same name (written as ``*.seg.compact`` first).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.config import FsyncMode
 from shared.status import Status
@@ -26,6 +27,8 @@ from storage_node.segment_format import ScannedEntry, scan_segment
 log = logging.getLogger(__name__)
 
 SEGMENT_SUFFIX = ".seg"
+COMPACT_SUFFIX = ".compact"
+"""A compacted copy being written; a crash can leave one behind, removed at the next open."""
 DISK_CHECK_INTERVAL_MS = 100
 """statvfs is asked at most this often; ENOSPC from a write is noticed at once anyway."""
 
@@ -43,6 +46,10 @@ class RecoveryReport:
     """Bytes cut off the end of the newest segment (a write torn by a crash)."""
     corrupt_segments_count: int
     """Segments with a bad entry in the middle; their entries after it are not indexed."""
+    segment_bytes: dict[int, int] = field(default_factory=dict)
+    """Size of every segment file after recovery (the one new entries go to included)."""
+    corrupt_segment_ids: frozenset[int] = frozenset()
+    """Never deleted or compacted: bytes past their bad entry may be acknowledged records."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +85,17 @@ class SegmentWriter:
         """Scan every segment in order, feeding good entries to ``sink``; cut a torn tail off
         the newest segment; open the segment that new entries go to."""
         os.makedirs(self._dir, exist_ok=True)
-        ids = sorted(int(n[: -len(SEGMENT_SUFFIX)]) for n in os.listdir(self._dir)
+        names = os.listdir(self._dir)
+        for name in names:
+            if name.endswith(SEGMENT_SUFFIX + COMPACT_SUFFIX):
+                # A compaction that crashed before its rename: the segment itself is intact.
+                log.warning("removing the unfinished compaction %s", name)
+                os.unlink(os.path.join(self._dir, name))
+        ids = sorted(int(n[: -len(SEGMENT_SUFFIX)]) for n in names
                      if n.endswith(SEGMENT_SUFFIX) and n[: -len(SEGMENT_SUFFIX)].isdigit())
-        torn_bytes = corrupt_count = 0
+        torn_bytes = 0
+        corrupt_ids: set[int] = set()
+        sizes: dict[int, int] = {}
         roll = False
         for position, segment_id in enumerate(ids):
             path = os.path.join(self._dir, segment_name(segment_id))
@@ -90,6 +105,7 @@ class SegmentWriter:
             for entry in scan.entries:
                 sink(segment_id, entry)
             newest = position == len(ids) - 1
+            sizes[segment_id] = len(data)
             if scan.bad_offset is None:
                 continue
             if newest and not scan.good_after_bad:
@@ -97,10 +113,11 @@ class SegmentWriter:
                 log.warning("segment %s: cutting a torn tail of %d bytes at offset %d",
                             path, torn_bytes, scan.bad_offset)
                 _truncate(path, scan.bad_offset)
+                sizes[segment_id] = scan.bad_offset
             else:
                 # Entry boundaries after a bad entry cannot be trusted; keep the bytes (never
                 # destroy what may be acknowledged data) but index nothing past it.
-                corrupt_count += 1
+                corrupt_ids.add(segment_id)
                 roll = roll or newest
                 log.error("segment %s: bad entry at offset %d; skipping the rest of the segment",
                           path, scan.bad_offset)
@@ -113,9 +130,10 @@ class SegmentWriter:
             self._segment_id = (ids[-1] if ids else 0) + 1
             self._fd = self._open_segment(self._segment_id)
             self._segment_bytes = 0
+        sizes[self._segment_id] = self._segment_bytes
         self.check_disk(force=True)
         return RecoveryReport(len(ids) + (1 if roll or not ids else 0), torn_bytes,
-                              corrupt_count)
+                              len(corrupt_ids), sizes, frozenset(corrupt_ids))
 
     @property
     def segment_id(self) -> int:
@@ -174,6 +192,12 @@ class SegmentWriter:
             os.close(self._fd)
             self._fd = -1
 
+    def roll(self) -> tuple[int, int]:
+        """Close the current segment and start the next one (reclaim asks for it when the
+        current one is mostly trimmed). Returns (new segment id, fsyncs done)."""
+        fsyncs = self._roll()
+        return self._segment_id, fsyncs
+
     def _roll(self) -> int:
         """Switch to a fresh segment. The new file is opened first so that a failure leaves
         the current segment in place and nothing changed."""
@@ -201,7 +225,7 @@ class SegmentWriter:
             try:
                 # The new file's directory entry must be durable too, or a crash could lose
                 # the whole segment even though its contents were fsynced.
-                _fsync_dir(self._dir)
+                fsync_dir(self._dir)
             except OSError:
                 os.close(fd)
                 raise
@@ -227,26 +251,77 @@ class SegmentWriter:
 
 
 class SegmentReader:
-    """Positional reads of entries; safe to use from several threads."""
+    """Positional reads of entries; safe to use from several threads.
+
+    Descriptors are keyed by ``(segment_id, version)``: compaction renames a new file over a
+    segment, and a read that located its entries before the swap must still find them at
+    their old offsets in the old file. So reclaim ``pin``s the old file open before it is
+    renamed over or unlinked, and the record store ``release``s descriptors only once every
+    read that could use them has ended. Only a segment's current version is ever opened by
+    name."""
 
     def __init__(self, segments_dir: str) -> None:
         self._dir = segments_dir
-        self._fds: dict[int, int] = {}
+        self._fds: dict[tuple[int, int], int] = {}
+        self._versions: dict[int, int] = {}
+        """Current file version per segment (absent: 0); -1 once the segment is deleted."""
         self._lock = threading.Lock()
 
-    def pread(self, segment_id: int, offset: int, length: int) -> bytes:
-        with self._lock:
-            fd = self._fds.get(segment_id)
-            if fd is None:
-                fd = os.open(os.path.join(self._dir, segment_name(segment_id)), os.O_RDONLY)
-                self._fds[segment_id] = fd
+    def pread(self, segment_id: int, offset: int, length: int, version: int = 0) -> bytes:
+        fd = self._fd(segment_id, version)
         return os.pread(fd, length, offset)
+
+    def pin(self, segment_id: int) -> int:
+        """Open the current file of ``segment_id`` if it is not yet; returns its version."""
+        with self._lock:
+            version = self._versions.get(segment_id, 0)
+        self._fd(segment_id, version)
+        return version
+
+    def replaced(self, segment_id: int, fd: int) -> int:
+        """``fd`` (read-only) is the segment's new file, already renamed into place; returns
+        its version. The old version's descriptor stays until ``release``d."""
+        with self._lock:
+            version = self._versions.get(segment_id, 0) + 1
+            self._versions[segment_id] = version
+            self._fds[(segment_id, version)] = fd
+        return version
+
+    def deleted(self, segment_id: int) -> None:
+        with self._lock:
+            self._versions[segment_id] = -1
+
+    def release(self, keys: list[tuple[int, int]]) -> None:
+        """Close the descriptors of old file versions that no read can use any more."""
+        with self._lock:
+            fds = [self._fds.pop(key) for key in keys if key in self._fds]
+            for segment_id, _version in keys:
+                if self._versions.get(segment_id) == -1 and not any(
+                        k[0] == segment_id for k in self._fds):
+                    del self._versions[segment_id]
+        for fd in fds:
+            os.close(fd)
+
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._fds)
 
     def close(self) -> None:
         with self._lock:
             for fd in self._fds.values():
                 os.close(fd)
             self._fds.clear()
+
+    def _fd(self, segment_id: int, version: int) -> int:
+        with self._lock:
+            fd = self._fds.get((segment_id, version))
+            if fd is None:
+                if version != self._versions.get(segment_id, 0):
+                    raise OSError(errno.ENOENT, f"segment {segment_id} version {version} is "
+                                  "gone")
+                fd = os.open(os.path.join(self._dir, segment_name(segment_id)), os.O_RDONLY)
+                self._fds[(segment_id, version)] = fd
+        return fd
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -265,7 +340,7 @@ def _truncate(path: str, size: int) -> None:
         os.close(fd)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

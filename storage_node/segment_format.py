@@ -11,7 +11,12 @@ body is a msgpack array:
   existed, and with WRITTEN_BY_RECOVERY ``wave`` is recovery's seal epoch);
 * RELEASE: ``[log_id, release_lsn]``;
 * SEAL: ``[log_id, epoch, sealed_by]``;
-* TRIM: ``[log_id, trim_lsn]``.
+* TRIM: ``[log_id, trim_lsn]``;
+* CHECKPOINT: ``[log_id, last_lsn, last_sequencer_node, release_lsn, sealed_epoch, sealed_by,
+  trim_lsn, [[epoch, last_known_good, last_esn], ...]]``: everything a restart derives about
+  one log from all its entries (``""`` for an absent node id). It is written before segments
+  are deleted or compacted, so that dropping their RELEASE, SEAL, TRIM and STORE entries loses
+  no state.
 
 Everything here is pure functions on bytes; the record store does the file I/O.
 """
@@ -45,6 +50,7 @@ class EntryType(IntEnum):
     RELEASE = 2
     SEAL = 3
     TRIM = 4
+    CHECKPOINT = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +89,22 @@ class TrimEntry:
     trim_lsn: Lsn
 
 
-Entry = StoreMeta | ReleaseEntry | SealEntry | TrimEntry
+@dataclass(frozen=True, slots=True)
+class CheckpointEntry:
+    """One log's durable state as of the checkpoint (see the module docstring)."""
+
+    log_id: LogId
+    last_lsn: Lsn
+    last_sequencer: NodeId | None
+    release_lsn: Lsn
+    sealed_epoch: Epoch
+    sealed_by: NodeId | None
+    trim_lsn: Lsn
+    tails: tuple[tuple[int, int, int], ...]
+    """(epoch, highest last-known-good ESN, highest ESN) per epoch with copies."""
+
+
+Entry = StoreMeta | ReleaseEntry | SealEntry | TrimEntry | CheckpointEntry
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +156,14 @@ def encode_seal(log_id: LogId, epoch: Epoch, sealed_by: NodeId) -> bytes:
 
 def encode_trim(log_id: LogId, trim_lsn: Lsn) -> bytes:
     return _frame(EntryType.TRIM, _packer.pack([log_id, trim_lsn]))
+
+
+def encode_checkpoint(entry: CheckpointEntry) -> bytes:
+    return _frame(EntryType.CHECKPOINT, _packer.pack([
+        entry.log_id, entry.last_lsn, entry.last_sequencer or "", entry.release_lsn,
+        entry.sealed_epoch, entry.sealed_by or "", entry.trim_lsn,
+        [list(tail) for tail in entry.tails],
+    ]))
 
 
 def check_entry(data: bytes | memoryview, offset: int) -> tuple[EntryType, int] | None:
@@ -192,9 +221,27 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
         if (entry_type == EntryType.SEAL and len(fields) == 3 and _ints(*fields[:2])
                 and isinstance(fields[2], str)):
             return SealEntry(LogId(fields[0]), Epoch(fields[1]), NodeId(fields[2]))
+        if entry_type == EntryType.CHECKPOINT:
+            return _decode_checkpoint(fields)
     except (ValueError, TypeError, msgpack.UnpackException):
         return None
     return None
+
+
+def _decode_checkpoint(fields: Any) -> CheckpointEntry | None:
+    if not isinstance(fields, list) or len(fields) != 8:
+        return None
+    log_id, last_lsn, last_node, release_lsn, sealed_epoch, sealed_by, trim_lsn, tails = fields
+    if not (_ints(log_id, last_lsn, release_lsn, sealed_epoch, trim_lsn)
+            and isinstance(last_node, str) and isinstance(sealed_by, str)
+            and isinstance(tails, list)):
+        return None
+    if not all(isinstance(t, list) and len(t) == 3 and _ints(*t) for t in tails):
+        return None
+    return CheckpointEntry(
+        LogId(log_id), Lsn(last_lsn), NodeId(last_node) if last_node else None,
+        Lsn(release_lsn), Epoch(sealed_epoch), NodeId(sealed_by) if sealed_by else None,
+        Lsn(trim_lsn), tuple((t[0], t[1], t[2]) for t in tails))
 
 
 @dataclass(frozen=True, slots=True)

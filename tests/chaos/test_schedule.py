@@ -37,7 +37,10 @@ def test_failpoint_specs_parse_and_fit_the_node_role() -> None:
             seen.add(arm.name)
             on_storage = fault.nodes[0] in ST
             assert on_storage == (arm.name == "storage.after_write_before_fsync"), fault
-    assert seen == set(failpoints.KNOWN)
+    # Reclaim runs only once records are trimmed, which the chaos workload never does; its
+    # failpoints are exercised by tests/integration/test_retention.py instead.
+    reclaim = {"storage.reclaim_after_checkpoint", "storage.compact_before_rename"}
+    assert seen == set(failpoints.KNOWN) - reclaim
 
 
 def test_network_faults_pick_their_links() -> None:

@@ -1,0 +1,186 @@
+"""What a restart derives from the segment files, kept up to date while the store runs.
+
+``DurableState`` folds every entry in write order: STOREs into the record index and each log's
+newest LSN and epoch tails; RELEASE, SEAL and TRIM entries into the log's pointers; CHECKPOINT
+entries into all of those at once. At open it is fed by the recovery scan, afterwards by the
+writer's completed batches with the same ``on_entry``, so it always equals what a restart
+would rebuild from the files. That is what makes a checkpoint safe to write: it carries the
+state of a log exactly as a restart would see it, so the segments whose entries it summarises
+can be dropped.
+
+Folding rules (why a checkpoint may replace the entries before it): pointers only grow, and on
+a tie an entry keeps the earlier value (the first SEAL of an epoch names who sealed it) while a
+checkpoint overrides it. A checkpoint's values are the fold of every entry written before it,
+so whichever of those entries a reclaim dropped, folding the rest and then the checkpoint gives
+the same state as folding them all.
+
+Besides, it tracks which logs have entries in each segment (the logs a reclaim of that
+segment must checkpoint first). Lives on the event loop after open.
+"""
+
+from __future__ import annotations
+
+from shared.types import (
+    EPOCH_INVALID,
+    LSN_INVALID,
+    Epoch,
+    LogId,
+    Lsn,
+    NodeId,
+    lsn_to_epoch,
+    lsn_to_esn,
+)
+from shared.wire.store import RecordFlags, Store
+from storage_node.core.store_machine import LogStorageState
+from storage_node.record_index import Location, RecordIndex
+from storage_node.segment_format import (
+    CheckpointEntry,
+    ReleaseEntry,
+    ScannedEntry,
+    SealEntry,
+    StoreMeta,
+    TrimEntry,
+)
+
+
+class DurableState:
+    """Per-log state and the index, folded from the entries found at open and written since
+    (plain dicts: there is one call per entry ever written)."""
+
+    def __init__(self, index: RecordIndex) -> None:
+        self._index = index
+        self._last: dict[LogId, tuple[Lsn, NodeId | None]] = {}
+        self._releases: dict[LogId, Lsn] = {}
+        self._seals: dict[LogId, tuple[Epoch, NodeId | None]] = {}
+        self._tails: dict[LogId, dict[Epoch, tuple[int, int]]] = {}
+        self._trims: dict[LogId, Lsn] = {}
+        self.segment_logs: dict[int, set[LogId]] = {}
+        self._live = False
+        """False while the recovery scan runs: trimmed records are dropped from the index at
+        its end (a later entry may store LSNs below a trim point again)."""
+
+    def on_entry(self, segment_id: int, scanned: ScannedEntry) -> None:
+        entry = scanned.entry
+        log_id = entry.log_id
+        logs = self.segment_logs.get(segment_id)
+        if logs is None:
+            logs = self.segment_logs[segment_id] = set()
+        logs.add(log_id)
+        if isinstance(entry, StoreMeta):
+            self._on_store(segment_id, scanned.offset, scanned.length, log_id, entry.first_lsn,
+                           entry.last_lsn, entry.sequencer_node, entry.last_known_good,
+                           index_time(entry.flags, entry.timestamp_ms))
+        elif isinstance(entry, ReleaseEntry):
+            if entry.release_lsn > self._releases.get(log_id, 0):
+                self._releases[log_id] = entry.release_lsn
+        elif isinstance(entry, TrimEntry):
+            self._raise_trim(log_id, entry.trim_lsn)
+        elif isinstance(entry, SealEntry):
+            if log_id not in self._seals or entry.epoch > self._seals[log_id][0]:
+                self._seals[log_id] = (entry.epoch, entry.sealed_by)
+        else:
+            self._on_checkpoint(entry)
+
+    def on_store(self, segment_id: int, offset: int, length: int, store: Store) -> None:
+        """A STORE entry was written (the writer's hot path: no intermediate objects)."""
+        log_id = store.log_id
+        logs = self.segment_logs.get(segment_id)
+        if logs is None:
+            logs = self.segment_logs[segment_id] = set()
+        logs.add(log_id)
+        self._on_store(segment_id, offset, length, log_id, store.lsn, store.last_lsn,
+                       store.sequencer_node, store.last_known_good,
+                       index_time(store.flags, store.timestamp_ms))
+
+    def on_release(self, segment_id: int, log_id: LogId, release_lsn: Lsn) -> None:
+        """A RELEASE entry was written."""
+        logs = self.segment_logs.get(segment_id)
+        if logs is None:
+            logs = self.segment_logs[segment_id] = set()
+        logs.add(log_id)
+        if release_lsn > self._releases.get(log_id, 0):
+            self._releases[log_id] = release_lsn
+
+    def _on_store(self, segment_id: int, offset: int, length: int, log_id: LogId,
+                  first_lsn: Lsn, last_lsn: Lsn, node: NodeId, last_known_good: int,
+                  timestamp_ms: int) -> None:
+        self._index.insert(log_id, Location(segment_id, offset, length, first_lsn, last_lsn,
+                                            Lsn(0), timestamp_ms))
+        last = self._last.get(log_id)
+        if last is None or last_lsn > last[0]:
+            self._last[log_id] = (last_lsn, node)
+        tails = self._tails.get(log_id)
+        if tails is None:
+            tails = self._tails[log_id] = {}
+        epoch = lsn_to_epoch(first_lsn)
+        last_esn = lsn_to_esn(last_lsn)
+        tail = tails.get(epoch)
+        if tail is None:
+            tails[epoch] = (last_known_good, last_esn)
+        elif last_known_good > tail[0] or last_esn > tail[1]:
+            tails[epoch] = (max(tail[0], last_known_good), max(tail[1], last_esn))
+        if self._live and self._trims and first_lsn <= self._trims.get(log_id, 0):
+            self._index.drop_through(log_id, self._trims[log_id])
+
+    def _on_checkpoint(self, entry: CheckpointEntry) -> None:
+        log_id = entry.log_id
+        if entry.last_lsn and entry.last_lsn >= self._last.get(log_id, (LSN_INVALID, None))[0]:
+            self._last[log_id] = (entry.last_lsn, entry.last_sequencer)
+        if entry.release_lsn > self._releases.get(log_id, 0):
+            self._releases[log_id] = entry.release_lsn
+        if entry.sealed_epoch and entry.sealed_epoch >= self._seals.get(
+                log_id, (EPOCH_INVALID, None))[0]:
+            self._seals[log_id] = (entry.sealed_epoch, entry.sealed_by)
+        if entry.tails:
+            tails = self._tails.setdefault(log_id, {})
+            for epoch, lng, last_esn in entry.tails:
+                old_lng, old_last = tails.get(Epoch(epoch), (0, 0))
+                tails[Epoch(epoch)] = (max(old_lng, lng), max(old_last, last_esn))
+        self._raise_trim(log_id, entry.trim_lsn)
+
+    def _raise_trim(self, log_id: LogId, trim_lsn: Lsn) -> None:
+        if trim_lsn > self._trims.get(log_id, 0):
+            self._trims[log_id] = trim_lsn
+            if self._live:
+                self._index.drop_through(log_id, trim_lsn)
+
+    def finish_recovery(self) -> None:
+        """The scan is over: drop what is trimmed from the index and follow the writes."""
+        for log_id, trim_lsn in self._trims.items():
+            self._index.drop_through(log_id, trim_lsn)
+        self._live = True
+
+    def checkpoint(self, log_id: LogId) -> CheckpointEntry:
+        last_lsn, last_node = self._last.get(log_id, (LSN_INVALID, None))
+        sealed_epoch, sealed_by = self._seals.get(log_id, (EPOCH_INVALID, None))
+        tails = tuple((epoch, lng, last) for epoch, (lng, last)
+                      in sorted(self._tails.get(log_id, {}).items()))
+        return CheckpointEntry(log_id, last_lsn, last_node, self._releases.get(log_id, LSN_INVALID),
+                               sealed_epoch, sealed_by, self._trims.get(log_id, LSN_INVALID),
+                               tails)
+
+    def trim_lsn(self, log_id: LogId) -> Lsn:
+        return self._trims.get(log_id, LSN_INVALID)
+
+    def states(self) -> dict[LogId, LogStorageState]:
+        """The soft seal is not written by itself: the newest STORE proves its sequencer's
+        epoch exists, which rebuilds the soft seal it caused."""
+        result: dict[LogId, LogStorageState] = {}
+        for log_id in (self._last.keys() | self._releases.keys() | self._seals.keys()
+                       | self._trims.keys()):
+            last_lsn, newest_sequencer = self._last.get(log_id, (LSN_INVALID, None))
+            sealed_epoch, sealed_by = self._seals.get(log_id, (EPOCH_INVALID, None))
+            soft_epoch = Epoch(max(lsn_to_epoch(last_lsn) - 1, EPOCH_INVALID))
+            result[log_id] = LogStorageState(
+                sealed_epoch=sealed_epoch, sealed_by=sealed_by,
+                soft_sealed_epoch=soft_epoch,
+                soft_sealed_by=newest_sequencer if soft_epoch > EPOCH_INVALID else None,
+                release_lsn=self._releases.get(log_id, LSN_INVALID), last_lsn=last_lsn,
+                epoch_tails=dict(self._tails.get(log_id, {})),
+                trim_lsn=self._trims.get(log_id, LSN_INVALID))
+        return result
+
+
+def index_time(flags: int, timestamp_ms: int) -> int:
+    """Holes and bridges have no timestamp: find-time and retention skip them."""
+    return -1 if flags & RecordFlags.HOLE else timestamp_ms
