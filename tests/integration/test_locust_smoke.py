@@ -115,7 +115,7 @@ async def test_status_accounting_and_find_time_against_a_fake_node(tmp_path: Pat
     try:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "loadtests.run_locust", "mixed", "--url",
-            f"http://127.0.0.1:{port}", "--duration-s", "6", "--users", "6", "--spawn-rate",
+            f"http://127.0.0.1:{port}", "--duration-s", "10", "--users", "6", "--spawn-rate",
             "6", "--report-dir", str(report), "Producer", "Inspector", cwd=REPO_ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         output, _ = await asyncio.wait_for(process.communicate(), RUN_TIMEOUT_S)
