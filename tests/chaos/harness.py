@@ -39,6 +39,7 @@ from tests.chaos import checkers
 from tests.chaos.faults import Fault, links_of, schedule
 from tests.chaos.history import History, payload_text
 from tests.chaos.proxy import PASS, LinkMode, Mode, ProxyProcess
+from tests.chaos.reader_check import compare_readers
 from tests.chaos.workload import APPEND_TIMEOUT_S, Workload, WorkloadSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -406,6 +407,9 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
         await workload.stop_readers(READERS_STOP_TIMEOUT_S)
         say(f"settled: release reached the acks: {released}, readers caught up: {caught_up}")
         unscanned = await cluster.scan_copies(history, config.workload.logs)
+        readers = await compare_readers([f"http://{h}" for h in cluster.http.values()],
+                                        config.workload.logs)
+        say(f"direct reader vs HTTP: {readers}")
         assert cluster.proxy is not None
         links = await cluster.proxy.stats()
         extra = {
@@ -414,6 +418,7 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
             "readers_caught_up": caught_up, "unscanned": unscanned,
             "links": len(links),
             "links_carrying_traffic": sum(1 for s in links.values() if s["bytes_forwarded"]),
+            **readers,
         }
         history.add("settle", **extra)
     finally:

@@ -28,6 +28,8 @@ def _assert_sound(result: ChaosResult) -> None:
     assert figures["links_carrying_traffic"] == figures["links"], (
         f"seed {result.seed}: some node-to-node links bypassed the proxies {figures}")
     assert not figures["unscanned"], f"seed {result.seed}: {figures['unscanned']}"
+    assert figures["reader_mismatches"] == [], (
+        f"seed {result.seed}: the direct reader and HTTP reads differ {figures}")
 
 
 @pytest.mark.integration
