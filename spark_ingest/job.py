@@ -59,7 +59,9 @@ PROGRESS_EVENTS_MAX = 10_000
 """Progress events waiting for the main thread; more means it is stuck, and extras drop."""
 FINAL_EVENT_WAIT_MS = 5_000
 """How long to wait, after the query ends, for the progress event of its last batch."""
-_LOSS_MARKER = "seqlog data loss:"
+_MESSAGE_MARKERS = ("seqlog data loss:", "ValueError: ", "TimeoutError: ", "LogError: ")
+"""Where our own message starts inside Spark's exception text (which embeds the Python
+traceback of the worker that raised it), most specific first."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,29 +182,34 @@ class IngestJob:
                        else IngestReport())
         self.start: dict[int, int] = {}
         self.last_table = ""
+        self.summary: dict[str, Any] = {}
         self.stop_requested = threading.Event()
         self.started_s = time.monotonic()
         self.records_at_start = self.report.records
 
-    def run(self) -> int:
-        conf = dict(item.split("=", 1) for item in self.args.conf)
-        spark = local_session(self.args.master, conf=conf)
-        spark.sparkContext.setLogLevel("ERROR")
+    def run(self, spark: SparkSession | None = None) -> int:
+        """Runs the query to its end; with ``spark`` given, in that session (left running)."""
+        own = spark is None
+        if spark is None:
+            conf = dict(item.split("=", 1) for item in self.args.conf)
+            spark = local_session(self.args.master, conf=conf)
+            spark.sparkContext.setLogLevel("ERROR")
         listener = _Progress()
         spark.streams.addListener(listener)
-        options = source_options(self.args)
-        self.start = self.starting_offsets()
-        options.pop("startingTimestamp", None)
-        options["startingOffsets"] = json.dumps({str(k): v for k, v in self.start.items()})
-        writer = (ingest_frame(spark, options).writeStream
-                  .format("parquet").option("path", self.args.to)
-                  .option("checkpointLocation", self.args.checkpoint)
-                  .partitionBy("log_id", "date").queryName("seqlog_ingest"))
-        if self.args.trigger == "available-now":
-            writer = writer.trigger(availableNow=True)
-        else:
-            writer = writer.trigger(processingTime=f"{self.args.interval_ms} milliseconds")
-        query = writer.start()
+        try:
+            return self._run(spark, listener)
+        finally:
+            spark.streams.removeListener(listener)
+            if own:
+                spark.stop()
+
+    def _run(self, spark: SparkSession, listener: _Progress) -> int:
+        try:
+            query = self._start(spark)
+        except Exception as exc:  # a bad option, an unreachable cluster, ...: say what
+            print(f"seqlog ingest: cannot start: {_reason(str(exc))}", file=sys.stderr,
+                  flush=True)
+            return 1
         _print(f"seqlog ingest: logs {self.args.logs} -> {self.args.to} (checkpoint "
                f"{self.args.checkpoint}, {self.args.trigger}, master {self.args.master})")
         status = self._watch(query, listener)
@@ -217,8 +224,23 @@ class IngestJob:
                    "records_this_run": self.report.records - self.records_at_start,
                    **self.report.summary()}
         _print(json.dumps(summary))
-        spark.stop()
+        self.summary = summary
         return 1 if status == "failed" else 0
+
+    def _start(self, spark: SparkSession) -> StreamingQuery:
+        options = source_options(self.args)
+        self.start = self.starting_offsets()
+        options.pop("startingTimestamp", None)
+        options["startingOffsets"] = json.dumps({str(k): v for k, v in self.start.items()})
+        writer = (ingest_frame(spark, options).writeStream
+                  .format("parquet").option("path", self.args.to)
+                  .option("checkpointLocation", self.args.checkpoint)
+                  .partitionBy("log_id", "date").queryName("seqlog_ingest"))
+        if self.args.trigger == "available-now":
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{self.args.interval_ms} milliseconds")
+        return writer.start()
 
     def starting_offsets(self) -> dict[int, int]:
         """Each log's first LSN, resolved (earliest, latest, timestamp) once per checkpoint
@@ -270,6 +292,8 @@ class IngestJob:
                 if not final or self._caught_up(query) or time.monotonic() > deadline_s:
                     return
                 continue
+            if event.get("id") != str(query.id):
+                continue  # another query of the same session
             report = batch_report(event, self.start)
             if report is None:
                 continue
@@ -312,10 +336,12 @@ class IngestJob:
 
 def _reason(error: str) -> str:
     """Our own message out of Spark's long exception text, if it is in there."""
-    for line in error.splitlines():
-        if _LOSS_MARKER in line:
-            return line[line.index(_LOSS_MARKER):].strip()
-    return error.splitlines()[0] if error else "unknown error"
+    lines = error.splitlines()
+    for marker in _MESSAGE_MARKERS:
+        for line in lines:
+            if marker in line:
+                return line[line.index(marker):].removeprefix("ValueError: ").strip()
+    return lines[0] if lines else "unknown error"
 
 
 def _print(text: str) -> None:
