@@ -130,17 +130,18 @@ def ends(spec: OffsetSpec, log_tails: Mapping[int, LogTail]) -> dict[int, int]:
     return chosen
 
 
-async def probe_end(client: Client, log: int, lsn: int) -> int:
-    """The first LSN after the entry that holds ``lsn``: ``lsn + 1`` for a record, the gap's
-    last LSN + 1 for a gap (which jumps over a bridge to the next epoch)."""
+async def probe(client: Client, log: int, lsn: int) -> tuple[bool, int]:
+    """Whether ``lsn`` is inside a gap, and the first LSN after the entry that holds it:
+    ``lsn + 1`` for a record, the gap's last LSN + 1 for a gap (which jumps over a bridge to
+    the next epoch)."""
     result = await client.read(log, lsn, limit=1)
     for entry in result.entries():
         if isinstance(entry, Record):
             if entry.lsn >= lsn:
-                return lsn + 1
+                return False, lsn + 1
         elif entry.lo <= lsn <= entry.hi:
-            return entry.hi + 1
-    return lsn + 1  # nothing answered about lsn: fall back to the dense-LSN bound
+            return True, entry.hi + 1
+    return False, lsn + 1  # nothing answered about lsn: fall back to the dense-LSN bound
 
 
 async def budget_end(client: Client, log: int, start: int, end: int, records_max: int) -> int:
@@ -149,7 +150,15 @@ async def budget_end(client: Client, log: int, start: int, end: int, records_max
     ``start + records_max``."""
     if end - start <= records_max:
         return end
-    return min(await probe_end(client, log, start + records_max - 1), end)
+    if lsn_to_epoch(Lsn(start)) != lsn_to_epoch(Lsn(end - 1)):
+        # A range that starts in a bridge (the start of a log, or a batch that ended with an
+        # epoch's last record) skips it first, so that its records fill the budget.
+        in_gap, after = await probe(client, log, start)
+        if in_gap:
+            start = min(after, end)
+            if end - start <= records_max:
+                return end
+    return min((await probe(client, log, start + records_max - 1))[1], end)
 
 
 async def cut(client: Client, log: int, start: int, end: int,
