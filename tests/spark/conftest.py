@@ -32,7 +32,10 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = local_session("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    session = local_session("local[2]", conf={
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",  # quicker start-up
+    })
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
