@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
+import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass
@@ -36,6 +38,8 @@ LOSS_GAPS = frozenset({"TRIM", "DATALOSS"})
 STALL_WAIT_MS = 1_000
 """Long poll used when a node answers without progress below the planned end."""
 LONG_MAX = 2**63 - 1
+PREFETCH_PAGES_MAX = 4
+"""Read answers a task fetches ahead of the batch Spark is taking."""
 
 _log = logging.getLogger("spark_ingest")
 
@@ -159,30 +163,61 @@ def _fits(value: Any, kind: pa.DataType) -> Any:
     return value
 
 
-async def _next(stream: AsyncGenerator[Page, None]) -> Page | None:
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        return None
-
-
 def read_range(piece: LogRange, layout: Layout, options: SourceOptions
                ) -> Iterator[pa.RecordBatch]:
-    """The blocking iterator a Spark task consumes: one Arrow batch per read answer."""
+    """The blocking iterator a Spark task consumes: one Arrow batch per read answer.
+
+    A thread runs the reads (its own event loop) up to ``PREFETCH_PAGES_MAX`` pages ahead,
+    so the next answer is on its way while Spark takes the current batch."""
     if piece.end_lsn - 1 > LONG_MAX:
         raise ValueError(f"log {piece.log_id}: LSN {piece.end_lsn - 1} is above 2**63-1 "
                          "(epoch >= 2**31) and does not fit Spark's bigint")
     builder = BatchBuilder(layout, options)
-    with asyncio.Runner() as runner:
-        stream = pages(piece, options)
-        try:
-            while True:
-                page = runner.run(_next(stream))
-                if page is None:
+    fetched: queue.Queue[Page | _End] = queue.Queue(maxsize=PREFETCH_PAGES_MAX)
+    stop = threading.Event()
+
+    def put(item: Page | _End) -> bool:
+        while not stop.is_set():
+            try:
+                fetched.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def fetch() -> None:
+        async def run() -> None:
+            async for page in pages(piece, options):
+                if not put(page):
                     return
-                check_gaps(piece.log_id, page.gaps, options.fail_on_data_loss)
-                batch = builder.build(piece.log_id, page)
-                if batch.num_rows:
-                    yield batch
-        finally:
-            runner.run(stream.aclose())
+
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # handed to the task's thread, which raises it
+            put(_End(exc))
+        else:
+            put(_End(None))
+
+    fetcher = threading.Thread(target=fetch, name=f"seqlog-read-{piece.log_id}", daemon=True)
+    fetcher.start()
+    try:
+        while True:
+            item = fetched.get()
+            if isinstance(item, _End):
+                if item.error is not None:
+                    raise item.error
+                return
+            check_gaps(piece.log_id, item.gaps, options.fail_on_data_loss)
+            batch = builder.build(piece.log_id, item)
+            if batch.num_rows:
+                yield batch
+    finally:
+        stop.set()
+        fetcher.join(timeout=options.timeout_ms / 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """The fetcher is done: ``error`` is why it stopped early, None at the range's end."""
+
+    error: BaseException | None
