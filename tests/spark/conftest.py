@@ -3,6 +3,8 @@ and one real local Spark session (local[2], bound to 127.0.0.1) shared by all of
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -32,6 +34,9 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
+    # Loopback only, and workers on this interpreter (it has pyarrow), whatever the shell says.
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     session = local_session("local[2]", conf={
         "spark.sql.shuffle.partitions": "2",
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",  # quicker start-up

@@ -73,7 +73,8 @@ class Appends:
 def ingest(cluster: SparkCluster, logs: list[int], out: Path, checkpoint: Path,
            log_file: Path) -> subprocess.Popen[bytes]:
     """``seqlog ingest`` in its own process group (Python driver, JVM, Python workers)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SPARK_LOCAL_IP": "127.0.0.1",
+           "PYSPARK_PYTHON": sys.executable}
     with log_file.open("ab") as sink:
         return subprocess.Popen(
             [sys.executable, "-m", "services.cli", "ingest", "--url", cluster.urls_option,
