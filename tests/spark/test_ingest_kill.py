@@ -92,20 +92,34 @@ def batches(checkpoint: Path, kind: str) -> set[int]:
     return {int(p.name) for p in folder.iterdir() if p.name.isdigit()}
 
 
-def wait_mid_batch(proc: subprocess.Popen[bytes], checkpoint: Path, out: Path,
+def in_flight(checkpoint: Path, out: Path, after_batch: int) -> int | None:
+    """The batch after ``after_batch`` that is planned (its offsets are in the checkpoint),
+    not committed, and has written files that the sink has not committed, if there is one
+    (a batch's files are all in ``_spark_metadata`` before the next batch is planned)."""
+    open_batches = {b for b in batches(checkpoint, "offsets") - batches(checkpoint, "commits")
+                    if b > after_batch}
+    # Listing the output costs more than listing the checkpoint: only while a batch runs.
+    if open_batches and data_files(out) - committed_files(out):
+        return max(open_batches)
+    return None
+
+
+def kill_mid_batch(proc: subprocess.Popen[bytes], checkpoint: Path, out: Path,
                    after_batch: int) -> int:
-    """Polls until a batch after ``after_batch`` is planned (its offsets are in the
-    checkpoint), not committed, and has written files that the sink has not committed (the
-    previous batch's files are all in ``_spark_metadata`` before the next one is planned).
-    Returns that batch."""
+    """SIGKILLs the ingest's process group in the middle of a batch; returns that batch.
+
+    Once a batch looks in flight the group is frozen (SIGSTOP) and checked again, so a
+    batch that commits between the check and the kill cannot fool the test."""
     deadline = time.monotonic() + MID_BATCH_TIMEOUT_S
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the ingest exited before it could be killed"
-        open_batches = {b for b in batches(checkpoint, "offsets") - batches(checkpoint, "commits")
-                        if b > after_batch}
-        # Listing the output costs more than listing the checkpoint: only while a batch runs.
-        if open_batches and data_files(out) - committed_files(out):
-            return max(open_batches)
+        if in_flight(checkpoint, out, after_batch) is not None:
+            os.killpg(proc.pid, signal.SIGSTOP)
+            batch = in_flight(checkpoint, out, after_batch)
+            if batch is not None:
+                killpg(proc)
+                return batch
+            os.killpg(proc.pid, signal.SIGCONT)
         time.sleep(0.02)
     raise AssertionError("never saw a batch in the middle of writing its files")
 
@@ -141,9 +155,10 @@ def test_sigkill_mid_batch_then_restart_gives_every_record_exactly_once(
     try:
         first = ingest(spark_cluster, logs, out, checkpoint, log_file)
         try:
-            killed_batch = wait_mid_batch(first, checkpoint, out, after_batch=0)
+            killed_batch = kill_mid_batch(first, checkpoint, out, after_batch=0)
         finally:
-            killpg(first)
+            if first.poll() is None:
+                killpg(first)
         assert killed_batch not in batches(checkpoint, "commits")
         orphans = data_files(out) - committed_files(out)
         assert orphans, "the killed batch left no files behind"
@@ -214,6 +229,9 @@ def test_sigkill_mid_batch_then_restart_gives_every_record_exactly_once(
     assert sorted(rows) == sorted((log, lsn) for log in logs for lsn, _ in expected[log])
     assert orphans <= data_files(out) - committed_files(out)
 
-    summary = json.loads(log_file.read_text().strip().splitlines()[-1])
-    assert summary["event"] == "summary" and summary["status"] == "stopped"
+    summaries = [json.loads(line) for line in log_file.read_text().splitlines()
+                  if line.startswith('{"event": "summary"')]
+    assert len(summaries) == 1  # the killed run printed none
+    summary = summaries[0]
+    assert summary["status"] == "stopped"
     assert summary["records"] <= sum(len(v) for v in expected.values())
