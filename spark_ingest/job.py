@@ -231,7 +231,7 @@ class IngestJob:
         options = source_options(self.args)
         self.start = self.starting_offsets()
         options.pop("startingTimestamp", None)
-        options["startingOffsets"] = json.dumps({str(k): v for k, v in self.start.items()})
+        options["startingOffsets"] = json.dumps({str(log): self.start[log] for log in self.logs})
         writer = (ingest_frame(spark, options).writeStream
                   .format("parquet").option("path", self.args.to)
                   .option("checkpointLocation", self.args.checkpoint)
@@ -249,17 +249,19 @@ class IngestJob:
         by then; the first batch's report also needs its start (progress events leave it
         out)."""
         path = self.local_dir / START_FILE if self.local_dir else None
+        kept: dict[int, int] = {}
         if path is not None and path.exists():
             kept = {int(k): int(v) for k, v in json.loads(path.read_text()).items()}
-            if set(self.logs) <= set(kept):
-                return kept
+        missing = [log for log in self.logs if log not in kept]
+        if not missing:
+            return kept
         options = parse_options(source_options(self.args), streaming=True)
 
         async def resolve() -> dict[int, int]:
             async with new_client(options) as client:
-                return await starts(client, options, await tails(client, options.logs))
+                return await starts(client, options, await tails(client, missing))
 
-        resolved = asyncio.run(resolve())
+        resolved = {**kept, **asyncio.run(resolve())}
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
