@@ -22,6 +22,7 @@ from epoch_store import read_log_state
 from seqlog import Client, Gap, LogError, Record
 from seqlog.demo import run_demo
 from seqlog.results import ClusterInfo
+from services import ingest_cli
 from services import local_cluster as lc
 from services.local_membership import add_node
 from shared.config import FSYNC_MODES
@@ -159,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_target(demo)
     demo.add_argument("--logs", type=_positive, default=3)
     demo.add_argument("--seed", type=int)
+    ingest_cli.add_parser(commands)
     return parser
 
 
@@ -363,6 +365,8 @@ def run(args: argparse.Namespace) -> int:
         return _local(args)
     if args.command == "epochs":
         return _epochs(args)
+    if args.command == "ingest":
+        return ingest_cli.run(args, DEFAULT_URL)
     urls = target_urls(args)
     if args.command == "append":
         payloads = _read_payloads(args)
