@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
-from seqlog.results import Gap, Record
+from seqlog.results import Gap, ReadResult, Record
 from shared.config import TransportConfig
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
@@ -54,9 +54,13 @@ def parse_nodesets(answer: Mapping[str, Any]) -> tuple[list[NodesetSpan],
         for item in answer["nodesets"]:
             nodes = []
             for node in item["nodes"]:
-                host, _, port = str(node["data"]).rpartition(":")
-                addresses[NodeId(str(node["node_id"]))] = (host, int(port))
-                nodes.append(NodeId(str(node["node_id"])))
+                node_id = NodeId(str(node["node_id"]))
+                # A member the answering node has no address for still counts in the
+                # nodeset (for the f-majority); the reader just cannot reach it.
+                if node["data"]:
+                    host, _, port = str(node["data"]).rpartition(":")
+                    addresses[node_id] = (host, int(port))
+                nodes.append(node_id)
             spans.append(NodesetSpan(
                 first_epoch=Epoch(int(item["first_epoch"])),
                 last_epoch=Epoch(int(item["last_epoch"])), nodeset=tuple(nodes),
@@ -71,12 +75,10 @@ def parse_nodesets(answer: Mapping[str, Any]) -> tuple[list[NodesetSpan],
 
 def entries_of(merged: Merged) -> list[Entry]:
     """A merged round as the client's records and gaps, in LSN order."""
-    records = [Record(lsn=Lsn(r[0]), timestamp_ms=r[1], key=r[2], payload=r[3])
-               for r in merged.records]
-    gaps = [Gap(type=g.kind, lo=g.lo, hi=g.hi) for g in merged.gaps]
-    out: list[Entry] = [*records, *gaps]
-    out.sort(key=lambda e: e.lsn if isinstance(e, Record) else e.lo)
-    return out
+    return ReadResult(
+        records=[Record(lsn=Lsn(r[0]), timestamp_ms=r[1], key=r[2], payload=r[3])
+                 for r in merged.records],
+        gaps=[Gap(type=g.kind, lo=g.lo, hi=g.hi) for g in merged.gaps]).entries()
 
 
 class LogReader:
@@ -114,7 +116,7 @@ class LogReader:
         self._has_space = asyncio.Event()
         self._has_space.set()
         self._done = False
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
         self.rounds_count = 0
         self.short_rounds_count = 0
         """Rounds that could not reach an f-majority (the reader waited instead)."""
@@ -186,7 +188,7 @@ class LogReader:
             await self._fetch()
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # handed to the consumer, who raises it
+        except Exception as exc:  # handed to the consumer, who raises it
             self._error = exc
         finally:
             self._done = True

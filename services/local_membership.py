@@ -7,6 +7,7 @@ once every running node lists the new one in ``GET /v1/cluster``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -97,7 +98,8 @@ def add_node(root: Path, role: Role, *, ready_timeout_ms: int = 30_000) -> NodeE
     for other in state.nodes:
         _write_config(root, replace(_read_config(root, other.node_id), cluster=cluster))
     for other in running:
-        os.kill(other.pid, signal.SIGHUP)
+        with contextlib.suppress(ProcessLookupError):  # it died meanwhile: it reads the file
+            os.kill(other.pid, signal.SIGHUP)          # when it starts again
     deadline_s = time.monotonic() + ready_timeout_ms / 1000
     for other in running:
         while not _listed(other.http, node_id):

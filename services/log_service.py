@@ -88,7 +88,8 @@ class NodesetOut:
     last_epoch: Epoch
     replication_factor: int
     nodes: tuple[tuple[NodeId, str], ...]
-    """(node id, ``host:port`` of its node-to-node transport) for each nodeset member."""
+    """(node id, ``host:port`` of its node-to-node transport, or "" when unknown) for each
+    nodeset member."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -98,9 +98,10 @@ class NodeService:
         self.config = replace(self.config, cluster=cluster)
         self._sequencer_weights = [(n.node_id, n.sequencer_weight)
                                    for n in cluster.sequencer_nodes]
-        view = self.gossip.view() if self.gossip is not None else {}
-        self._routable = (routable_sequencers(self._sequencer_weights, view)
-                          if self.gossip is not None else list(self._sequencer_weights))
+        if self.gossip is not None:
+            self._on_view(self.gossip.view())
+        else:
+            self._routable = list(self._sequencer_weights)
 
     def _on_view(self, view: Mapping[NodeId, NodeState]) -> None:
         self._routable = routable_sequencers(self._sequencer_weights, view)
@@ -344,9 +345,10 @@ class NodeService:
         for span in metadata_spans(metadata):
             nodes = []
             for node_id in span.nodeset:
+                # Every member is listed, so that readers count the whole nodeset for their
+                # f-majority; one this node has no address for is listed without one.
                 node = cluster.node(node_id)
-                if node is not None:
-                    nodes.append((node_id, f"{node.host}:{node.data_port}"))
+                nodes.append((node_id, "" if node is None else f"{node.host}:{node.data_port}"))
             spans.append(NodesetOut(first_epoch=span.first_epoch, last_epoch=span.last_epoch,
                                     replication_factor=span.replication_factor,
                                     nodes=tuple(nodes)))
