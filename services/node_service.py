@@ -59,6 +59,8 @@ READ_POLL_INTERVAL_S = 0.02
 STORAGE_CALL_TIMEOUT_MS = 2_000
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
 T = TypeVar("T")
+OWNERS_CACHED_MAX = 100_000
+"""Logs whose owner ``NodeService.owner`` remembers; the cache starts over past it."""
 RELEASES_REMEMBERED_MAX = 100_000
 """Logs whose highest reported release pointer a node remembers (oldest forgotten first)."""
 _STATE_NAMES: dict[NodeState, Literal["ALIVE", "SUSPECT", "DEAD"]] = {
@@ -90,6 +92,9 @@ class NodeService:
             (n.node_id, n.sequencer_weight) for n in config.cluster.sequencer_nodes
         ]
         self._routable = list(self._sequencer_weights)
+        self._owners: dict[LogId, NodeId | None] = {}
+        """``owner()`` answers for the current ``_routable`` list (hashing every sequencer
+        node per append costs more than the rest of routing); emptied when it changes."""
         if gossip is not None:
             gossip.subscribe(self._on_view)
 
@@ -101,13 +106,25 @@ class NodeService:
         if self.gossip is not None:
             self._on_view(self.gossip.view())
         else:
-            self._routable = list(self._sequencer_weights)
+            self._set_routable(list(self._sequencer_weights))
 
     def _on_view(self, view: Mapping[NodeId, NodeState]) -> None:
-        self._routable = routable_sequencers(self._sequencer_weights, view)
+        self._set_routable(routable_sequencers(self._sequencer_weights, view))
+
+    def _set_routable(self, routable: list[tuple[NodeId, float]]) -> None:
+        if routable != self._routable:
+            self._routable = routable
+            self._owners.clear()
 
     def owner(self, log_id: LogId) -> NodeId | None:
-        return sequencer_for(log_id, self._routable)
+        owners = self._owners
+        if log_id in owners:
+            return owners[log_id]
+        owner = sequencer_for(log_id, self._routable)
+        if len(owners) >= OWNERS_CACHED_MAX:
+            owners.clear()
+        owners[log_id] = owner
+        return owner
 
     # ---- appends -------------------------------------------------------------------------
 
