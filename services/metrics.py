@@ -26,7 +26,6 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 UNMATCHED_ROUTE = "unmatched"
 KNOWN_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS"})
@@ -37,6 +36,10 @@ _DURATION_BUCKETS_S: tuple[float, ...] = (
     30.0, 60.0,
 )
 
+
+_BUCKET_LABELS: tuple[str, ...] = (*(repr(b) for b in _DURATION_BUCKETS_S), "+Inf")
+"""The ``le`` label of each bucket, as prometheus-client writes them (Go's float format, which
+is Python's ``repr`` for these values)."""
 
 CHILDREN_CACHED_MAX = 1024
 """Label sets (route, method, code) counted separately at most; past it, new label sets are
@@ -99,10 +102,9 @@ class HttpMetrics:
             requests.add_metric(labels, series.count, created=series.created_s)
             cumulative = 0
             buckets: list[tuple[str, float]] = []
-            for bound_s, count in zip((*_DURATION_BUCKETS_S, float("inf")),
-                                      series.bucket_counts, strict=True):
+            for label, count in zip(_BUCKET_LABELS, series.bucket_counts, strict=True):
                 cumulative += count
-                buckets.append((floatToGoString(bound_s), cumulative))
+                buckets.append((label, cumulative))
             duration.add_metric(labels, buckets, series.sum_s)
         yield requests
         yield duration
