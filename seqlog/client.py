@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from seqlog import body as wire
 from seqlog.reader import LogReader, parse_nodesets
@@ -53,6 +54,9 @@ _NOTHING_WRITTEN = frozenset(
 # Answers that say this node cannot serve now; another node may.
 _TRY_ELSEWHERE = frozenset({Status.NOTREADY, Status.SHUTDOWN})
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+URLS_CACHED_MAX = 4096
+"""Parsed request URLs a client keeps (parsing one costs more than the rest of building a
+request); the cache starts over past it."""
 
 
 class Client:
@@ -99,6 +103,7 @@ class Client:
         self._follow_idle_ms = follow_idle_ms
         self._redirects_max = redirects_max
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[str, URL] = {}
         self._default_timeout = self._timeout(0)
         self._rng = random.Random()
 
@@ -249,8 +254,10 @@ class Client:
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=self._connections_max, limit_per_host=0)
+            # The API sets no cookies: skip the cookie jar's work on every request.
             self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self._default_timeout
+                connector=connector, timeout=self._default_timeout,
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 
@@ -334,7 +341,7 @@ class Client:
         for url in self._router.candidates(log):
             try:
                 async with session.request(
-                    method, url + path, data=data, headers=headers, timeout=timeout,
+                    method, self._url(url + path), data=data, headers=headers, timeout=timeout,
                     allow_redirects=False,
                 ) as resp:
                     raw = await resp.read()
@@ -353,6 +360,14 @@ class Client:
                 failures.append(f"{url}: {exc!r}")
                 self._router.demote(url)
         raise LogError(Status.CONNFAILED, "no node reachable: " + "; ".join(failures))
+
+    def _url(self, text: str) -> URL:
+        url = self._urls.get(text)
+        if url is None:
+            if len(self._urls) >= URLS_CACHED_MAX:
+                self._urls.clear()
+            url = self._urls[text] = URL(text)
+        return url
 
     @staticmethod
     def _redirect_target(headers: Mapping[str, str], raw: bytes, content_type: str
