@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from loadtests.raw_append_client import RawAppender
 from seqlog import Client, LogError
 from services.local_cluster import load_state
 
@@ -45,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=5, help="client retries on 429/503")
     p.add_argument("--timeout-ms", type=int, default=30_000, help="client request timeout")
     p.add_argument("--label", default="", help="free text copied into the JSON output")
+    p.add_argument("--client", choices=["seqlog", "raw"], default="seqlog",
+                   help="seqlog: the public seqlog.Client (aiohttp); raw: a minimal keep-alive "
+                        "HTTP/1.1 client that costs far less CPU per request "
+                        "(loadtests.raw_append_client), to measure the servers")
     return p
 
 
@@ -122,6 +127,7 @@ def report(args: argparse.Namespace, phase: Phase, urls: list[str]) -> dict[str,
         "batch": args.batch,
         "logs": args.logs,
         "loop": args.loop,
+        "client": args.client,
         "elapsed_s": round(el, 4),
         "records_per_s": round(n / el, 1) if el > 0 else None,
         "MB_per_s": round(n * args.size / el / 1e6, 3) if el > 0 else None,
@@ -150,6 +156,8 @@ def resolve_urls(args: argparse.Namespace) -> list[str]:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    if args.client == "raw":
+        return await bench_raw(args)
     urls = resolve_urls(args)
     payload = os.urandom(args.size)
     batch = [payload] * args.batch
@@ -174,6 +182,31 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(json.dumps({"error": f"warmup failed: {dict(warm.errors)}"}))
         requests = math.ceil(args.records / args.batch)
         phase = await closed_loop(op, requests, args.inflight, start_index=warmup_requests)
+    return report(args, phase, urls)
+
+
+async def bench_raw(args: argparse.Namespace) -> dict[str, Any]:
+    """``bench`` with ``loadtests.raw_append_client``: same loop, same report."""
+    urls = resolve_urls(args)
+    payloads = [os.urandom(args.size)] * args.batch
+    first_log, logs, batch = args.first_log, args.logs, args.batch
+    appender = RawAppender(urls)
+    try:
+        for log_id in range(first_log, first_log + logs):
+            await appender.prepare(log_id, payloads)
+
+        async def op(i: int) -> int:
+            await appender.append(first_log + i % logs)
+            return len(payloads)
+
+        warmup_requests = max(math.ceil(args.warmup / batch), logs)
+        warm = await closed_loop(op, warmup_requests, args.inflight)
+        if warm.errors and not warm.latencies_s:
+            raise SystemExit(json.dumps({"error": f"warmup failed: {dict(warm.errors)}"}))
+        requests = math.ceil(args.records / batch)
+        phase = await closed_loop(op, requests, args.inflight, start_index=warmup_requests)
+    finally:
+        await appender.close()
     return report(args, phase, urls)
 
 

@@ -1,0 +1,162 @@
+"""A minimal HTTP/1.1 append client for benchmarks: one keep-alive connection per worker, the
+request bytes built once per log, nothing but the status line and Content-Length parsed.
+
+Why: ``seqlog.Client`` (on aiohttp's client) spends ~300 us of CPU per append on this machine,
+as much as the sequencer node spends serving it, and the benchmark client shares the two cores
+with the cluster. This client costs a fraction of that, so ``bench_append --client raw``
+measures the servers rather than the client (like the wrk spot check, but with the same
+closed-loop semantics and JSON output). It is not a general client: no retries, no redirects
+after the first request, no chunked answers (Seqlog answers with a Content-Length); anything
+unexpected is counted as an error by status name, or raises.
+
+Each log's sequencer is found once: the first request goes to a seed URL with
+``X-Seqlog-No-Forward: 1`` and follows a 307 to the owner (``sequencer_http``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from urllib.parse import urlsplit
+
+import msgpack
+
+from seqlog import body as wire
+from shared.status import LogError, Status
+
+HEADER_BYTES_MAX = 16 * 1024
+"""Longest response head (status line and headers) accepted."""
+BODY_BYTES_MAX = 1024 * 1024
+"""Largest response body accepted (append answers are a few dozen bytes)."""
+CONNECT_TIMEOUT_S = 5.0
+REDIRECTS_MAX = 3
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.hostname is None:
+        raise ValueError(f"no host in {url!r}")
+    return parts.hostname, parts.port or 80
+
+
+def append_request(host: str, log_id: int, payloads: list[bytes]) -> bytes:
+    """The complete bytes of one append (one payload) or append-batch request."""
+    body: dict[str, bytes | list[bytes]]
+    if len(payloads) == 1:
+        path, body = f"/v1/logs/{log_id}/append", {"payload": payloads[0]}
+    else:
+        path, body = f"/v1/logs/{log_id}/append-batch", {"payloads": payloads}
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {wire.MSGPACK}\r\n"
+            f"Accept: {wire.MSGPACK}\r\nX-Seqlog-No-Forward: 1\r\n"
+            f"Content-Length: {len(packed)}\r\n\r\n")
+    return head.encode("ascii") + packed
+
+
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection; one request at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @classmethod
+    async def open(cls, url: str) -> RawConnection:
+        host, port = _host_port(url)
+        async with asyncio.timeout(CONNECT_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(host, port, limit=HEADER_BYTES_MAX)
+        return cls(reader, writer)
+
+    async def request(self, data: bytes) -> tuple[int, dict[str, str], bytes]:
+        """Send ``data`` (a whole request); the answer's code, lower-cased headers, body."""
+        self._writer.write(data)
+        head = await self._reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1."):
+            raise LogError(Status.BADMSG, f"not an HTTP/1.x answer: {lines[0][:80]!r}")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        length = headers.get("content-length")
+        if length is None or not length.isdigit() or int(length) > BODY_BYTES_MAX:
+            raise LogError(Status.BADMSG, f"answer without a usable Content-Length: {length!r}")
+        body = await self._reader.readexactly(int(length))
+        return int(status_line[1]), headers, body
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+
+
+async def find_owner(seed_urls: list[str], log_id: int, request: bytes) -> str:
+    """The URL of ``log_id``'s sequencer: ask a seed with no_forward, follow its 307."""
+    url = seed_urls[0]
+    for _ in range(REDIRECTS_MAX):
+        conn = await RawConnection.open(url)
+        try:
+            code, headers, raw = await conn.request(request)
+        finally:
+            await conn.close()
+        if code in (307, 308):
+            target = wire.decode(raw, headers.get("content-type", wire.JSON)).data.get(
+                "sequencer_http")
+            if not isinstance(target, str) or not target:
+                raise LogError(Status.BADMSG, "redirect without sequencer_http")
+            url = target if "://" in target else f"http://{target}"
+            continue
+        if code != 200:
+            raise wire.error_from(code, raw, headers.get("content-type", wire.JSON))
+        return url
+    raise LogError(Status.NOSEQUENCER, f"log {log_id}: redirected {REDIRECTS_MAX} times")
+
+
+def check_answer(code: int, headers: dict[str, str], raw: bytes) -> None:
+    """Raise the ``LogError`` of a non-200 answer."""
+    if code != 200:
+        raise wire.error_from(code, raw, headers.get("content-type", wire.JSON))
+
+
+class RawAppender:
+    """Appends over pooled ``RawConnection``s: at most one request per connection at a time,
+    as many connections per sequencer as requests in flight to it."""
+
+    def __init__(self, seed_urls: list[str]) -> None:
+        self._seeds = seed_urls
+        self._owners: dict[int, tuple[str, bytes]] = {}
+        """Per log: its sequencer's URL and the request bytes of its append."""
+        self._idle: dict[str, list[RawConnection]] = {}
+
+    async def prepare(self, log_id: int, payloads: list[bytes]) -> None:
+        """Build the log's request and find its sequencer (one request, which appends)."""
+        host, port = _host_port(self._seeds[0])
+        seed_request = append_request(f"{host}:{port}", log_id, payloads)
+        owner = await find_owner(self._seeds, log_id, seed_request)
+        owner_host, owner_port = _host_port(owner)
+        self._owners[log_id] = (owner, append_request(f"{owner_host}:{owner_port}", log_id,
+                                                      payloads))
+
+    async def append(self, log_id: int) -> None:
+        """One append of the prepared payloads; raises ``LogError`` unless answered 200."""
+        url, request = self._owners[log_id]
+        idle = self._idle.setdefault(url, [])
+        conn = idle.pop() if idle else await RawConnection.open(url)
+        try:
+            code, headers, raw = await conn.request(request)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+            await conn.close()
+            raise LogError(Status.TIMEDOUT, f"{url}: {exc!r}; the outcome is unknown") from None
+        if headers.get("connection", "").lower() == "close":
+            await conn.close()
+        else:
+            idle.append(conn)
+        check_answer(code, headers, raw)
+
+    async def close(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                await conn.close()
+        self._idle.clear()
