@@ -1,9 +1,11 @@
 """Durable record store on append-only segment files, with group commit.
 
 STOREs and SEALs wait in one bounded FIFO (``StorageConfig.store_queue_records_max``; a full
-queue answers OVERLOADED). A single writer task takes everything queued (up to
-``commit_batch_bytes_max``), has the writer thread append it with one write call and at most
-one fsync, then completes every waiter. Release pointers are coalesced per log and ride along
+queue answers OVERLOADED). Everything queued (up to ``commit_batch_bytes_max``) goes to the
+single writer thread as one batch, appended with one write call and at most one fsync; the
+thread hands the result back with one ``call_soon_threadsafe``, whose callback completes every
+waiter and starts the next batch at once (no asyncio task or future in between: every hop
+costs a wake-up, and a STORE's latency is mostly wake-ups). Release pointers are coalesced per log and ride along
 with the next batch. Durability per ``StorageConfig.fsync``: ``always`` fsyncs before
 answering; ``interval`` answers after the write and fsyncs every ``fsync_interval_ms``;
 ``never`` leaves it to the kernel (a close still fsyncs). SEAL entries are fsynced unless the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import fcntl
 import logging
 import os
@@ -146,11 +149,18 @@ class RecordStore:
         self._inflight: list[_Pending] = []
         self._releases: dict[LogId, Lsn] = {}
         self._releases_written_ms = 0
-        self._wakeup = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writing = False
+        """A batch or background sync is in the writer thread; the next one starts when it
+        is done."""
+        self._start_scheduled = False
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle = asyncio.Event()
+        """Set while nothing is queued or being written (``close`` waits for it)."""
+        self._idle.set()
         self._writer_thread = ThreadPoolExecutor(1, thread_name_prefix="seqlog-writer")
         self._read_threads = ThreadPoolExecutor(READ_THREADS_COUNT,
                                                 thread_name_prefix="seqlog-read")
-        self._writer_task: asyncio.Task[None] | None = None
         self._lock_fd = -1
         self._opened = self._closing = self._broken = False
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
@@ -173,7 +183,8 @@ class RecordStore:
         self._newest_segment_id = max(self._segment_bytes, default=0)
         self._corrupt_segments = report.corrupt_segment_ids
         self._opened = True
-        self._writer_task = asyncio.create_task(self._run_writer(), name="seqlog-writer")
+        self._loop = loop
+        self._arm_idle_timer()
         return states
 
     @property
@@ -289,9 +300,11 @@ class RecordStore:
         if self._closing:
             return
         self._closing = True
-        self._wakeup.set()
-        if self._writer_task is not None:
-            await self._writer_task
+        if self._loop is not None:
+            self._kick()
+            await self._idle.wait()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         loop = asyncio.get_running_loop()
         # Waits for reads and a reclaim already running so that no descriptor is closed under
         # them.
@@ -394,7 +407,7 @@ class RecordStore:
         for entry in checkpoints:
             estimate = _ENTRY_OVERHEAD_BYTES + 16 * len(entry.tails)
             self._queue.append(_Pending(entry, done, 0, estimate))
-        self._wakeup.set()
+        self._kick()
         await finished
         return all(status is Status.OK for status in results)
 
@@ -458,42 +471,86 @@ class RecordStore:
             return Status.OVERLOADED
         self._queued_records_count += pending.records_count
         self._queue.append(pending)
-        self._wakeup.set()
+        self._kick()
         return Status.OK
 
-    async def _run_writer(self) -> None:
-        try:
-            while await self._wait_for_work():
-                if self._queue or self._releases:
-                    await self._commit_batch()
-                else:
-                    await self._background_sync()
-        except asyncio.CancelledError:
-            self._fail_all(Status.SHUTDOWN)
-            raise
-        except Exception:
-            log.exception("record store writer failed; refusing further writes")
-            self._broken = True
-            self._fail_all(Status.INTERNAL)
+    def _kick(self) -> None:
+        """There is work: start a batch in the next loop iteration (so that every STORE
+        received in this one joins it) unless one is being written, whose completion starts
+        the next."""
+        self._idle.clear()
+        if not self._writing and not self._start_scheduled and self._loop is not None:
+            self._start_scheduled = True
+            self._loop.call_soon(self._start_next)
 
-    async def _wait_for_work(self) -> bool:
-        """False once closing with nothing left to write; True when there is work or a
-        background sync or disk check is due."""
-        while not self._queue:
-            if self._closing:
-                return bool(self._releases)
-            if self._releases and self._release_flush_due_ms() <= 0:
-                return True
+    def _start_next(self) -> None:
+        """Hand the next batch (or a due background sync) to the writer thread, or go idle
+        with a timer for the next background duty."""
+        self._start_scheduled = False
+        if self._writing:
+            return
+        if self._queue or (self._releases and (
+                self._closing or self._release_flush_due_ms() <= 0)):
+            self._start_batch()
+            return
+        if not self._closing:
             timeout_s = self._idle_timeout_s()
             if timeout_s is not None and timeout_s <= 0:
-                return True
-            self._wakeup.clear()
+                # A background duty is due: pending release pointers go with it.
+                if self._releases:
+                    self._start_batch()
+                else:
+                    self._start_sync()
+                return
+        self._arm_idle_timer()
+        self._idle.set()
+
+    def _arm_idle_timer(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        if self._closing or self._loop is None:
+            return
+        timeout_s = self._idle_timeout_s()
+        if timeout_s is not None:
+            self._idle_timer = self._loop.call_later(max(timeout_s, 0.0), self._on_idle_timer)
+
+    def _on_idle_timer(self) -> None:
+        """A background duty is due (release pointers, an interval fsync, a disk check)."""
+        self._idle_timer = None
+        if self._writing or self._start_scheduled or self._closing:
+            return  # the writer is busy anyway; its completion looks again
+        self._idle.clear()
+        if self._queue or self._releases:
+            self._start_batch()
+        else:
+            self._start_sync()
+
+    def _run_in_writer(self, job: Callable[[], object],
+                       finish: Callable[[object | BaseException], None]) -> None:
+        """Run ``job`` in the writer thread; ``finish(result or exception)`` runs on the loop
+        as soon as it is done (one thread-safe wake-up, no task or future in between)."""
+        loop = self._loop
+        assert loop is not None and not self._writing
+        self._writing = True
+
+        def run() -> None:
+            outcome: object | BaseException
             try:
-                async with asyncio.timeout(timeout_s):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                return True
-        return True
+                outcome = job()
+            except BaseException as error:  # handed to the loop, which fails the batch
+                outcome = error
+            # RuntimeError: the loop is closed, nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(finish, outcome)
+
+        self._writer_thread.submit(run)
+
+    def _writer_failed(self, error: BaseException) -> None:
+        log.error("record store writer failed; refusing further writes",
+                  exc_info=(type(error), error, error.__traceback__))
+        self._broken = True
+        self._fail_all(Status.INTERNAL)
 
     def _interval_sync_due_ms(self) -> int:
         """Milliseconds until unsynced writes are due for an fsync (interval mode)."""
@@ -516,13 +573,21 @@ class RecordStore:
             timeouts_ms.append(100)
         return min(timeouts_ms) / 1000 if timeouts_ms else None
 
-    async def _background_sync(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _start_sync(self) -> None:
         fsync = self._config.fsync == "interval"
-        fsyncs = await loop.run_in_executor(self._writer_thread, self._sync_sync, fsync)
-        self._counts["fsyncs"] += fsyncs
 
-    async def _commit_batch(self) -> None:
+        def finish(outcome: object | BaseException) -> None:
+            self._writing = False
+            if isinstance(outcome, BaseException):
+                self._writer_failed(outcome)
+            else:
+                assert isinstance(outcome, int)
+                self._counts["fsyncs"] += outcome
+            self._start_next()
+
+        self._run_in_writer(lambda: self._sync_sync(fsync), finish)
+
+    def _start_batch(self) -> None:
         batch = self._take_batch()
         releases = list(self._releases.items())
         self._releases = {}
@@ -536,9 +601,22 @@ class RecordStore:
             mode == "interval" and self._interval_sync_due_ms() <= 0) or any(
             isinstance(p.chunk_source, CheckpointEntry) for p in batch)
         self._inflight = batch
-        loop = asyncio.get_running_loop()
-        result, lengths = await loop.run_in_executor(
-            self._writer_thread, self._append_sync, batch, releases, fsync)
+
+        def finish(outcome: object | BaseException) -> None:
+            self._writing = False
+            try:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                assert isinstance(outcome, tuple)
+                self._batch_written(batch, releases, *outcome)
+            except BaseException as error:  # from the writer thread or the fold: stop writing
+                self._writer_failed(error)
+            self._start_next()
+
+        self._run_in_writer(lambda: self._append_sync(batch, releases, fsync), finish)
+
+    def _batch_written(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
+                       result: AppendResult, lengths: list[int]) -> None:
         self._inflight = []
         self._queued_records_count -= sum(p.records_count for p in batch)
         self._counts.update(commit_batches=1, fsyncs=result.fsyncs_count,
