@@ -5,11 +5,11 @@ queue answers OVERLOADED). Everything queued (up to ``commit_batch_bytes_max``) 
 single writer thread as one batch, appended with one write call and at most one fsync; the
 thread hands the result back with one ``call_soon_threadsafe``, whose callback completes every
 waiter and starts the next batch at once (no asyncio task or future in between: every hop
-costs a wake-up, and a STORE's latency is mostly wake-ups). Release pointers are coalesced per log and ride along
-with the next batch. Durability per ``StorageConfig.fsync``: ``always`` fsyncs before
-answering; ``interval`` answers after the write and fsyncs every ``fsync_interval_ms``;
-``never`` leaves it to the kernel (a close still fsyncs). SEAL entries are fsynced unless the
-mode is ``never``, since recovery relies on them.
+costs a wake-up, and a STORE's latency is mostly wake-ups). Release pointers are coalesced
+per log and ride along with the next batch. Durability per ``StorageConfig.fsync``:
+``always`` fsyncs before answering; ``interval`` answers after the write and fsyncs every
+``fsync_interval_ms``; ``never`` leaves it to the kernel (a close still fsyncs). SEAL entries
+are fsynced unless the mode is ``never``, since recovery relies on them.
 
 Reads look the entries up in the in-memory index on the event loop, then pread and
 CRC-check them in a read thread.
