@@ -73,7 +73,8 @@ def sealed(node: NodeId, seal: Seal) -> Sealed:
 
 def digest(node: NodeId, request: GetDigest) -> Digest:
     entries = tuple(
-        (esn, flags, wave, 0, None, b"" if flags & RecordFlags.HOLE else payload(epoch, esn))
+        (esn, flags, wave, 0, None, b"" if flags & RecordFlags.HOLE else payload(epoch, esn),
+         None)
         for (epoch, esn), (flags, wave) in sorted(DISKS[node].items())
         if epoch == request.epoch and esn >= request.from_esn)
     return Digest(status=Status.OK, log_id=LOG, epoch=request.epoch, entries=entries,
@@ -205,7 +206,7 @@ def test_a_node_failing_mid_digest_is_retried_and_stale_replies_are_ignored() ->
     # A late SEALED from an earlier phase is stale.
     assert recovery.on_reply(NodeId("N4"), seals[NodeId("N4")], Status.TIMEDOUT, 12) == []
     recovery.on_reply(N1, digests[N1], Digest(status=Status.OK, log_id=LOG, epoch=Epoch(1),
-                      entries=((1, 0, 1, 5, None, b"a"),), next_esn=ESN_MAX + 1), 12)
+                      entries=((1, 0, 1, 5, None, b"a", None),), next_esn=ESN_MAX + 1), 12)
     recovery.on_reply(N2, digests[N2], Digest(status=Status.OK, log_id=LOG, epoch=Epoch(1),
                       entries=(), next_esn=ESN_MAX + 1), 12)
     # Without N3 only two members would remain, fewer than the f-majority of 4 - 2 + 1 = 3
@@ -279,7 +280,7 @@ def test_a_member_that_cannot_serve_recovery_is_left_out(failure: Status) -> Non
             if node == bad and failure is Status.CHECKSUM_MISMATCH:
                 return Digest(status=failure, log_id=LOG, epoch=message.epoch, entries=(),
                               next_esn=message.from_esn)
-            entries = tuple((esn, 0, 1, 0, None, b"p%d" % esn) for esn in (1, 2, 3)
+            entries = tuple((esn, 0, 1, 0, None, b"p%d" % esn, None) for esn in (1, 2, 3)
                             if node in nodes[:2])
             return Digest(status=Status.OK, log_id=LOG, epoch=message.epoch, entries=entries,
                           next_esn=ESN_MAX + 1)
