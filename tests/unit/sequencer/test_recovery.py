@@ -314,3 +314,34 @@ def test_a_late_write_of_an_abandoned_attempt_never_ties_with_the_newer_decision
                            attempts_before=3)
     recovery.start(0)
     assert recovery.attempt == 4
+
+
+def test_re_replicated_records_keep_their_producer_tags() -> None:
+    # Records e1n1..e1n2 (one idempotent batch) are on one node only: recovery copies them to
+    # R nodes, and the copies must carry the tag, or a later producer lookup could miss them.
+    nodes = (N1, N2, N3)
+    tag = ("prod", 4, lsn(1, 1), lsn(1, 2))
+    written: list[Store] = []
+
+    def answer(node: NodeId, message: Any) -> Any:
+        if isinstance(message, Seal):
+            return Sealed(status=Status.OK, log_id=LOG, seal_epoch=message.seal_epoch,
+                          sealed_epoch=Epoch(0), sealed_by=None,
+                          tails=((1, 0, 2),) if node == N1 else ())
+        if isinstance(message, GetDigest):
+            entries = tuple((esn, 0, 1, 0, None, b"p%d" % esn, tag) for esn in (1, 2)
+                            if node == N1)
+            return Digest(status=Status.OK, log_id=LOG, epoch=message.epoch, entries=entries,
+                          next_esn=ESN_MAX + 1)
+        if isinstance(message, Store):
+            written.append(message)
+            return Stored(log_id=LOG, lsn=message.lsn, wave=message.wave, status=Status.OK,
+                          sealed_epoch=Epoch(0), sealed_by=None)
+        return Cleaned(status=Status.OK, log_id=LOG, epoch=message.epoch,
+                       sealed_epoch=Epoch(2), sealed_by=SEQ)
+
+    recovery = drive(nodes, answer)
+    assert recovery.phase is Phase.DONE
+    records = [s for s in written if not s.flags & RecordFlags.HOLE]
+    assert records and all(s.producers == (tag,) and s.validate() is Status.OK
+                           for s in records)
