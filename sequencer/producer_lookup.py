@@ -23,7 +23,7 @@ from shared.net.read_driver import RoundTransport, run_round
 from shared.read_merge import f_majority
 from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.status import Status
-from shared.types import LogId, Lsn, NodeId
+from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
 from shared.wire.producer import GetProducer, ProducerEntry, ProducerState
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ VERIFY_BYTES_MAX = 16 * 1024 * 1024
 
 
 async def lookup_producer(
-    *, transport: RoundTransport, metadata: LogMetadata, producer_id: str,
+    *, transport: RoundTransport, metadata: LogMetadata, producer_id: str, epoch: Epoch,
     release_lsn: Callable[[], Lsn],
     wait_release_above: Callable[[Lsn], Awaitable[None]],
 ) -> list[ProducerEntry] | None:
@@ -51,7 +51,8 @@ async def lookup_producer(
     verified: list[ProducerEntry] = []
     candidates = lookup_candidates(answers)
     checks = {entry: asyncio.ensure_future(_records_exist(
-        transport, metadata, Lsn(entry[1]), Lsn(entry[2]), release_lsn, wait_release_above))
+        transport, metadata, Lsn(entry[1]), Lsn(entry[2]), epoch, release_lsn,
+        wait_release_above))
         for ranges in candidates.values() for entry in ranges}
     try:
         for ranges in candidates.values():
@@ -110,14 +111,19 @@ async def _ask_nodeset(transport: RoundTransport, metadata: LogMetadata,
 
 async def _records_exist(
     transport: RoundTransport, metadata: LogMetadata, first_lsn: Lsn, last_lsn: Lsn,
-    release_lsn: Callable[[], Lsn], wait_release_above: Callable[[Lsn], Awaitable[None]],
+    epoch: Epoch, release_lsn: Callable[[], Lsn],
+    wait_release_above: Callable[[Lsn], Awaitable[None]],
 ) -> bool | None:
     """True if every LSN of ``first_lsn..last_lsn`` reads as a record, False if one is a gap
     (plugged, past the epoch's end, or trimmed: then no record of it is readable any more and
-    a retry may be written again), None if that cannot be told now."""
-    await wait_release_above(Lsn(last_lsn - 1))
+    a retry may be written again), None if that cannot be told now. ``epoch`` is the
+    sequencer's: every earlier one is recovered, so it is released through its last record."""
+    if lsn_to_epoch(last_lsn) < epoch and release_lsn() < last_lsn:
+        return False  # past the end recovery gave its epoch: a stray copy
     if release_lsn() < last_lsn:
-        return None
+        await wait_release_above(Lsn(last_lsn - 1))
+        if release_lsn() < last_lsn:
+            return None
     log_id: LogId = metadata.log_id
     spans = metadata_spans(metadata)
     loop = asyncio.get_running_loop()

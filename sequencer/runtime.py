@@ -400,7 +400,8 @@ class SequencerRuntime:
 
         return await lookup_producer(
             transport=self.transport, metadata=metadata, producer_id=effect.producer_id,
-            release_lsn=lambda: sequencer.release_lsn, wait_release_above=wait_release_above)
+            epoch=effect.epoch, release_lsn=lambda: sequencer.release_lsn,
+            wait_release_above=wait_release_above)
 
     def _fetch_log_state(self, sequencer: Sequencer, effect: FetchLogState) -> None:
         def on_reply(reply: Any) -> None:
