@@ -51,6 +51,7 @@ _HEADERS = {"Content-Type": wire.MSGPACK, "Accept": wire.MSGPACK}
 _NOTHING_WRITTEN = frozenset(
     {Status.SEQNOBUFS, Status.NOSEQUENCER, Status.NOTREADY, Status.SHUTDOWN, Status.OVERLOADED}
 )
+_OUTCOME_UNKNOWN = frozenset({Status.TIMEDOUT, Status.PEER_CLOSED})
 # Answers that say this node cannot serve now; another node may.
 _TRY_ELSEWHERE = frozenset({Status.NOTREADY, Status.SHUTDOWN})
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
@@ -143,7 +144,8 @@ class Client:
         log = _check_log(log_id)
         request: dict[str, Any] = {"payload": _check_payload(payload)}
         _add_optional(request, key, producer_id, producer_seq)
-        answer = await self._call("POST", log, f"/v1/logs/{log}/append", request, writes=True)
+        answer = await self._call("POST", log, f"/v1/logs/{log}/append", request, writes=True,
+                                  idempotent=producer_id is not None)
         return wire.parse_append(answer)
 
     async def append_batch(
@@ -162,7 +164,8 @@ class Client:
         request: dict[str, Any] = {"payloads": items}
         _add_optional(request, key, producer_id, producer_seq)
         path = f"/v1/logs/{log}/append-batch"
-        return wire.parse_batch(await self._call("POST", log, path, request, writes=True))
+        return wire.parse_batch(await self._call("POST", log, path, request, writes=True,
+                                                 idempotent=producer_id is not None))
 
     async def read(
         self,
@@ -275,8 +278,11 @@ class Client:
         *,
         writes: bool,
         extra_ms: int = 0,
+        idempotent: bool = False,
     ) -> wire.Decoded:
-        """Send with retries; ``writes`` marks a request whose repetition could duplicate."""
+        """Send with retries; ``writes`` marks a request whose repetition could duplicate,
+        unless it is ``idempotent`` (an append with a producer pair: the cluster answers a
+        repetition with the original LSNs), which is retried after an unknown outcome too."""
         data = wire.encode(request) if request is not None else None
         attempt = 0
         redirects = 0
@@ -288,7 +294,7 @@ class Client:
             # Only ask a node not to forward when the client thinks it is the owner.
             ask = no_forward and self._router.owner_url(log) is not None
             url, status, headers, raw = await self._send(
-                method, log, path, data, writes, extra_ms, no_forward=ask)
+                method, log, path, data, writes and not idempotent, extra_ms, no_forward=ask)
             tried.add(url)
             content_type = headers.get("Content-Type", wire.JSON)
             node = headers.get(SEQUENCER_HEADER)
@@ -313,7 +319,7 @@ class Client:
                 return wire.decode(raw, content_type)
             error = wire.error_from(status, raw, content_type)
             retry = error.status in _NOTHING_WRITTEN or (
-                not writes and error.status is Status.TIMEDOUT
+                (not writes or idempotent) and error.status in _OUTCOME_UNKNOWN
             )
             if not retry or attempt >= self._retries_max:
                 raise error

@@ -25,11 +25,13 @@ from sequencer.core.effects import (
     ActivateEpoch,
     AppendReply,
     FetchLogState,
+    FetchProducer,
     RecoveryProgress,
     ReleaseAdvanced,
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
+from sequencer.producer_lookup import lookup_producer
 from shared import failpoints
 from shared.clock import Clock
 from shared.config import ClusterConfig, SequencerConfig
@@ -51,7 +53,8 @@ DRAIN_MARK_CLEAN_TIMEOUT_S = 2.0
 class Transport(Protocol):
     """What the driver needs from ``shared.net.PeerPool``."""
 
-    def request(self, node: NodeId, message: Any, callback: Callable[[Any], None]) -> None: ...
+    def request(self, node: NodeId, message: Any, callback: Callable[[Any], None], *,
+                timeout_ms: int | None = None) -> None: ...
 
     def send(self, node: NodeId, message: Any) -> bool: ...
 
@@ -95,6 +98,8 @@ class SequencerRuntime:
         self._timer_handle: asyncio.TimerHandle | None = None
         self._armed_ms: int | None = None
         self._release_events: dict[LogId, asyncio.Event] = {}
+        self._releasable_events: dict[LogId, asyncio.Event] = {}
+        """Producer lookups waiting for a log's earlier epochs to be recovered."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._broadcast_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -107,6 +112,8 @@ class SequencerRuntime:
         self._drained = asyncio.Event()
         """Set once closing and no appender is in flight any more."""
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+        self.producer_lookups_count: collections.Counter[bool] = collections.Counter()
+        """Producer lookups that succeeded (True) and failed (False), for /metrics."""
         self.recovery_phases_count: collections.Counter[str] = collections.Counter()
         """How often log recoveries entered each phase (SEALING counts attempts, DONE and
         PREEMPTED the ends), for /metrics."""
@@ -125,9 +132,11 @@ class SequencerRuntime:
     # ---- public API ----------------------------------------------------------------------
 
     async def append(
-        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
+        producer: tuple[str, int] | None = None,
     ) -> AppendResult:
-        """Statuses: OK, SEQNOBUFS, NOSEQUENCER, NOTFOUND, TOOBIG, TIMEDOUT, SHUTDOWN."""
+        """Statuses: OK, SEQNOBUFS, NOSEQUENCER, NOTFOUND, TOOBIG, TIMEDOUT, SHUTDOWN; with
+        ``producer`` (``(producer_id, producer_seq)``) also STALE and NOTREADY."""
         if self._closing:
             return AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
         request_id = self._next_request_id
@@ -136,7 +145,8 @@ class SequencerRuntime:
         future: asyncio.Future[AppendReply] = loop.create_future()
         self._waiters[request_id] = future
         self._expiries.append((loop.time() + self.config.append_timeout_ms / 1000, request_id))
-        self._stage(log_id, PendingAppend(request_id, payloads, key, self.clock.wall_ms()))
+        self._stage(log_id, PendingAppend(request_id, payloads, key, self.clock.wall_ms(),
+                                          producer))
         try:
             reply = await future
         finally:
@@ -249,6 +259,8 @@ class SequencerRuntime:
                 self._spawn(self._activate(sequencer))
             elif type(effect) is FetchLogState:
                 self._fetch_log_state(sequencer, effect)
+            elif type(effect) is FetchProducer:
+                self._spawn(self._fetch_producer(sequencer, effect))
             elif type(effect) is WriteLastCleanEpoch:
                 self._spawn(self._write_lce(sequencer, effect))
             elif type(effect) is RecoveryProgress:
@@ -260,6 +272,10 @@ class SequencerRuntime:
             else:
                 raise AssertionError(f"unknown effect {effect!r}")
         self._rearm(sequencer)
+        if self._releasable_events and sequencer.releasable:
+            event = self._releasable_events.pop(sequencer.log_id, None)
+            if event is not None:
+                event.set()
         if self._closing:
             self._note_drained()
 
@@ -349,6 +365,43 @@ class SequencerRuntime:
                      log_id, epoch, lce.epoch if lce else -1)
         self._apply(sequencer, sequencer.on_activated(status, epoch, metadata, lce,
                                                       self.clock.now_ms()))
+
+    async def _fetch_producer(self, sequencer: Sequencer, effect: FetchProducer) -> None:
+        entries: list[tuple[int, int, int, int]] | None = None
+        try:
+            async with asyncio.timeout(self.config.producer_lookup_timeout_ms / 1000):
+                entries = await self._lookup_producer(sequencer, effect)
+        except TimeoutError:
+            log.warning("log %d: lookup of producer %r timed out", effect.log_id,
+                        effect.producer_id)
+        except Exception:
+            log.exception("log %d: lookup of producer %r failed", effect.log_id,
+                          effect.producer_id)
+        self.producer_lookups_count[entries is not None] += 1
+        self._apply(sequencer, sequencer.on_producer_fetched(
+            effect.epoch, effect.producer_id, entries, self.clock.now_ms()))
+
+    async def _lookup_producer(self, sequencer: Sequencer,
+                               effect: FetchProducer) -> list[tuple[int, int, int, int]] | None:
+        log_id = effect.log_id
+        # Until earlier epochs are recovered, an append of the producer may sit on fewer than
+        # R nodes, where an f-majority of answers can miss it.
+        while not sequencer.releasable:
+            if sequencer.epoch != effect.epoch:
+                return None
+            await self._releasable_events.setdefault(log_id, asyncio.Event()).wait()
+        metadata = sequencer.metadata
+        if sequencer.epoch != effect.epoch or metadata is None:
+            return None
+
+        async def wait_release_above(lsn: Lsn) -> None:
+            await self.wait_release_above(log_id, lsn,
+                                          self.config.producer_lookup_timeout_ms / 1000)
+
+        return await lookup_producer(
+            transport=self.transport, metadata=metadata, producer_id=effect.producer_id,
+            epoch=effect.epoch, release_lsn=lambda: sequencer.release_lsn,
+            wait_release_above=wait_release_above)
 
     def _fetch_log_state(self, sequencer: Sequencer, effect: FetchLogState) -> None:
         def on_reply(reply: Any) -> None:

@@ -90,6 +90,12 @@ class _RoleCollector(Collector):
                 phases.add_metric([phase.value],
                                   self.sequencer.recovery_phases_count[phase.value])
             yield phases
+            lookups = GaugeMetricFamily(
+                "seqlog_sequencer_producer_lookups", "producers of idempotent appends looked "
+                "up on the storage nodes after an activation", labels=["result"])
+            for ok, result in ((True, "ok"), (False, "failed")):
+                lookups.add_metric([result], self.sequencer.producer_lookups_count[ok])
+            yield lookups
         view = self.gossip.view()
         for state in NodeState:
             yield GaugeMetricFamily(f"seqlog_gossip_nodes_{state.value.lower()}",

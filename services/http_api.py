@@ -182,9 +182,12 @@ def _no_forward(request: web.Request) -> bool:
 async def _run_append(request: web.Request, log_id: LogId, append: AppendRequest
                       ) -> AppendOutcome:
     service = request.app[SERVICE_KEY]
+    producer = (None if append.producer_id is None or append.producer_seq is None
+                else (append.producer_id, append.producer_seq))
     if _no_forward(request):
-        return await service.append(log_id, append.payloads, append.key, no_forward=True)
-    return await service.append(log_id, append.payloads, append.key)
+        return await service.append(log_id, append.payloads, append.key, producer=producer,
+                                    no_forward=True)
+    return await service.append(log_id, append.payloads, append.key, producer=producer)
 
 
 def _append_failed(request: web.Request, outcome: AppendOutcome) -> web.Response:

@@ -23,7 +23,7 @@ import msgpack
 import orjson
 
 from shared.config import ApiConfig
-from shared.limits import KEY_BYTES_MAX
+from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX
 from shared.status import Status
 from shared.types import LSN_MAX, LSN_OLDEST, LogId, Lsn, log_id_valid
 
@@ -37,8 +37,6 @@ _MEDIA_ALIASES: dict[str, MediaType] = {
     "application/vnd.msgpack": MSGPACK,
 }
 
-PRODUCER_ID_BYTES_MAX = 256
-"""Longest ``producer_id``; it names a writer, not data."""
 READ_LIMIT_DEFAULT = 1000
 """``limit`` of a read that names none (API.md), before clamping to ``read_records_max``."""
 UINT64_MAX = 2**64 - 1
@@ -202,6 +200,8 @@ def _append_options(
     producer_id = _text_field(doc, "producer_id", PRODUCER_ID_BYTES_MAX)
     if isinstance(producer_id, Rejection):
         return producer_id
+    if producer_id == "":
+        return Rejection(Status.INVALID_PARAM, "producer_id must not be empty")
     producer_seq = doc.get("producer_seq")
     if producer_seq is not None and type(producer_seq) is not int:
         return Rejection(Status.BADMSG, "producer_seq must be an integer")

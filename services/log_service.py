@@ -121,11 +121,13 @@ class LogService(Protocol):
 
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
-        no_forward: bool = False,
+        producer: tuple[str, int] | None = None, no_forward: bool = False,
     ) -> AppendOutcome:
         """Append one record (one payload) or an atomic batch (several payloads, consecutive
         LSNs in one epoch, request order). With ``no_forward`` a node that does not sequence
-        the log answers with ``redirect_http`` instead of forwarding."""
+        the log answers with ``redirect_http`` instead of forwarding. ``producer``
+        (``(producer_id, producer_seq)``) makes it idempotent: a retry gets the original
+        LSNs (``sequencer.core.producers``)."""
         ...
 
     async def read(

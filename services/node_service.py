@@ -37,7 +37,7 @@ from services.log_service import (
 )
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
-from shared.limits import KEY_BYTES_MAX
+from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
@@ -130,8 +130,9 @@ class NodeService:
 
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
-        no_forward: bool = False,
+        producer: tuple[str, int] | None = None, no_forward: bool = False,
     ) -> AppendOutcome:
+        """``producer``: ``(producer_id, producer_seq)`` of an idempotent append."""
         if no_forward:
             owner = self.owner(log_id)
             if owner is not None and owner != self.node_id:
@@ -142,10 +143,11 @@ class NodeService:
                     redirect_http=node.http_address,
                     message=f"node {self.node_id} does not sequence log {log_id}; "
                             f"its sequencer is {owner} ({node.http_address})")
-        return await self._append(log_id, payloads, key, hops=0)
+        return await self._append(log_id, payloads, key, producer, hops=0)
 
     async def _append(
-        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, hops: int
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
+        producer: tuple[str, int] | None, hops: int,
     ) -> AppendOutcome:
         owner = self.owner(log_id)
         if owner is None:
@@ -159,19 +161,21 @@ class NodeService:
             if self.sequencer is None:
                 return AppendOutcome(status=Status.NOSEQUENCER,
                                      message=f"node {self.node_id} has no sequencer role")
-            r = await self.sequencer.append(log_id, payloads, key)
+            r = await self.sequencer.append(log_id, payloads, key, producer)
             return AppendOutcome(status=r.status, first_lsn=r.first_lsn, last_lsn=r.last_lsn,
                                  timestamp_ms=r.timestamp_ms, sequencer_node=self.node_id,
                                  message=r.message)
-        return await self._forward(owner, log_id, payloads, key, hops)
+        return await self._forward(owner, log_id, payloads, key, producer, hops)
 
     async def _forward(
         self, owner: NodeId, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        hops: int,
+        producer: tuple[str, int] | None, hops: int,
     ) -> AppendOutcome:
         timeout_ms = self.config.sequencer.append_timeout_ms + 1_000
+        producer_id, producer_seq = producer if producer is not None else (None, 0)
         reply = await self.pool.call(
-            owner, Append(log_id=log_id, payloads=payloads, key=key, hops=hops + 1), timeout_ms)
+            owner, Append(log_id=log_id, payloads=payloads, key=key, hops=hops + 1,
+                          producer_id=producer_id, producer_seq=producer_seq), timeout_ms)
         if type(reply) is Appended:
             return AppendOutcome(status=reply.status, first_lsn=reply.first_lsn,
                                  last_lsn=reply.last_lsn, timestamp_ms=reply.timestamp_ms,
@@ -202,6 +206,10 @@ class NodeService:
             return Status.TOOBIG
         if key is not None and len(key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
             return Status.BADMSG
+        if message.producer_id is not None and not (
+                0 < len(message.producer_id.encode("utf-8", "replace")) <= PRODUCER_ID_BYTES_MAX
+                and 0 <= message.producer_seq <= PRODUCER_SEQ_MAX):
+            return Status.BADMSG
         return Status.OK
 
     def on_forwarded_append(self, message: Append, reply: ReplyFn) -> None:
@@ -213,7 +221,10 @@ class NodeService:
             return
 
         async def run() -> None:
-            r = await self._append(message.log_id, message.payloads, message.key, message.hops)
+            producer = (None if message.producer_id is None
+                        else (message.producer_id, message.producer_seq))
+            r = await self._append(message.log_id, message.payloads, message.key, producer,
+                                   message.hops)
             reply(Appended(status=r.status, log_id=message.log_id, first_lsn=r.first_lsn,
                            last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
                            sequencer_node=r.sequencer_node, message=r.message))

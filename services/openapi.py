@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.http_parse import JSON, MSGPACK, PRODUCER_ID_BYTES_MAX, READ_LIMIT_DEFAULT
+from services.http_parse import JSON, MSGPACK, READ_LIMIT_DEFAULT
 from shared.config import ApiConfig
-from shared.limits import KEY_BYTES_MAX
+from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX
 from shared.status import Status
 from shared.types import LOG_ID_MAX, LOG_ID_MIN, LSN_MAX
 
@@ -212,8 +212,12 @@ def _append_op(summary: str, request: str, answer: str) -> Schema:
             "307": _answer("with no_forward, on a node that does not sequence the log: send "
                            "the same request to Location", "Redirect",
                            ("Location", "X-Seqlog-Sequencer")),
-            **_errors((400, 404, 413, 429, 500, 503, 504), sequencer=True),
+            **_errors((400, 404, 409, 413, 429, 500, 503, 504), sequencer=True),
         },
+        "description": "With producer_id and producer_seq the append is idempotent: a retry "
+                       "of the pair answers 200 with the original LSNs, nothing written; 409 "
+                       "STALE for a pair older than the producer's latest remembered appends "
+                       "(docs/API-EXTENSIONS.md).",
     }
 
 

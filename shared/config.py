@@ -222,6 +222,13 @@ class SequencerConfig:
     per copyset node). 1 turns grouping off."""
     append_group_bytes_max: int = 1024 * 1024
     """Most payload bytes of one appender built from grouped appends."""
+    producers_per_log_max: int = 10_000
+    """Producers of idempotent appends a log's sequencer keeps in memory; one it drops is
+    looked up on the storage nodes again when it comes back."""
+    producer_lookup_timeout_ms: int = 10_000
+    """How long looking a producer up may take (it waits for earlier epochs' recovery, asks
+    the nodeset, reads its candidate appends back) before its waiting appends are answered
+    NOTREADY (nothing written)."""
 
     def __post_init__(self) -> None:
         _in_range("window_appends_max", self.window_appends_max, 2, 1_000_000)
@@ -245,6 +252,8 @@ class SequencerConfig:
         _in_range("append_timeout_ms", self.append_timeout_ms, 1, 3_600_000)
         _in_range("append_group_records_max", self.append_group_records_max, 1, 100_000)
         _in_range("append_group_bytes_max", self.append_group_bytes_max, 1, 2**30)
+        _in_range("producers_per_log_max", self.producers_per_log_max, 1, 10_000_000)
+        _in_range("producer_lookup_timeout_ms", self.producer_lookup_timeout_ms, 1, 600_000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,6 +284,10 @@ class StorageConfig:
     reclaim_bytes_per_pass_max: int = 64 * 1024 * 1024
     """Most live bytes one reclaim pass copies while compacting, so that writes keep their
     latency (a segment bigger than this is still compacted, alone)."""
+    producer_ids_per_log_max: int = 10_000
+    """Producers per log whose latest appends the node remembers for idempotent appends
+    (``PRODUCER_SEQS_KEPT`` each); past it the least recently written producer is forgotten,
+    and a retry of its appends would be written again."""
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_MODES:
@@ -288,6 +301,7 @@ class StorageConfig:
         _in_range("compaction_live_fraction_max", self.compaction_live_fraction_max, 0.0, 1.0)
         _in_range("reclaim_bytes_per_pass_max", self.reclaim_bytes_per_pass_max, 64 * 1024,
                   2**40)
+        _in_range("producer_ids_per_log_max", self.producer_ids_per_log_max, 1, 10_000_000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,5 +18,13 @@ READ_RECORDS_MAX = 100_000
 READ_WAIT_MS_MAX = 60_000
 """Longest a storage node holds a long-poll READ."""
 
+PRODUCER_ID_BYTES_MAX = 256
+"""Longest ``producer_id``; it names a writer, not data."""
+PRODUCER_SEQ_MAX = 2**64 - 1
+PRODUCER_SEQS_KEPT = 16
+"""How many of a producer's latest appends to a log the cluster remembers (sequencers and
+storage nodes alike): a retry of one of them returns its original LSNs; a retry of an older
+one is refused with STALE. A producer must keep fewer appends than this in flight."""
+
 assert PAYLOAD_BYTES_MAX_LIMIT < FRAME_BYTES_MAX
 assert COPYSET_SIZE_MAX <= NODESET_SIZE_MAX

@@ -32,6 +32,7 @@ from shared.types import (
 )
 from shared.wire.store import RecordFlags, Store
 from storage_node.core.store_machine import LogStorageState
+from storage_node.producer_index import ProducerIndex
 from storage_node.record_index import Location, RecordIndex
 from storage_node.segment_format import (
     CheckpointEntry,
@@ -47,8 +48,9 @@ class DurableState:
     """Per-log state and the index, folded from the entries found at open and written since
     (plain dicts: there is one call per entry ever written)."""
 
-    def __init__(self, index: RecordIndex) -> None:
+    def __init__(self, index: RecordIndex, producers: ProducerIndex | None = None) -> None:
         self._index = index
+        self.producers = producers if producers is not None else ProducerIndex(10_000)
         self._last: dict[LogId, tuple[Lsn, NodeId | None]] = {}
         self._releases: dict[LogId, Lsn] = {}
         self._seals: dict[LogId, tuple[Epoch, NodeId | None]] = {}
@@ -70,6 +72,8 @@ class DurableState:
             self._on_store(segment_id, scanned.offset, scanned.length, log_id, entry.first_lsn,
                            entry.last_lsn, entry.sequencer_node, entry.last_known_good,
                            index_time(entry.flags, entry.timestamp_ms))
+            if entry.producers:
+                self.producers.add(log_id, entry.producers, entry.timestamp_ms)
         elif isinstance(entry, ReleaseEntry):
             if entry.release_lsn > self._releases.get(log_id, 0):
                 self._releases[log_id] = entry.release_lsn
@@ -91,6 +95,8 @@ class DurableState:
         self._on_store(segment_id, offset, length, log_id, store.lsn, store.last_lsn,
                        store.sequencer_node, store.last_known_good,
                        index_time(store.flags, store.timestamp_ms))
+        if store.producers:
+            self.producers.add(log_id, store.producers, store.timestamp_ms)
 
     def on_release(self, segment_id: int, log_id: LogId, release_lsn: Lsn) -> None:
         """A RELEASE entry was written."""

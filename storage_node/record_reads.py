@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from shared.status import Status
 from shared.types import LogId, Lsn
 from shared.wire.read import Marker, WireRecord
-from shared.wire.store import RecordFlags
+from shared.wire.store import ProducerTag, RecordFlags
 from storage_node.record_index import Location
 from storage_node.segment_files import SegmentReader
 from storage_node.segment_format import (
@@ -27,8 +27,9 @@ from storage_node.segment_format import (
 log = logging.getLogger(__name__)
 
 
-Copy = tuple[int, int, str | None, bytes, int, int]
-"""(lsn, timestamp_ms, key, payload, flags, wave_or_seal_epoch): one stored copy."""
+Copy = tuple[int, int, str | None, bytes, int, int, ProducerTag | None]
+"""(lsn, timestamp_ms, key, payload, flags, wave_or_seal_epoch, producer tag): one stored
+copy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class ReadResult:
     def of(result: CopiesResult) -> ReadResult:
         records: list[WireRecord] = []
         markers: list[Marker] = []
-        for lsn, timestamp_ms, key, payload, flags, wave in result.copies:
+        for lsn, timestamp_ms, key, payload, flags, wave, _producer in result.copies:
             if flags:
                 if markers and markers[-1][1] == lsn - 1 and markers[-1][2:] == (flags, wave):
                     markers[-1] = (markers[-1][0], lsn, flags, wave)
@@ -88,6 +89,7 @@ def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Locatio
                       location.offset)
             return _partial(records, Status.CHECKSUM_MISMATCH, from_lsn), True
         flags, wave = decoded.flags, decoded.wave
+        tagged = decoded.producer_of if decoded.producers else None
         first, last = max(from_lsn, location.first_lsn), min(until_lsn, location.last_lsn)
         for lsn, timestamp_ms, key, payload in decoded.records:
             if lsn < first:
@@ -97,7 +99,8 @@ def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Locatio
             if len(records) >= records_max or (
                     records and payload_bytes + len(payload) > bytes_max):
                 return CopiesResult(Status.OK, tuple(records), Lsn(lsn)), False
-            records.append((lsn, timestamp_ms, key, payload, flags, wave))
+            records.append((lsn, timestamp_ms, key, payload, flags, wave,
+                            tagged(lsn) if tagged is not None else None))
             payload_bytes += len(payload)
     if len(records) >= records_max:
         return CopiesResult(Status.OK, tuple(records), Lsn(records[-1][0] + 1)), False

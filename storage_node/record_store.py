@@ -42,10 +42,12 @@ from shared import failpoints
 from shared.config import StorageConfig
 from shared.status import LogError, Status
 from shared.types import LogId, Lsn
+from shared.wire.producer import ProducerEntry
 from shared.wire.store import Store
 from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
 from storage_node.core.store_machine import LogStorageState
 from storage_node.durable_state import DurableState
+from storage_node.producer_index import ProducerIndex
 from storage_node.record_index import RecordIndex
 from storage_node.record_reads import CopiesResult, ReadResult, read_locations
 from storage_node.segment_files import AppendResult, RecoveryReport, SegmentReader, SegmentWriter
@@ -127,7 +129,8 @@ class RecordStore:
             disk_free_bytes_min=config.disk_free_bytes_min)
         self._reader = SegmentReader(segments_dir)
         self._index = RecordIndex()
-        self._durable = DurableState(self._index)
+        self._durable = DurableState(self._index,
+                                     ProducerIndex(config.producer_ids_per_log_max))
         self._segments_dir = segments_dir
         self._segment_bytes: dict[int, int] = {}
         """Size of every segment file (as far as completed writes and reclaims know)."""
@@ -267,6 +270,11 @@ class RecordStore:
         ``timestamp_ms`` (an index lookup: no I/O)."""
         return self._index.find_time(log_id, timestamp_ms)
 
+    def producer_entries(self, log_id: LogId, producer_id: str) -> tuple[ProducerEntry, ...]:
+        """The producer's latest idempotent appends this node holds copies of (no I/O)."""
+        return self._durable.producers.entries(log_id, producer_id,
+                                               self._durable.trim_lsn(log_id))
+
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
         return self._index.ranges(log_id, from_lsn, until_lsn)
@@ -292,7 +300,9 @@ class RecordStore:
                       live_bytes=sum(self._index.refs.live_bytes.values()),
                       segment_id=self._writer.segment_id,
                       write_calls=self._writer.write_calls_count,
-                      disk_low=int(self._writer.disk_low), broken=int(self._broken))
+                      disk_low=int(self._writer.disk_low), broken=int(self._broken),
+                      producers=self._durable.producers.producers_count,
+                      producers_forgotten=self._durable.producers.forgotten_count)
         return counts
 
     async def close(self) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.config import StorageConfig
+from shared.limits import PRODUCER_ID_BYTES_MAX
 from shared.status import Status
 from shared.types import (
     EPOCH_INVALID,
@@ -41,6 +42,7 @@ from shared.types import (
     lsn_to_esn,
 )
 from shared.wire.codec import Message
+from shared.wire.producer import GetProducer, ProducerEntry, ProducerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
@@ -71,6 +73,7 @@ _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", 
 COUNTERS = (
     "store_messages", "release_messages", "read_messages", "seals", "unexpected_messages",
     "digests", "cleans", "purged_records", "retention_passes", "retention_trims",
+    "producer_lookups",
     *(f"stored_{name.lower()}" for name in _STORE_REPLIES),
     *(f"read_{name.lower()}" for name in ("BADMSG", "OVERLOADED", "NOTREADY", "SHUTDOWN")),
 )
@@ -131,6 +134,7 @@ class StorageNode:
             Clean: self._on_clean,
             Trim: self._on_trim,
             FindTime: self._on_find_time,
+            GetProducer: self._on_get_producer,
         }
 
     async def start(self) -> None:
@@ -415,8 +419,9 @@ class StorageNode:
             return
         next_esn = (lsn_to_esn(result.next_lsn) if lsn_to_epoch(result.next_lsn) == request.epoch
                     else ESN_MAX + 1)
-        entries = tuple((lsn_to_esn(Lsn(lsn)), flags, wave, timestamp_ms, key, payload)
-                        for lsn, timestamp_ms, key, payload, flags, wave in result.copies)
+        entries = tuple((lsn_to_esn(Lsn(lsn)), flags, wave, timestamp_ms, key, payload, producer)
+                        for lsn, timestamp_ms, key, payload, flags, wave, producer
+                        in result.copies)
         reply(Digest(status=Status.OK, log_id=request.log_id, epoch=request.epoch,
                      entries=entries, next_esn=next_esn))
 
@@ -508,6 +513,19 @@ class StorageNode:
                 # A trimmed record is not served: the first readable one comes after it.
                 lsn = Lsn(max(found, self._machine.trim_lsn(request.log_id) + 1))
         reply(FoundTime(status=status, log_id=request.log_id, lsn=lsn))
+
+    def _on_get_producer(self, request: GetProducer, reply: ReplyFn) -> None:
+        status = self._not_serving() or Status.OK
+        if status is Status.OK and (
+                not log_id_valid(request.log_id) or not request.producer_id
+                or len(request.producer_id) > PRODUCER_ID_BYTES_MAX):
+            status = Status.BADMSG
+        entries: tuple[ProducerEntry, ...] = ()
+        if status is Status.OK:
+            self._counts["producer_lookups"] += 1
+            entries = self._store.producer_entries(request.log_id, request.producer_id)
+        reply(ProducerState(status=status, log_id=request.log_id,
+                            producer_id=request.producer_id, entries=entries))
 
     def _on_get_log_state(self, message: GetLogState, reply: ReplyFn) -> None:
         if not self._started or self._closing:

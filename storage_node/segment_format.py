@@ -6,9 +6,11 @@ first 8 header bytes and the body, so a flipped type or length byte is caught as
 body is a msgpack array:
 
 * STORE: ``[log_id, first_lsn, record_count, sequencer_node, timestamp_ms, last_known_good,
-  wave, copyset, key, payloads, flags]`` (one entry per STORE message, a batch has
+  wave, copyset, key, payloads, flags, producers]`` (one entry per STORE message, a batch has
   consecutive LSNs; ``flags`` are ``RecordFlags``, absent in entries written before they
-  existed, and with WRITTEN_BY_RECOVERY ``wave`` is recovery's seal epoch);
+  existed, and with WRITTEN_BY_RECOVERY ``wave`` is recovery's seal epoch; ``producers`` are
+  the STORE's producer tags ``[producer_id, producer_seq, first_lsn, last_lsn]``, absent in
+  older entries);
 * RELEASE: ``[log_id, release_lsn]``;
 * SEAL: ``[log_id, epoch, sealed_by]``;
 * TRIM: ``[log_id, trim_lsn]``;
@@ -34,7 +36,7 @@ import msgpack
 from shared.limits import FRAME_BYTES_MAX
 from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.read import WireRecord
-from shared.wire.store import Store
+from shared.wire.store import ProducerTag, Store, producer_tag_valid
 
 MAGIC = 0x5153  # b"SQ" little endian
 _HEADER = struct.Struct("<HBBII")
@@ -64,6 +66,7 @@ class StoreMeta:
     last_known_good: int = 0
     flags: int = 0
     timestamp_ms: int = 0
+    producers: tuple[ProducerTag, ...] = ()
 
     @property
     def last_lsn(self) -> Lsn:
@@ -141,7 +144,7 @@ def encode_store(store: Store) -> bytes:
     body = _packer.pack([
         store.log_id, store.lsn, len(store.payloads), store.sequencer_node, store.timestamp_ms,
         store.last_known_good, store.wave, list(store.copyset), store.key, list(store.payloads),
-        store.flags,
+        store.flags, [list(tag) for tag in store.producers],
     ])
     return _frame(EntryType.STORE, body)
 
@@ -197,7 +200,7 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(body)
             fields_count = unpacker.read_array_header()
-            if fields_count not in (10, 11):
+            if fields_count not in (10, 11, 12):
                 return None
             log_id, first_lsn, count, node, timestamp_ms, lng = (
                 unpacker.unpack() for _ in range(6))
@@ -205,14 +208,20 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
                     and count >= 1):
                 return None
             flags = 0
-            if fields_count == 11:
+            producers: tuple[ProducerTag, ...] = ()
+            if fields_count >= 11:
                 for _ in range(4):  # wave, copyset, key, payloads
                     unpacker.skip()
                 flags = unpacker.unpack()
                 if not _ints(flags):
                     return None
+            if fields_count == 12:
+                tags = _producer_tags(unpacker.unpack())
+                if tags is None:
+                    return None
+                producers = tags
             return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node), lng, flags,
-                             timestamp_ms)
+                             timestamp_ms, producers)
         fields = msgpack.unpackb(body, raw=False)
         if entry_type == EntryType.RELEASE and len(fields) == 2 and _ints(*fields):
             return ReleaseEntry(LogId(fields[0]), Lsn(fields[1]))
@@ -244,6 +253,15 @@ def _decode_checkpoint(fields: Any) -> CheckpointEntry | None:
         Lsn(trim_lsn), tuple((t[0], t[1], t[2]) for t in tails))
 
 
+def _producer_tags(value: Any) -> tuple[ProducerTag, ...] | None:
+    if not isinstance(value, list):
+        return None
+    tags = tuple(tuple(tag) for tag in value if isinstance(tag, list))
+    if len(tags) != len(value) or not all(producer_tag_valid(tag) for tag in tags):
+        return None
+    return tags  # each checked by producer_tag_valid
+
+
 @dataclass(frozen=True, slots=True)
 class StoredCopies:
     """The decoded records of one STORE entry and how they were written."""
@@ -253,23 +271,34 @@ class StoredCopies:
     flags: int
     wave: int
     records: list[WireRecord]
+    producers: tuple[ProducerTag, ...] = ()
+
+    def producer_of(self, lsn: int) -> ProducerTag | None:
+        """The tag of the append the record at ``lsn`` came from, if it had one."""
+        for tag in self.producers:
+            if tag[2] <= lsn <= tag[3]:
+                return tag
+        return None
 
 
 def decode_store_records(body: bytes | memoryview) -> StoredCopies | None:
     """The records of a CRC-checked STORE body; None if malformed."""
     try:
         fields: Any = msgpack.unpackb(body, raw=False)
-        flags = fields[10] if len(fields) == 11 else 0
+        flags = fields[10] if len(fields) >= 11 else 0
+        producers = _producer_tags(fields[11]) if len(fields) == 12 else ()
         log_id, first_lsn, count, _node, timestamp_ms, _lng, wave, _cs, key, payloads = (
             fields[:10])
     except (ValueError, TypeError, IndexError, msgpack.UnpackException):
         return None
     if not _ints(log_id, first_lsn, count, timestamp_ms, wave, flags) or len(payloads) != count:
         return None
+    if producers is None:
+        return None
     records: list[WireRecord] = [
         (first_lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(payloads)
     ]
-    return StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave, records)
+    return StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave, records, producers)
 
 
 def scan_segment(data: bytes) -> SegmentScan:

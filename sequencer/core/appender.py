@@ -24,7 +24,7 @@ from shared.effects import Send
 from shared.ports import Rng
 from shared.status import Status
 from shared.types import Esn, LogId, Lsn, NodeId
-from shared.wire.store import Store, payloads_checksum
+from shared.wire.store import ProducerTag, Store, payloads_checksum
 
 
 class AppenderResult(Enum):
@@ -36,7 +36,8 @@ class AppenderResult(Enum):
 class Appender:
     __slots__ = (
         "checksum", "deadline_ms", "first_esn", "key", "log_id", "lsn", "payloads",
-        "recipients", "replication", "requests", "stored_nodes", "timestamp_ms", "wave",
+        "producers", "recipients", "replication", "requests", "stored_nodes", "timestamp_ms",
+        "wave",
     )
 
     def __init__(
@@ -50,6 +51,7 @@ class Appender:
         timestamp_ms: int,
         requests: tuple[tuple[int, int], ...],
         replication: int,
+        producers: tuple[ProducerTag, ...] = (),
     ) -> None:
         self.log_id = log_id
         self.lsn = lsn
@@ -61,6 +63,9 @@ class Appender:
         """(request id, record count) of each client append sharing this appender, in LSN
         order."""
         assert sum(count for _, count in requests) == len(payloads)
+        self.producers = producers
+        """Producer tags of the idempotent appends among ``requests``: every copy carries
+        them (``sequencer.core.producers``)."""
         self.replication = replication
         self.checksum = payloads_checksum(payloads)
         self.wave = 0
@@ -103,7 +108,7 @@ class Appender:
             log_id=self.log_id, lsn=self.lsn, wave=self.wave, sequencer_node=sequencer_node,
             copyset=copyset, timestamp_ms=self.timestamp_ms, last_known_good=last_known_good,
             release_lsn=release_lsn, timeout_ms=timeout_ms, key=self.key,
-            payloads=self.payloads, checksum=self.checksum,
+            payloads=self.payloads, checksum=self.checksum, producers=self.producers,
         )
         return [Send(node, store) for node in copyset if node not in stored]
 

@@ -63,3 +63,14 @@ class RecoveryProgress:
     log_id: LogId
     phase: str
     attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchProducer:
+    """Look the producer up on the log's storage nodes (``sequencer.core.producers``): once
+    epochs before ``epoch`` are recovered, ask the nodeset for the producer's latest appends,
+    keep those that read back as records, and report with ``Sequencer.on_producer_fetched``."""
+
+    log_id: LogId
+    epoch: Epoch
+    producer_id: str

@@ -52,6 +52,7 @@ from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
 from shared.wire.store import (
     RECOVERY_BRIDGE,
     RECOVERY_HOLE,
+    ProducerTag,
     RecordFlags,
     Store,
     Stored,
@@ -95,6 +96,9 @@ class _Copy:
     timestamp_ms: int
     key: str | None
     payload: bytes
+    producer: ProducerTag | None = None
+    """The tag of the append the record came from; an LSN names one record, so any copy's
+    tag is the record's."""
     holders: set[NodeId] = field(default_factory=set)
 
 
@@ -386,16 +390,19 @@ class LogRecovery:
         if self.phase is not Phase.DIGESTING or copies is None or node not in self._members:
             return []
         lng = self._lngs[epoch]
-        for esn, flags, wave, timestamp_ms, entry_key, payload in reply.entries:
+        for esn, flags, wave, timestamp_ms, entry_key, payload, producer in reply.entries:
             if not lng < esn <= ESN_MAX:
                 continue
             precedence = copy_precedence(flags, wave)
             copy = copies.get(esn)
             if copy is None:
-                copy = copies[esn] = _Copy(precedence, flags, timestamp_ms, entry_key, payload)
+                copy = copies[esn] = _Copy(precedence, flags, timestamp_ms, entry_key, payload,
+                                           producer)
             elif precedence > copy.precedence:
                 copy.precedence, copy.flags = precedence, flags
                 copy.timestamp_ms, copy.key, copy.payload = timestamp_ms, entry_key, payload
+            if copy.producer is None and producer is not None:
+                copy.producer = producer
             copy.holders.add(node)
         if reply.next_esn <= ESN_MAX and reply.entries:
             return [self._request(node, key, self._digest_request(epoch, reply.next_esn))]
@@ -431,6 +438,7 @@ class LogRecovery:
     def _mutation_store(self, epoch: Epoch, esn: int, flags: int, run: list[_Copy | None],
                         lng: int) -> Store:
         first = run[0]
+        producers: tuple[ProducerTag, ...] = ()
         if flags & RecordFlags.HOLE or first is None:
             payloads: tuple[bytes, ...] = (b"",) * len(run)
             timestamp_ms, key = 0, None
@@ -438,12 +446,16 @@ class LogRecovery:
             payloads = tuple(copy.payload for copy in run if copy is not None)
             assert len(payloads) == len(run)
             timestamp_ms, key = first.timestamp_ms, first.key
+            # Re-replicated copies keep their producer tags: a later sequencer finds the
+            # append on any f-majority of the nodeset (see sequencer.core.producers).
+            producers = tuple(dict.fromkeys(
+                copy.producer for copy in run if copy is not None and copy.producer))
         return Store(log_id=self.log_id, lsn=compose_lsn(epoch, Esn(esn)),
                      wave=recovery_wave(self.seal_epoch, self.attempt),
                      sequencer_node=self.node_id, copyset=(), timestamp_ms=timestamp_ms,
                      last_known_good=Esn(lng), release_lsn=Lsn(0),
                      timeout_ms=self.config.recovery_retry_ms, key=key, payloads=payloads,
-                     checksum=payloads_checksum(payloads), flags=flags)
+                     checksum=payloads_checksum(payloads), flags=flags, producers=producers)
 
     def _pump_mutations(self) -> list[Any]:
         effects: list[Any] = []

@@ -24,13 +24,21 @@ from enum import Enum
 from typing import Any
 
 from sequencer.core.appender import Appender, AppenderResult
-from sequencer.core.effects import ActivateEpoch, AppendReply, FetchLogState, ReleaseAdvanced
+from sequencer.core.effects import (
+    ActivateEpoch,
+    AppendReply,
+    FetchLogState,
+    FetchProducer,
+    ReleaseAdvanced,
+)
 from sequencer.core.nodeset_state import NodesetState
+from sequencer.core.producers import ProducerTable, Verdict
 from sequencer.core.recovery import LogRecovery, Phase
 from sequencer.core.sliding_window import SlidingWindow
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
+from shared.limits import PRODUCER_SEQS_KEPT
 from shared.ports import Rng
 from shared.status import Status
 from shared.types import (
@@ -46,6 +54,7 @@ from shared.types import (
 )
 from shared.wire.recovery import Clean, Cleaned
 from shared.wire.release import Release
+from shared.wire.store import ProducerTag
 
 Effect = Any
 CLEANS_OWED_MAX = 1024
@@ -65,6 +74,8 @@ class PendingAppend:
     payloads: tuple[bytes, ...]
     key: str | None
     timestamp_ms: int
+    producer: tuple[str, int] | None = None
+    """``(producer_id, producer_seq)`` of an idempotent append."""
 
 
 class Sequencer:
@@ -106,6 +117,11 @@ class Sequencer:
         wait for it, and at this time whatever is still in flight is given up."""
         self.recovery: LogRecovery | None = None
         self._cleans_owed: dict[NodeId, list[Clean]] = {}
+        self.producers: ProducerTable[PendingAppend] = ProducerTable(
+            config.producers_per_log_max)
+        """Idempotent appends: each producer's latest ones (``sequencer.core.producers``)."""
+        self._producer_of: dict[int, tuple[str, int]] = {}
+        """Request id -> producer pair, for idempotent appends in flight."""
         """Recovery outcomes that nodes which missed recovery have not confirmed yet: sent
         again with every release broadcast, so that they purge stray copies once back."""
         """Recovery of the epochs between the last clean one and ours, while it runs."""
@@ -130,8 +146,15 @@ class Sequencer:
         Each append still gets its own LSNs and its own answer."""
         assert group and all(p.payloads and p.key == group[0].key for p in group)
         if self.state is SequencerState.ACTIVE and self._drain_until_ms is None:
+            for pending in group:
+                if pending.producer is not None:
+                    effects: list[Effect] = []
+                    group = self._admit_producers(group, effects)
+                    if group:
+                        effects.extend(self._start_append(group, now_ms))
+                    return effects
             return self._start_append(group, now_ms)
-        effects: list[Effect] = []
+        effects = []
         for pending in group:
             if len(self._pending) >= self.config.activation_appends_queued_max:
                 effects.append(AppendReply(pending.request_id, Status.SEQNOBUFS,
@@ -142,6 +165,69 @@ class Sequencer:
                 self._drain_until_ms is None):
             effects.extend(self._begin_activation(now_ms))
         return effects
+
+    def _admit_producers(self, group: list[PendingAppend],
+                         effects: list[Effect]) -> list[PendingAppend]:
+        """The appends of ``group`` to write now; the others are answered (duplicates,
+        refusals) or wait (for a lookup, or for the in-flight append they retry)."""
+        admitted: list[PendingAppend] = []
+        for pending in group:
+            if pending.producer is None:
+                admitted.append(pending)
+                continue
+            producer_id, seq = pending.producer
+            admission = self.producers.admit(producer_id, seq, pending)
+            verdict = admission.verdict
+            if verdict is Verdict.NEW:
+                self._producer_of[pending.request_id] = pending.producer
+                admitted.append(pending)
+            elif verdict is Verdict.DUPLICATE:
+                assert admission.entry is not None
+                _, first_lsn, last_lsn, timestamp_ms = admission.entry
+                effects.append(AppendReply(pending.request_id, Status.OK, Lsn(first_lsn),
+                                           Lsn(last_lsn), timestamp_ms,
+                                           message="duplicate of an earlier append"))
+            elif verdict is Verdict.STALE:
+                effects.append(AppendReply(
+                    pending.request_id, Status.STALE,
+                    message=f"producer_seq {seq} is older than the {PRODUCER_SEQS_KEPT} latest "
+                            "appends remembered for this producer: whether it was written "
+                            "cannot be told"))
+            elif verdict is Verdict.LOOKUP:
+                effects.append(FetchProducer(self.log_id, self.epoch, producer_id))
+            elif verdict is Verdict.BUSY:
+                effects.append(AppendReply(
+                    pending.request_id, Status.SEQNOBUFS,
+                    message="too many producers or retries waiting; nothing written"))
+        return admitted
+
+    def on_producer_fetched(self, epoch: Epoch, producer_id: str,
+                            entries: list[tuple[int, int, int, int]] | None,
+                            now_ms: int) -> list[Effect]:
+        """The driver's lookup of ``producer_id`` ended: the producer's verified appends
+        ``(producer_seq, first_lsn, last_lsn, timestamp_ms)``, or None if it failed."""
+        if epoch != self.epoch:
+            return []  # the table was reset since, and the waiting appends answered
+        waiting = self.producers.looked_up(producer_id, entries)
+        if entries is None:
+            return [AppendReply(p.request_id, Status.NOTREADY,
+                                message="could not learn this producer's earlier appends; "
+                                        "nothing written") for p in waiting]
+        effects: list[Effect] = []
+        for pending in waiting:
+            effects.extend(self.on_append_group([pending], now_ms))
+        return effects
+
+    def _settle_producers(self, group: list[PendingAppend], status: Status,
+                          effects: list[Effect]) -> None:
+        """Appends of ``group`` ended with ``status`` (nothing written): so do their
+        retries."""
+        for pending in group:
+            pair = self._producer_of.pop(pending.request_id, None)
+            if pair is not None:
+                for joined in self.producers.failed(*pair):
+                    effects.append(AppendReply(joined.request_id, status,
+                                               message="the original append failed"))
 
     def _begin_activation(self, now_ms: int) -> list[Effect]:
         self._drain_until_ms = None
@@ -161,6 +247,8 @@ class Sequencer:
             # The epoch ran out of ESNs: continue in a new one. Drain this one first (its
             # appends finish; up to epoch_drain_timeout_ms), so that the new epoch's recovery
             # does not cut them off and leave their clients an unknown outcome.
+            if self._producer_of:
+                group = self._withdraw_producers(group)
             self._pending.extendleft(reversed(group))
             if not self.appenders:
                 return self._begin_activation(now_ms)
@@ -169,16 +257,35 @@ class Sequencer:
             return []
         first_esn = window.grow(esn_count)
         if first_esn is None:
-            return [AppendReply(p.request_id, Status.SEQNOBUFS, message="window full")
-                    for p in group]
+            refused: list[Effect] = [
+                AppendReply(p.request_id, Status.SEQNOBUFS, message="window full")
+                for p in group]
+            if self._producer_of:
+                self._settle_producers(group, Status.SEQNOBUFS, refused)
+            return refused
+        lsn = compose_lsn(self.epoch, first_esn)
+        producers: tuple[ProducerTag, ...] = ()
+        if self._producer_of:
+            producers = _producer_tags(group, lsn)
         appender = Appender(
-            log_id=self.log_id, lsn=compose_lsn(self.epoch, first_esn), first_esn=first_esn,
+            log_id=self.log_id, lsn=lsn, first_esn=first_esn,
             payloads=payloads, key=group[0].key, timestamp_ms=group[0].timestamp_ms,
             requests=tuple((p.request_id, len(p.payloads)) for p in group),
-            replication=metadata.replication_factor,
+            replication=metadata.replication_factor, producers=producers,
         )
         self.appenders[first_esn] = appender
         return self._send_wave(appender, now_ms)
+
+    def _withdraw_producers(self, group: list[PendingAppend]) -> list[PendingAppend]:
+        """``group`` goes back to wait without LSNs: its idempotent appends are no longer in
+        flight, and the retries that joined them wait again behind them."""
+        again: list[PendingAppend] = []
+        for pending in group:
+            again.append(pending)
+            pair = self._producer_of.pop(pending.request_id, None)
+            if pair is not None:
+                again.extend(self.producers.withdraw(*pair))
+        return again
 
     def _send_wave(self, appender: Appender, now_ms: int) -> list[Effect]:
         assert self.nodeset is not None and self.window is not None
@@ -220,6 +327,8 @@ class Sequencer:
         assert epoch > self.epoch, (epoch, self.epoch)
         self.state = SequencerState.ACTIVE
         self.epoch = epoch
+        # In a log's first epoch every idempotent append goes through this table.
+        self.producers.reset(complete=epoch == 1)
         self.metadata = metadata
         self.window = SlidingWindow(
             window_appends_max=self.config.window_appends_max, esn_max=self.esn_max
@@ -334,10 +443,17 @@ class Sequencer:
         del self.appenders[appender.first_esn]
         effects: list[Effect] = []
         lsn = appender.lsn
+        producer_of = self._producer_of
         for request_id, count in appender.requests:
-            effects.append(AppendReply(request_id, Status.OK, lsn, Lsn(lsn + count - 1),
-                                       appender.timestamp_ms))
-            lsn = Lsn(lsn + count)
+            last = Lsn(lsn + count - 1)
+            effects.append(AppendReply(request_id, Status.OK, lsn, last, appender.timestamp_ms))
+            if producer_of and (pair := producer_of.pop(request_id, None)) is not None:
+                for joined in self.producers.completed(*pair, lsn, last,
+                                                       appender.timestamp_ms):
+                    effects.append(AppendReply(joined.request_id, Status.OK, lsn, last,
+                                               appender.timestamp_ms,
+                                               message="duplicate of an earlier append"))
+            lsn = Lsn(last + 1)
         self.window.retire(appender.first_esn, fully_replicated=True)
         reaped = self.window.reap()
         if self._drain_until_ms is not None and not self.appenders:
@@ -392,6 +508,14 @@ class Sequencer:
             AppendReply(request_id, Status.TIMEDOUT, message=f"{why}; outcome unknown")
             for a in self.appenders.values() for request_id, _ in a.requests
         ]
+        # Whether in-flight idempotent appends were written is now up to recovery: retries
+        # that joined them share their unknown outcome, and every producer is looked up again.
+        queued, joined = self.producers.reset(complete=False)
+        effects.extend(AppendReply(p.request_id, Status.TIMEDOUT, message=f"{why}; outcome "
+                                   "of the original append unknown") for p in joined)
+        effects.extend(AppendReply(p.request_id, Status.NOTREADY, message=f"{why}; nothing "
+                                   "written") for p in queued)
+        self._producer_of.clear()
         self.appenders.clear()
         self._timers.clear()
         self.window = None
@@ -480,6 +604,17 @@ class Sequencer:
                 )
         if not self.releasable:
             assert lsn_to_epoch(self.release_lsn) < max(self.epoch, 1) or self.epoch == 0
+
+
+def _producer_tags(group: list[PendingAppend], first_lsn: Lsn) -> tuple[ProducerTag, ...]:
+    tags: list[ProducerTag] = []
+    lsn = first_lsn
+    for pending in group:
+        count = len(pending.payloads)
+        if pending.producer is not None:
+            tags.append((*pending.producer, lsn, lsn + count - 1))
+        lsn = Lsn(lsn + count)
+    return tuple(tags)
 
 
 def _activation_failure(status: Status) -> Status:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import suppress
+from typing import Protocol
 
-from shared.net.pool import PeerPool
 from shared.net.types import RequestCallback
 from shared.read_round import ReadRound, RoundResult
 from shared.status import Status
@@ -16,7 +16,15 @@ from shared.types import NodeId
 from shared.wire.codec import Message
 
 
-async def run_round(pool: PeerPool, read_round: ReadRound, timeout_ms: int) -> RoundResult:
+class RoundTransport(Protocol):
+    """What a round needs of ``shared.net.PeerPool``."""
+
+    def request(self, node: NodeId, message: Message, callback: RequestCallback, *,
+                timeout_ms: int | None = None) -> None: ...
+
+
+async def run_round(pool: RoundTransport, read_round: ReadRound,
+                    timeout_ms: int) -> RoundResult:
     """The round's result. Every request ends within ``timeout_ms`` plus the READ's wait, so
     this returns within that bound too (after the last node was asked)."""
     loop = asyncio.get_running_loop()

@@ -18,6 +18,9 @@ class Append:
     key: str | None
     hops: int
     """How many nodes already forwarded this append; bounds forwarding loops."""
+    producer_id: str | None = None
+    producer_seq: int = 0
+    """With ``producer_id``: the append is idempotent (``sequencer.core.producers``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

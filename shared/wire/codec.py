@@ -23,6 +23,7 @@ from shared.wire.framing import LENGTH as _LENGTH
 from shared.wire.gossip import Gossip
 from shared.wire.hello import Hello, HelloReply
 from shared.wire.message_type import RETIRED, MessageType
+from shared.wire.producer import GetProducer, ProducerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
 from shared.wire.release import Release
@@ -33,6 +34,7 @@ Message: TypeAlias = (
     Hello | HelloReply | Store | Stored | Release | Read | ReadReply | GetLogState | LogState
     | Append | Appended | GetSequencerState | SequencerState | Gossip | Seal | Sealed
     | GetDigest | Digest | Clean | Cleaned | Trim | Trimmed | FindTime | FoundTime
+    | GetProducer | ProducerState
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -60,6 +62,8 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.TRIMMED: Trimmed,
     MessageType.FIND_TIME: FindTime,
     MessageType.FOUND_TIME: FoundTime,
+    MessageType.GET_PRODUCER: GetProducer,
+    MessageType.PRODUCER_STATE: ProducerState,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 

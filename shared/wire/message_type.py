@@ -30,6 +30,8 @@ class MessageType(IntEnum):
     TRIMMED = 22
     FIND_TIME = 23
     FOUND_TIME = 24
+    GET_PRODUCER = 25
+    PRODUCER_STATE = 26
 
 
 RETIRED: frozenset[MessageType] = frozenset()

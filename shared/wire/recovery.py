@@ -17,11 +17,13 @@ from dataclasses import dataclass
 
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, NodeId
+from shared.wire.store import ProducerTag
 
 EpochTail = tuple[int, int, int]
 """(epoch, last_known_good_esn, last_esn) that a node holds for one epoch."""
-DigestEntry = tuple[int, int, int, int, str | None, bytes]
-"""(esn, flags, wave_or_seal_epoch, timestamp_ms, key, payload); payload empty for holes."""
+DigestEntry = tuple[int, int, int, int, str | None, bytes, ProducerTag | None]
+"""(esn, flags, wave_or_seal_epoch, timestamp_ms, key, payload, producer tag); payload empty
+for holes; the tag (of the append the record came from) is None without a producer."""
 EsnRange = tuple[int, int]
 """Inclusive ``(first_esn, last_esn)``."""
 

@@ -11,8 +11,25 @@ import zlib
 from dataclasses import dataclass
 from enum import IntFlag
 
+from shared.limits import PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId
+
+ProducerTag = tuple[str, int, int, int]
+"""``(producer_id, producer_seq, first_lsn, last_lsn)``: the idempotent append (see
+``sequencer.core.producers``) that the records ``first_lsn..last_lsn`` came from. It travels
+with every copy of those records, recovery's included, so that storage nodes can tell a new
+sequencer which appends a producer already made."""
+
+
+def producer_tag_valid(tag: object) -> bool:
+    if type(tag) is not tuple or len(tag) != 4:
+        return False
+    producer_id, seq, first_lsn, last_lsn = tag
+    return (type(producer_id) is str and 0 < len(producer_id) <= PRODUCER_ID_BYTES_MAX
+            and type(seq) is int and 0 <= seq <= PRODUCER_SEQ_MAX
+            and type(first_lsn) is int and type(last_lsn) is int
+            and 0 < first_lsn <= last_lsn)
 
 
 def payloads_checksum(payloads: tuple[bytes, ...]) -> int:
@@ -77,6 +94,9 @@ class Store:
     checksum: int
     flags: int = 0
     """``RecordFlags``; 0 for the sequencer's own STOREs."""
+    producers: tuple[ProducerTag, ...] = ()
+    """The producer tags of the appends whose records this STORE carries (each overlaps
+    ``lsn..last_lsn``; a recovery STORE of one record carries its append's whole range)."""
 
     @property
     def last_lsn(self) -> Lsn:
@@ -89,6 +109,10 @@ class Store:
                 self.flags and not self.flags & RecordFlags.WRITTEN_BY_RECOVERY):
             return Status.BADMSG
         if self.flags & RecordFlags.HOLE and any(self.payloads):
+            return Status.BADMSG
+        if self.producers and (len(self.producers) > len(self.payloads) or not all(
+                producer_tag_valid(tag) and tag[2] <= self.last_lsn and tag[3] >= self.lsn
+                for tag in self.producers)):
             return Status.BADMSG
         if payloads_checksum(self.payloads) != self.checksum:
             return Status.CHECKSUM_MISMATCH

@@ -296,11 +296,18 @@ def release_monotonic(events: list[Event]) -> list[Violation]:
 
 
 def failed_not_written(events: list[Event]) -> list[Violation]:
+    """A payload whose every attempt failed was never written (an idempotent writer's retry
+    may fail after an attempt with an unknown outcome that did write it)."""
     failed: dict[tuple[int, str], Op] = {}
+    tried: set[tuple[int, str]] = set()
     for op in ops(events).values():
-        if op.outcome == "fail":
-            for payload in op.payloads:
+        for payload in op.payloads:
+            if op.outcome == "fail":
                 failed[(op.log, payload)] = op
+            else:
+                tried.add((op.log, payload))
+    for key in tried:
+        failed.pop(key, None)
     violations = []
     for e in events:
         if e["ev"] not in ("read", "copies"):
@@ -422,8 +429,12 @@ def figures(events: list[Event], violations: list[Violation]) -> dict[str, Any]:
     for e in events:
         if e["ev"] == "fault" and e.get("phase", "start") == "start":
             faults[e["action"]] += 1
+    retries = [e for e in events if e["ev"] == "invoke" and e.get("retry")]
+    retried_ok = sum(1 for e in retries if all_ops[e["op"]].outcome == "ok")
     return {
         "appends_invoked": len(all_ops),
+        "idempotent_retries": len(retries),
+        "idempotent_retries_acked": retried_ok,
         "appends_acked": outcomes["ok"],
         "appends_failed": outcomes["fail"],
         "appends_unknown": outcomes["unknown"] + outcomes[None],

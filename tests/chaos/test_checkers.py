@@ -137,6 +137,15 @@ def test_a_payload_at_two_lsns_is_flagged() -> None:
     assert "'y' is at LSNs [13, 14]" in _only("no_duplicates", h.events)[0].detail
 
 
+def test_a_retried_payload_written_twice_is_flagged_and_a_failed_retry_is_not() -> None:
+    # An idempotent writer's first attempt ended unknown and wrote at 13; its retry failed.
+    h = H().append(["y"], "unknown").append(["y"], "fail").copies("st1", [(13, "y")])
+    assert not [v for v in checkers.check(h.events) if v.check == "failed_not_written"]
+    # A retry that wrote a second copy is a duplicate.
+    h = H().append(["y"], "unknown").append(["y"], "ok", [14]).copies("st1", [(13, "y")])
+    assert "'y' is at LSNs [13, 14]" in _only("no_duplicates", h.events)[0].detail
+
+
 @pytest.mark.parametrize(("reads", "complaint"), [
     ([(1, 5, [(2, "p")], [("HOLE", 1, 1), ("HOLE", 3, 4)]),
       (4, 6, [(5, "q")], [("HOLE", 4, 4)])], "previous answer ended at 5"),

@@ -2,8 +2,12 @@
 bound to one node, and release-pointer observers; everything they see goes to the history.
 
 - A writer appends to one log through one node, one request at a time (an append, or now and
-  then an append-batch), each payload unique in the run (``log.writer.seq``), and never
-  retries a payload, so the checkers can tell every record's origin. Its answer is classified
+  then an append-batch), each payload unique in the run (``log.writer.seq``), so the checkers
+  can tell every record's origin. Plain writers never retry a payload. Idempotent writers
+  (every other one) name themselves as the producer (``producer_id`` = writer name,
+  ``producer_seq`` = the seq of the first payload) and retry an append whose outcome is
+  unknown with the same pair, as a new op with the same payloads: the checkers then prove
+  that no retry wrote a second copy. Its answer is classified
   as API.md says: 200 ``ok``; 429, 503 and other 4xx ``fail`` (nothing written); 504, 500, a
   client timeout or a connection lost after sending ``unknown``. A connection that could not
   be opened is ``fail`` too: nothing was sent. Every request opens a fresh connection, so a
@@ -58,6 +62,8 @@ class WorkloadSettings:
     writer_pause_s: float = 0.05
     batch_fraction: float = 0.2
     batch_records_max: int = 3
+    idempotent_retries_max: int = 3
+    """Retries of an unknown outcome by an idempotent writer (0: no idempotent writers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +84,7 @@ def _error_status(body: bytes, code: int) -> str:
 
 
 async def append(session: aiohttp.ClientSession, http: str, log: int,
-                 payloads: list[bytes]) -> Outcome:
+                 payloads: list[bytes], producer: tuple[str, int] | None = None) -> Outcome:
     """One append (or append-batch) through ``http``, classified by what it says about the
     outcome."""
     if len(payloads) == 1:
@@ -87,6 +93,8 @@ async def append(session: aiohttp.ClientSession, http: str, log: int,
     else:
         url = f"http://{http}/v1/logs/{log}/append-batch"
         body = {"payloads": [base64.b64encode(p).decode() for p in payloads]}
+    if producer is not None:
+        body["producer_id"], body["producer_seq"] = producer
     timeout = aiohttp.ClientTimeout(total=APPEND_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
     try:
         async with session.post(url, data=json.dumps(body), headers=JSON_HEADERS,
@@ -202,28 +210,46 @@ class Workload:
                       rng: random.Random) -> None:
         seq = 0
         settings = self.settings
+        idempotent = settings.idempotent_retries_max > 0 and int(name[1:]) % 2 == 1
         while not self.stop_writes.is_set():
             count = 1
             if rng.random() < settings.batch_fraction:
                 count = rng.randint(2, settings.batch_records_max)
             payloads = [f"{log}.{name}.{seq + i}" for i in range(count)]
+            producer = (name, seq) if idempotent else None
             seq += count
-            self._next_op += 1
-            op = self._next_op
-            self.history.add("invoke", op=op, log=log, node=node, writer=name,
-                             payloads=payloads)
-            try:
-                outcome = await append(session, self.http[node], log,
-                                       [p.encode() for p in payloads])
-            except asyncio.CancelledError:
-                self.history.add("unknown", op=op, status="CANCELLED", http=None)
-                raise
-            if outcome.kind == "ok":
-                self.history.add("ok", op=op, lsns=list(outcome.lsns))
-            else:
-                self.history.add(outcome.kind, op=op, status=outcome.status, http=outcome.http)
+            retries = 0
+            while True:
+                outcome = await self._append_op(session, name, log, node, payloads, producer,
+                                                retry=retries > 0)
+                if (producer is None or outcome.kind != "unknown"
+                        or retries >= settings.idempotent_retries_max
+                        or self.stop_writes.is_set()):
+                    break
+                retries += 1
+                await asyncio.sleep(ERROR_PAUSE_S * rng.uniform(0.5, 1.5))
             pause = settings.writer_pause_s if outcome.kind == "ok" else ERROR_PAUSE_S
             await asyncio.sleep(pause * rng.uniform(0.5, 1.5))
+
+    async def _append_op(self, session: aiohttp.ClientSession, name: str, log: int, node: str,
+                         payloads: list[str], producer: tuple[str, int] | None,
+                         retry: bool) -> Outcome:
+        self._next_op += 1
+        op = self._next_op
+        self.history.add("invoke", op=op, log=log, node=node, writer=name,
+                         payloads=payloads, producer=list(producer) if producer else None,
+                         retry=retry)
+        try:
+            outcome = await append(session, self.http[node], log,
+                                   [p.encode() for p in payloads], producer)
+        except asyncio.CancelledError:
+            self.history.add("unknown", op=op, status="CANCELLED", http=None)
+            raise
+        if outcome.kind == "ok":
+            self.history.add("ok", op=op, lsns=list(outcome.lsns))
+        else:
+            self.history.add(outcome.kind, op=op, status=outcome.status, http=outcome.http)
+        return outcome
 
     async def _reader(self, session: aiohttp.ClientSession, name: str, log: int,
                       node: str) -> None:

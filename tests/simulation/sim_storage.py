@@ -228,7 +228,7 @@ class SimStorageNode:
         found = sorted((lsn, record) for (log_id, lsn), record in self.disk.records.items()
                        if log_id == request.log_id and first <= lsn <= last)
         page = found[: request.records_max]
-        entries = tuple((lsn_to_esn(lsn), r.flags, r.wave, r.timestamp_ms, None, r.payload)
+        entries = tuple((lsn_to_esn(lsn), r.flags, r.wave, r.timestamp_ms, None, r.payload, None)
                         for lsn, r in page)
         next_esn = (lsn_to_esn(page[-1][0]) + 1 if len(found) > len(page) else ESN_MAX + 1)
         reply(Digest(status=Status.OK, log_id=request.log_id, epoch=request.epoch,

@@ -73,7 +73,8 @@ def sealed(node: NodeId, seal: Seal) -> Sealed:
 
 def digest(node: NodeId, request: GetDigest) -> Digest:
     entries = tuple(
-        (esn, flags, wave, 0, None, b"" if flags & RecordFlags.HOLE else payload(epoch, esn))
+        (esn, flags, wave, 0, None, b"" if flags & RecordFlags.HOLE else payload(epoch, esn),
+         None)
         for (epoch, esn), (flags, wave) in sorted(DISKS[node].items())
         if epoch == request.epoch and esn >= request.from_esn)
     return Digest(status=Status.OK, log_id=LOG, epoch=request.epoch, entries=entries,
@@ -205,7 +206,7 @@ def test_a_node_failing_mid_digest_is_retried_and_stale_replies_are_ignored() ->
     # A late SEALED from an earlier phase is stale.
     assert recovery.on_reply(NodeId("N4"), seals[NodeId("N4")], Status.TIMEDOUT, 12) == []
     recovery.on_reply(N1, digests[N1], Digest(status=Status.OK, log_id=LOG, epoch=Epoch(1),
-                      entries=((1, 0, 1, 5, None, b"a"),), next_esn=ESN_MAX + 1), 12)
+                      entries=((1, 0, 1, 5, None, b"a", None),), next_esn=ESN_MAX + 1), 12)
     recovery.on_reply(N2, digests[N2], Digest(status=Status.OK, log_id=LOG, epoch=Epoch(1),
                       entries=(), next_esn=ESN_MAX + 1), 12)
     # Without N3 only two members would remain, fewer than the f-majority of 4 - 2 + 1 = 3
@@ -279,7 +280,7 @@ def test_a_member_that_cannot_serve_recovery_is_left_out(failure: Status) -> Non
             if node == bad and failure is Status.CHECKSUM_MISMATCH:
                 return Digest(status=failure, log_id=LOG, epoch=message.epoch, entries=(),
                               next_esn=message.from_esn)
-            entries = tuple((esn, 0, 1, 0, None, b"p%d" % esn) for esn in (1, 2, 3)
+            entries = tuple((esn, 0, 1, 0, None, b"p%d" % esn, None) for esn in (1, 2, 3)
                             if node in nodes[:2])
             return Digest(status=Status.OK, log_id=LOG, epoch=message.epoch, entries=entries,
                           next_esn=ESN_MAX + 1)
@@ -313,3 +314,34 @@ def test_a_late_write_of_an_abandoned_attempt_never_ties_with_the_newer_decision
                            attempts_before=3)
     recovery.start(0)
     assert recovery.attempt == 4
+
+
+def test_re_replicated_records_keep_their_producer_tags() -> None:
+    # Records e1n1..e1n2 (one idempotent batch) are on one node only: recovery copies them to
+    # R nodes, and the copies must carry the tag, or a later producer lookup could miss them.
+    nodes = (N1, N2, N3)
+    tag = ("prod", 4, lsn(1, 1), lsn(1, 2))
+    written: list[Store] = []
+
+    def answer(node: NodeId, message: Any) -> Any:
+        if isinstance(message, Seal):
+            return Sealed(status=Status.OK, log_id=LOG, seal_epoch=message.seal_epoch,
+                          sealed_epoch=Epoch(0), sealed_by=None,
+                          tails=((1, 0, 2),) if node == N1 else ())
+        if isinstance(message, GetDigest):
+            entries = tuple((esn, 0, 1, 0, None, b"p%d" % esn, tag) for esn in (1, 2)
+                            if node == N1)
+            return Digest(status=Status.OK, log_id=LOG, epoch=message.epoch, entries=entries,
+                          next_esn=ESN_MAX + 1)
+        if isinstance(message, Store):
+            written.append(message)
+            return Stored(log_id=LOG, lsn=message.lsn, wave=message.wave, status=Status.OK,
+                          sealed_epoch=Epoch(0), sealed_by=None)
+        return Cleaned(status=Status.OK, log_id=LOG, epoch=message.epoch,
+                       sealed_epoch=Epoch(2), sealed_by=SEQ)
+
+    recovery = drive(nodes, answer)
+    assert recovery.phase is Phase.DONE
+    records = [s for s in written if not s.flags & RecordFlags.HOLE]
+    assert records and all(s.producers == (tag,) and s.validate() is Status.OK
+                           for s in records)

@@ -86,6 +86,7 @@ class AppendCall:
     log_id: LogId
     payloads: tuple[bytes, ...]
     key: str | None
+    producer: tuple[str, int] | None = None
 
 
 class FakeLogService:
@@ -129,7 +130,7 @@ class FakeLogService:
 
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
-        no_forward: bool = False,
+        producer: tuple[str, int] | None = None, no_forward: bool = False,
     ) -> AppendOutcome:
         failed = self._check()
         if failed is not None:
@@ -137,7 +138,8 @@ class FakeLogService:
         if self.redirect_to is not None and no_forward:
             return AppendOutcome(status=Status.NOSEQUENCER, sequencer_node=NodeId("n2"),
                                  message="sequenced elsewhere", redirect_http=self.redirect_to)
-        self.appends.append(AppendCall(log_id=log_id, payloads=payloads, key=key))
+        self.appends.append(AppendCall(log_id=log_id, payloads=payloads, key=key,
+                                       producer=producer))
         first = self._next(log_id)
         records = self._records.setdefault(log_id, [])
         for offset, payload in enumerate(payloads):

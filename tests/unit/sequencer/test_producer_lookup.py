@@ -1,0 +1,110 @@
+"""The producer lookup's I/O against three real storage nodes over TCP: candidates come from an
+f-majority of answers, and only those that read back as records count (a stray copy that
+recovery plugged, or one past its epoch's end, does not)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sequencer.producer_lookup import lookup_producer
+from shared.config import StorageConfig, TransportConfig
+from shared.epoch_metadata import LogMetadata
+from shared.net.pool import PeerPool
+from shared.net.server import start_server
+from shared.status import Status
+from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
+from shared.wire.release import Release
+from shared.wire.store import RECOVERY_HOLE, Store, payloads_checksum, recovery_wave
+from storage_node.runtime import StorageNode
+
+LOG = LogId(5)
+NODES = (NodeId("st1"), NodeId("st2"), NodeId("st3"))
+TIMESTAMP_MS = 1_700_000_000_000
+
+
+def lsn(epoch: int, esn: int) -> Lsn:
+    return compose_lsn(Epoch(epoch), Esn(esn))
+
+
+def record(at: Lsn, payload: bytes, tag: tuple[str, int, int, int] | None) -> Store:
+    return Store(log_id=LOG, lsn=at, wave=1, sequencer_node=NodeId("old"), copyset=NODES,
+                 timestamp_ms=TIMESTAMP_MS, last_known_good=Esn(0), release_lsn=Lsn(0),
+                 timeout_ms=1000, key=None, payloads=(payload,),
+                 checksum=payloads_checksum((payload,)), producers=(tag,) if tag else ())
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[tuple[PeerPool, list[StorageNode]]]:
+    transport = TransportConfig(connect_timeout_ms=500, reconnect_backoff_ms_max=100)
+    nodes, servers, ports = [], [], {}
+    for node_id in NODES:
+        node = StorageNode(node_id=node_id, data_dir=str(tmp_path / node_id),
+                           config=StorageConfig(fsync="never"))
+        await node.start()
+        server = await start_server("127.0.0.1", 0, node_id=node_id, cluster_fingerprint="t",
+                                    handler=node, config=transport)
+        nodes.append(node)
+        servers.append(server)
+        ports[node_id] = server.port
+    peers = PeerPool(node_id=NodeId("seq"), cluster_fingerprint="t", config=transport,
+                     addresses=lambda n: ("127.0.0.1", ports[n]) if n in ports else None)
+    yield peers, nodes
+    await peers.close()
+    for server in servers:
+        await server.close()
+    for node in nodes:
+        await node.close()
+
+
+async def _store(peers: PeerPool, node: NodeId, message: Store) -> None:
+    reply = await peers.call(node, message, 5_000)
+    assert getattr(reply, "status", None) is Status.OK, reply
+
+
+async def _never(_lsn: Lsn) -> None:
+    raise AssertionError("no wait expected: every candidate is in a recovered epoch")
+
+
+@pytest.mark.timeout(30)
+async def test_only_candidates_that_read_back_as_records_count(
+        pool: tuple[PeerPool, list[StorageNode]]) -> None:
+    peers, _ = pool
+    written = lsn(1, 1)       # seq 1: a record on R=2 nodes
+    plugged = lsn(1, 2)       # seq 2: a stray copy on st3, plugged by recovery on st1, st2
+    beyond = lsn(1, 9)        # seq 3: a stray copy past the epoch's end
+    for node in NODES[:2]:
+        await _store(peers, node, record(written, b"one", ("p", 1, written, written)))
+        hole = dataclasses.replace(record(plugged, b"", None), flags=int(RECOVERY_HOLE),
+                                   wave=recovery_wave(2, 1))
+        await _store(peers, node, hole)
+    await _store(peers, NODES[2], record(plugged, b"stray", ("p", 2, plugged, plugged)))
+    await _store(peers, NODES[2], record(beyond, b"late", ("p", 3, beyond, beyond)))
+    release = plugged  # recovery ended epoch 1 at e1n2 (its bridge is at e1n3)
+    for node in NODES:
+        peers.send(node, Release(log_id=LOG, release_lsn=release))
+    metadata = LogMetadata(log_id=LOG, next_epoch=Epoch(3), nodeset=NODES,
+                           replication_factor=2, last_writer=NodeId("seq"), version=1)
+    found = await lookup_producer(transport=peers, metadata=metadata, producer_id="p",
+                                  epoch=Epoch(2), release_lsn=lambda: release,
+                                  wait_release_above=_never)
+    assert found == [(1, written, written, TIMESTAMP_MS)]
+    assert await lookup_producer(transport=peers, metadata=metadata, producer_id="nobody",
+                                 epoch=Epoch(2), release_lsn=lambda: release,
+                                 wait_release_above=_never) == []
+
+
+@pytest.mark.timeout(30)
+async def test_too_few_answers_leave_the_producer_unknown(
+        pool: tuple[PeerPool, list[StorageNode]]) -> None:
+    peers, nodes = pool
+    for node in nodes[:2]:
+        await node.close()  # answers SHUTDOWN: one answer left, an f-majority is 2
+    metadata = LogMetadata(log_id=LOG, next_epoch=Epoch(3), nodeset=NODES,
+                           replication_factor=2, last_writer=NodeId("seq"), version=1)
+    assert await lookup_producer(transport=peers, metadata=metadata, producer_id="p",
+                                 epoch=Epoch(2), release_lsn=lambda: Lsn(0),
+                                 wait_release_above=_never) is None
