@@ -32,6 +32,14 @@ seqlog() {
         | tail -1 >> "$OUT"
     "${bench[@]}" --inflight 16 --batch 64 --records 256000 --label seqlog-r3-fsync \
         | tail -1 >> "$OUT"
+    # The same single-record rows with a client that costs ~60 us of CPU per request instead
+    # of seqlog.Client's ~330 us: what the servers do when the client is not eating the cores.
+    "${bench[@]}" --client raw --inflight 1 --records 3000 --label seqlog-r3-fsync \
+        | tail -1 >> "$OUT"
+    "${bench[@]}" --client raw --inflight 64 --records 20000 --label seqlog-r3-fsync \
+        | tail -1 >> "$OUT"
+    "${bench[@]}" --client raw --inflight 256 --records 20000 --label seqlog-r3-fsync \
+        | tail -1 >> "$OUT"
     .venv/bin/seqlog local down --dir "$DIR/c" >/dev/null
     rm -rf "$DIR/c"
 }

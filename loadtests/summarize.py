@@ -17,7 +17,10 @@ def main(path: str) -> None:
         for line in f:
             if line.strip().startswith("{"):
                 d = json.loads(line)
-                key = (d.get("bench", "?"), int(d.get("inflight", 0)), int(d.get("batch", 1)))
+                bench = d.get("bench", "?")
+                if d.get("client") == "raw":
+                    bench += " (raw HTTP client)"
+                key = (bench, int(d.get("inflight", 0)), int(d.get("batch", 1)))
                 rows[key].append(d)
     print("| system | in-flight | batch | records/s | p50 ms | p99 ms | client CPU | runs |")
     print("|---|---|---|---|---|---|---|---|")

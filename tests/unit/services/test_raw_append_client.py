@@ -1,0 +1,67 @@
+"""The benchmarks' minimal HTTP client (loadtests.raw_append_client) against the real HTTP edge
+over a fake service: appends land, a 307 leads to the owner, error answers become LogError."""
+
+from __future__ import annotations
+
+import pytest
+from http_fakes import ApiClient, FakeLogService, serve
+
+from loadtests.raw_append_client import RawAppender
+from shared.status import LogError, Status
+from shared.types import LogId
+
+
+def _url(client: ApiClient) -> str:
+    return f"http://127.0.0.1:{client.server.port}"
+
+
+async def test_appends_land_on_one_kept_alive_connection(
+        client: ApiClient, fake: FakeLogService) -> None:
+    appender = RawAppender([_url(client)])
+    try:
+        await appender.prepare(7, [b"one"])
+        for _ in range(3):
+            await appender.append(7)
+    finally:
+        await appender.close()
+    assert [(a.log_id, a.payloads) for a in fake.appends] == [(LogId(7), (b"one",))] * 4
+
+
+async def test_batches_use_append_batch(client: ApiClient, fake: FakeLogService) -> None:
+    appender = RawAppender([_url(client)])
+    try:
+        await appender.prepare(3, [b"a", b"b"])
+        await appender.append(3)
+    finally:
+        await appender.close()
+    assert [a.payloads for a in fake.appends] == [(b"a", b"b")] * 2
+
+
+async def test_a_redirect_leads_to_the_owner(client: ApiClient, fake: FakeLogService) -> None:
+    owner = FakeLogService()
+    async with serve(owner) as owner_client:
+        fake.redirect_to = f"127.0.0.1:{owner_client.server.port}"
+        appender = RawAppender([_url(client)])
+        try:
+            await appender.prepare(5, [b"x"])
+            await appender.append(5)
+        finally:
+            await appender.close()
+    assert fake.appends == []
+    assert len(owner.appends) == 2
+
+
+async def test_error_answers_raise_their_status(client: ApiClient, fake: FakeLogService) -> None:
+    appender = RawAppender([_url(client)])
+    try:
+        await appender.prepare(9, [b"x"])
+        fake.fail_with = Status.SEQNOBUFS
+        with pytest.raises(LogError) as raised:
+            await appender.append(9)
+        assert raised.value.status is Status.SEQNOBUFS
+        # The connection is still usable after an error answer.
+        fake.fail_with = None
+        await appender.append(9)
+    finally:
+        await appender.close()
+    assert len(fake.appends) == 2
