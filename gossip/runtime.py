@@ -8,6 +8,7 @@ SUSPECT or DEAD) to subscribers whenever a state changes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Protocol
@@ -21,6 +22,9 @@ from shared.types import NodeId
 from shared.wire.gossip import Gossip
 
 log = logging.getLogger(__name__)
+
+FAREWELL_TICKS = 2
+"""Gossip rounds a gracefully stopping node sends after announcing it, before it closes."""
 
 ViewListener = Callable[[dict[NodeId, NodeState]], None]
 
@@ -51,6 +55,10 @@ class GossipRuntime:
         self._published_version = -1
         self._task: asyncio.Task[None] | None = None
         self.gossips_dropped = 0
+        self._ticks_count = 0
+        self._ticked = asyncio.Event()
+        self._failover_tick: int | None = None
+        """The tick count when graceful shutdown began."""
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -85,8 +93,23 @@ class GossipRuntime:
         if self.core.failing_over:
             return
         self._send(self.core.begin_failover(self.clock.wall_ms()))
+        self._failover_tick = self._ticks_count
         loop = asyncio.get_running_loop()
         loop.call_later(self.config.failover_duration_ms / 1000, self._stop_ticking)
+
+    async def farewell(self) -> None:
+        """Before a graceful shutdown closes the transport: let ``FAREWELL_TICKS`` gossip rounds
+        carry the announcement (a node with nothing to drain would otherwise close its
+        connections before the first one was even written, and its peers would wait for the
+        failure threshold instead). Bounded by ``failover_duration_ms``."""
+        if self._failover_tick is None or self._task is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.failover_duration_ms / 1000):
+                while (self._ticks_count < self._failover_tick + FAREWELL_TICKS
+                       and self._task is not None and not self._task.done()):
+                    self._ticked.clear()
+                    await self._ticked.wait()
 
     async def close(self) -> None:
         task, self._task = self._task, None
@@ -111,6 +134,8 @@ class GossipRuntime:
             try:
                 self._send(self.core.on_tick(self.clock.now_ms(), self.clock.wall_ms()))
                 self._publish()
+                self._ticks_count += 1
+                self._ticked.set()
             except Exception:
                 # The detector must keep running: a dead tick loop would freeze the view.
                 log.exception("gossip tick failed")

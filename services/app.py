@@ -184,6 +184,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
             await sequencer.drain(drain_timeout_s)
             await sequencer.close()
         await service.close()
+        await gossip.farewell()
         await gossip.close()
         await server.close()
         await pool.close()
