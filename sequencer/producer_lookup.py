@@ -15,22 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from contextlib import suppress
 
 from sequencer.core.producers import lookup_candidates
 from shared.epoch_metadata import LogMetadata
+from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
 from shared.net.read_driver import RoundTransport, run_round
-from shared.read_merge import f_majority
 from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
+from shared.types import Epoch, LogId, Lsn, lsn_to_epoch
 from shared.wire.producer import GetProducer, ProducerEntry, ProducerState
 
 log = logging.getLogger(__name__)
 
-STORAGE_CALL_TIMEOUT_MS = 2_000
-ANSWER_GRACE_MS = 50
-"""Once an f-majority answered, how long the others may still add their answers."""
 READ_SPECULATIVE_DELAY_MS = 20
 VERIFY_BYTES_MAX = 16 * 1024 * 1024
 """Payload bytes one verification read round may carry (a long batch takes several)."""
@@ -44,12 +40,17 @@ async def lookup_producer(
     """The producer's verified appends to the log, or None if the cluster could not tell
     (too few storage nodes answered, or a candidate could not be read)."""
     log_id = metadata.log_id
-    answers = await _ask_nodeset(transport, metadata, GetProducer(
-        log_id=log_id, producer_id=producer_id))
+    answers = await ask_nodeset(
+        transport, metadata.nodeset, metadata.replication_factor,
+        GetProducer(log_id=log_id, producer_id=producer_id),
+        lambda r: type(r) is ProducerState and r.status is Status.OK,
+        timeout_ms=STORAGE_CALL_TIMEOUT_MS)
     if answers is None:
+        log.warning("log %d: producer lookup reached fewer than an f-majority of the nodeset",
+                    log_id)
         return None
     verified: list[ProducerEntry] = []
-    candidates = lookup_candidates(answers)
+    candidates = lookup_candidates([a.entries for a in answers if type(a) is ProducerState])
     checks = {entry: asyncio.ensure_future(_records_exist(
         transport, metadata, Lsn(entry[1]), Lsn(entry[2]), epoch, release_lsn,
         wait_release_above))
@@ -68,45 +69,6 @@ async def lookup_producer(
             check.cancel()
         await asyncio.gather(*checks.values(), return_exceptions=True)
     return verified
-
-
-async def _ask_nodeset(transport: RoundTransport, metadata: LogMetadata,
-                       request: GetProducer) -> list[tuple[ProducerEntry, ...]] | None:
-    """Every answer from the nodeset, once an f-majority (and whoever else answers within
-    ``ANSWER_GRACE_MS`` of it) did; None when an f-majority can no longer answer."""
-    nodeset = metadata.nodeset
-    needed = f_majority(len(nodeset), metadata.replication_factor)
-    answers: list[tuple[ProducerEntry, ...]] = []
-    failed: list[NodeId] = []
-    changed = asyncio.Event()
-
-    def answer(node: NodeId) -> Callable[[object], None]:
-        def done(reply: object) -> None:
-            if type(reply) is ProducerState and reply.status is Status.OK:
-                answers.append(reply.entries)
-            else:
-                failed.append(node)
-            changed.set()
-        return done
-
-    for node in nodeset:
-        transport.request(node, request, answer(node), timeout_ms=STORAGE_CALL_TIMEOUT_MS)
-    loop = asyncio.get_running_loop()
-    grace_end_s: float | None = None
-    while len(answers) + len(failed) < len(nodeset):
-        if len(nodeset) - len(failed) < needed:
-            log.warning("log %d: producer lookup reached %d of %d storage nodes",
-                        metadata.log_id, len(answers), needed)
-            return None
-        if grace_end_s is None and len(answers) >= needed:
-            grace_end_s = loop.time() + ANSWER_GRACE_MS / 1000
-        changed.clear()
-        timeout_s = None if grace_end_s is None else max(grace_end_s - loop.time(), 0)
-        if timeout_s == 0:
-            break
-        with suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout_s)
-    return answers if len(answers) >= needed else None
 
 
 async def _records_exist(

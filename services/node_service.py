@@ -38,6 +38,7 @@ from services.log_service import (
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
+from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
@@ -56,7 +57,6 @@ log = logging.getLogger(__name__)
 
 FORWARD_HOPS_MAX = 2
 READ_POLL_INTERVAL_S = 0.02
-STORAGE_CALL_TIMEOUT_MS = 2_000
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
 T = TypeVar("T")
 OWNERS_CACHED_MAX = 100_000
@@ -422,17 +422,17 @@ class NodeService:
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
-        replies: list[Any] = await asyncio.gather(*(
-            self.pool.call(node, message, STORAGE_CALL_TIMEOUT_MS) for node in metadata.nodeset))
-        answers = [r for r in replies
-                   if type(r) is answer_type and getattr(r, "status", None) is Status.OK]
-        needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
-        if len(answers) < needed:
+        answers = await ask_nodeset(
+            self.pool, metadata.nodeset, metadata.replication_factor, message,
+            lambda r: type(r) is answer_type and getattr(r, "status", None) is Status.OK,
+            timeout_ms=STORAGE_CALL_TIMEOUT_MS)
+        if answers is None:
+            needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
             return LsnOutcome(
                 status=Status.NOTREADY,
-                message=f"{len(answers)} of {len(metadata.nodeset)} storage nodes answered; "
-                        f"{needed} are needed; retry")
-        return answers
+                message=f"fewer than {needed} of {len(metadata.nodeset)} storage nodes "
+                        "answered; retry")
+        return [a for a in answers if type(a) is answer_type]
 
     # ---- cluster -------------------------------------------------------------------------
 

@@ -155,15 +155,11 @@ class ProducerTable(Generic[P]):
         return joined
 
     def failed(self, producer_id: str, seq: int) -> list[P]:
-        """The pair's append ended with nothing written; returns the retries that joined it
-        (they get the same answer)."""
+        """The pair's append ended with nothing written, or went back to wait without an LSN:
+        it is no longer in flight. Returns the retries that joined it (they get the same answer,
+        or wait again behind it)."""
         producer = self._producers.get(producer_id)
         return producer.in_flight.pop(seq, []) if producer is not None else []
-
-    def withdraw(self, producer_id: str, seq: int) -> list[P]:
-        """The pair's append goes back to wait without an LSN: it is no longer in flight;
-        returns the retries that joined it (they wait again too)."""
-        return self.failed(producer_id, seq)
 
     def looked_up(self, producer_id: str, entries: list[ProducerEntry] | None) -> list[P]:
         """The lookup ended: with the producer's verified appends, or None if it failed (the

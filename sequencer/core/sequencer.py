@@ -284,7 +284,7 @@ class Sequencer:
             again.append(pending)
             pair = self._producer_of.pop(pending.request_id, None)
             if pair is not None:
-                again.extend(self.producers.withdraw(*pair))
+                again.extend(self.producers.failed(*pair))
         return again
 
     def _send_wave(self, appender: Appender, now_ms: int) -> list[Effect]:

@@ -11,15 +11,14 @@ from pathlib import Path
 import pytest
 
 from sequencer.producer_lookup import lookup_producer
-from shared.config import StorageConfig, TransportConfig
 from shared.epoch_metadata import LogMetadata
 from shared.net.pool import PeerPool
-from shared.net.server import start_server
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.release import Release
 from shared.wire.store import RECOVERY_HOLE, Store, payloads_checksum, recovery_wave
 from storage_node.runtime import StorageNode
+from tests.unit.sequencer.storage_stack import storage_stack
 
 LOG = LogId(5)
 NODES = (NodeId("st1"), NodeId("st2"), NodeId("st3"))
@@ -39,25 +38,8 @@ def record(at: Lsn, payload: bytes, tag: tuple[str, int, int, int] | None) -> St
 
 @pytest.fixture
 async def pool(tmp_path: Path) -> AsyncIterator[tuple[PeerPool, list[StorageNode]]]:
-    transport = TransportConfig(connect_timeout_ms=500, reconnect_backoff_ms_max=100)
-    nodes, servers, ports = [], [], {}
-    for node_id in NODES:
-        node = StorageNode(node_id=node_id, data_dir=str(tmp_path / node_id),
-                           config=StorageConfig(fsync="never"))
-        await node.start()
-        server = await start_server("127.0.0.1", 0, node_id=node_id, cluster_fingerprint="t",
-                                    handler=node, config=transport)
-        nodes.append(node)
-        servers.append(server)
-        ports[node_id] = server.port
-    peers = PeerPool(node_id=NodeId("seq"), cluster_fingerprint="t", config=transport,
-                     addresses=lambda n: ("127.0.0.1", ports[n]) if n in ports else None)
-    yield peers, nodes
-    await peers.close()
-    for server in servers:
-        await server.close()
-    for node in nodes:
-        await node.close()
+    async with storage_stack(tmp_path, NODES) as storage:
+        yield storage.pool, storage.nodes
 
 
 async def _store(peers: PeerPool, node: NodeId, message: Store) -> None:

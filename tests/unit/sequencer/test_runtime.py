@@ -18,16 +18,15 @@ from shared.config import (
     ClusterConfig,
     NodeConfig,
     SequencerConfig,
-    StorageConfig,
-    TransportConfig,
 )
 from shared.epoch_metadata import ProvisionSpec
 from shared.net.pool import PeerPool
-from shared.net.server import Server, start_server
+from shared.net.server import Server
 from shared.ports import EpochStore
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
 from storage_node.runtime import StorageNode
+from tests.unit.sequencer.storage_stack import storage_stack
 
 STORAGE = (NodeId("st1"), NodeId("st2"), NodeId("st3"))
 
@@ -43,38 +42,21 @@ class Stack:
 
 @pytest.fixture
 async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
-    transport = TransportConfig(connect_timeout_ms=500, reconnect_backoff_ms_max=100)
-    nodes, servers, ports = [], {}, {}
-    for node_id in STORAGE:
-        node = StorageNode(node_id=node_id, data_dir=str(tmp_path / node_id),
-                           config=StorageConfig(fsync="never"))
-        await node.start()
-        server = await start_server("127.0.0.1", 0, node_id=node_id, cluster_fingerprint="t",
-                                    handler=node, config=transport)
-        nodes.append(node)
-        servers[node_id] = server
-        ports[node_id] = server.port
-    cluster = ClusterConfig(
-        nodes=(NodeConfig(node_id=NodeId("seq"), roles=("sequencer",)),
-               *(NodeConfig(node_id=n, roles=("storage",), data_port=ports[n])
-                 for n in STORAGE)),
-        replication_factor=2)
-    pool = PeerPool(node_id=NodeId("seq"), cluster_fingerprint="t", config=transport,
-                    addresses=lambda n: ("127.0.0.1", ports[n]) if n in ports else None)
-    store = open_epoch_store(f"file://{tmp_path / 'epochs'}")
-    runtime = SequencerRuntime(
-        node_id=NodeId("seq"), config=SequencerConfig(append_timeout_ms=5_000),
-        cluster=cluster, transport=pool, epoch_store=store, clock=SystemClock(),
-        rng=random.Random(3))
-    await runtime.start()
-    yield Stack(runtime, store, servers, nodes, pool)
-    await runtime.close()
-    await pool.close()
-    for server in servers.values():
-        await server.close()
-    for node in nodes:
-        await node.close()
-    await store.close()
+    async with storage_stack(tmp_path, STORAGE) as storage:
+        cluster = ClusterConfig(
+            nodes=(NodeConfig(node_id=NodeId("seq"), roles=("sequencer",)),
+                   *(NodeConfig(node_id=n, roles=("storage",), data_port=storage.ports[n])
+                     for n in STORAGE)),
+            replication_factor=2)
+        store = open_epoch_store(f"file://{tmp_path / 'epochs'}")
+        runtime = SequencerRuntime(
+            node_id=NodeId("seq"), config=SequencerConfig(append_timeout_ms=5_000),
+            cluster=cluster, transport=storage.pool, epoch_store=store, clock=SystemClock(),
+            rng=random.Random(3))
+        await runtime.start()
+        yield Stack(runtime, store, storage.servers, storage.nodes, storage.pool)
+        await runtime.close()
+        await store.close()
 
 
 async def _busy_log(stack: Stack, log_id: LogId) -> asyncio.Task[object]:
