@@ -22,8 +22,8 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from frontend.outcomes import AppendOutcome
 from services.http_api import create_api_app
-from services.log_service import AppendOutcome
 from shared.config import ApiConfig
 from shared.status import Status
 from shared.types import Lsn, NodeId

@@ -28,11 +28,12 @@ from seqlog.results import (
     Record,
     TailResult,
 )
+from shared import http_contract
 from shared.status import LogError, Status
 from shared.types import Epoch, Lsn, NodeId, lsn_valid
 
-MSGPACK = "application/msgpack"
-JSON = "application/json"
+MSGPACK = http_contract.MSGPACK
+JSON = http_contract.JSON
 
 # Used only when an error answer carries no readable status name (a proxy, or aiohttp's own
 # 413/404 pages).

@@ -40,20 +40,21 @@ from seqlog.results import (
     TailResult,
 )
 from seqlog.routing import Router, normalize_url
+from shared.http_contract import (
+    NO_FORWARD_HEADER,
+    NOTHING_WRITTEN,
+    OUTCOME_UNKNOWN,
+    SEQUENCER_HEADER,
+    TRY_ELSEWHERE,
+)
 from shared.status import LogError, Status
 from shared.types import LSN_OLDEST, LogId, Lsn, log_id_valid, lsn_valid
 
-SEQUENCER_HEADER = "X-Seqlog-Sequencer"
-NO_FORWARD_HEADER = "X-Seqlog-No-Forward"
 _REDIRECT_CODES = frozenset({307, 308})
 _HEADERS = {"Content-Type": wire.MSGPACK, "Accept": wire.MSGPACK}
-# Answers after which nothing was written, so trying again cannot duplicate a record.
-_NOTHING_WRITTEN = frozenset(
-    {Status.SEQNOBUFS, Status.NOSEQUENCER, Status.NOTREADY, Status.SHUTDOWN, Status.OVERLOADED}
-)
-_OUTCOME_UNKNOWN = frozenset({Status.TIMEDOUT, Status.PEER_CLOSED})
-# Answers that say this node cannot serve now; another node may.
-_TRY_ELSEWHERE = frozenset({Status.NOTREADY, Status.SHUTDOWN})
+_NOTHING_WRITTEN = NOTHING_WRITTEN
+_OUTCOME_UNKNOWN = OUTCOME_UNKNOWN
+_TRY_ELSEWHERE = TRY_ELSEWHERE
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 URLS_CACHED_MAX = 4096
 """Parsed request URLs a client keeps (parsing one costs more than the rest of building a

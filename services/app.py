@@ -14,13 +14,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epoch_store import open_epoch_store
+from frontend.service import FrontEnd
 from gossip.core.failure_detector import NodeState
 from gossip.runtime import GossipRuntime
 from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.http_api import create_api_app
 from services.membership import ClusterChange, Membership
-from services.node_service import NodeService
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
 from shared.net.pool import PeerPool
@@ -43,7 +43,7 @@ DRAIN_TIMEOUT_S = 5.0
 class _Dispatcher:
     """Routes node-to-node messages to the role that handles them."""
 
-    def __init__(self, service: NodeService, storage: StorageNode | None,
+    def __init__(self, service: FrontEnd, storage: StorageNode | None,
                  gossip: GossipRuntime) -> None:
         self.service = service
         self.storage = storage
@@ -149,8 +149,8 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         seq = sequencer
         gossip.subscribe(lambda view: seq.set_unavailable_nodes(
             frozenset(n for n, s in view.items() if s is NodeState.DEAD)))
-    service = NodeService(config=config, pool=pool, sequencer=sequencer,
-                          epoch_store=epoch_store, gossip=gossip)
+    service = FrontEnd(config=config, pool=pool, sequencer=sequencer,
+                       epoch_store=epoch_store, gossip=gossip)
 
     def on_cluster_change(new: ClusterConfig, change: ClusterChange) -> None:
         gossip.add_nodes(tuple(n.node_id for n in change.added))

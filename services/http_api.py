@@ -1,7 +1,7 @@
 """The public HTTP API (API.md) as an aiohttp application over a ``LogService``.
 
 Handlers parse (``services.http_parse``), call the service once, map the returned ``Status``
-through ``services.http_status`` and answer; they make no other decision. One middleware
+through ``shared.http_contract`` and answer; they make no other decision. One middleware
 wraps every request: it counts and times it (``services.metrics``), turns router errors (404,
 405) into JSON error bodies and any unexpected exception into a logged 500 ``INTERNAL``.
 
@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from frontend.outcomes import AppendOutcome, LogService, ReadOutcome, TailOutcome
 from services.http_parse import (
     AppendRequest,
-    MediaType,
     Rejection,
     body_media_type,
     decode_body,
@@ -41,19 +41,22 @@ from services.http_parse import (
     parse_trim,
     response_media_type,
 )
-from services.http_status import http_code, wants_retry_after
-from services.log_service import AppendOutcome, LogService, ReadOutcome, TailOutcome
 from services.metrics import UNMATCHED_ROUTE, HttpMetrics
 from services.openapi import build_openapi
 from shared.config import ApiConfig
+from shared.http_contract import (
+    NO_FORWARD_HEADER,
+    NO_FORWARD_QUERY,
+    SEQUENCER_HEADER,
+    MediaType,
+    http_code,
+    wants_retry_after,
+)
 from shared.status import Status
 from shared.types import LogId, NodeId
 
 logger = logging.getLogger(__name__)
 
-SEQUENCER_HEADER = "X-Seqlog-Sequencer"
-NO_FORWARD_HEADER = "X-Seqlog-No-Forward"
-NO_FORWARD_QUERY = "no_forward"
 _TRUE_VALUES = frozenset({"1", "true", "yes"})
 BODY_READ_TIMEOUT_MS_DEFAULT = 30_000
 _CLIENT_CLOSED_CODE = 499

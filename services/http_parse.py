@@ -17,25 +17,18 @@ import binascii
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import msgpack
 import orjson
 
 from shared.config import ApiConfig
+from shared.http_contract import JSON, MEDIA_TYPE_ALIASES, MSGPACK, MediaType
 from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX
 from shared.status import Status
 from shared.types import LSN_MAX, LSN_OLDEST, LogId, Lsn, log_id_valid
 
-MediaType = Literal["application/json", "application/msgpack"]
-JSON: MediaType = "application/json"
-MSGPACK: MediaType = "application/msgpack"
-_MEDIA_ALIASES: dict[str, MediaType] = {
-    "application/json": JSON,
-    "application/msgpack": MSGPACK,
-    "application/x-msgpack": MSGPACK,
-    "application/vnd.msgpack": MSGPACK,
-}
+_MEDIA_ALIASES = MEDIA_TYPE_ALIASES
 
 READ_LIMIT_DEFAULT = 1000
 """``limit`` of a read that names none (API.md), before clamping to ``read_records_max``."""

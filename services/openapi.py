@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.http_parse import JSON, MSGPACK, READ_LIMIT_DEFAULT
+from services.http_parse import READ_LIMIT_DEFAULT
 from shared.config import ApiConfig
+from shared.http_contract import JSON, MSGPACK
 from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX
 from shared.status import Status
 from shared.types import LOG_ID_MAX, LOG_ID_MIN, LSN_MAX

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("shared", "sequencer", "storage_node", "epoch_store", "gossip", "services", "seqlog")
-DOMAINS = ("sequencer", "storage_node", "epoch_store", "gossip")
+PACKAGES = ("shared", "sequencer", "storage_node", "epoch_store", "gossip", "services", "seqlog",
+            "frontend")
+DOMAINS = ("sequencer", "storage_node", "epoch_store", "gossip", "frontend")
 BANNED_IN_CORES = {"asyncio", "aiohttp", "time", "random", "socket", "os", "threading"}
 
 

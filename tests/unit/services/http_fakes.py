@@ -18,8 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from services.http_api import create_api_app
-from services.log_service import (
+from frontend.outcomes import (
     AppendOutcome,
     GapOut,
     GapType,
@@ -31,6 +30,7 @@ from services.log_service import (
     RecordOut,
     TailOutcome,
 )
+from services.http_api import create_api_app
 from shared.config import ApiConfig
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn

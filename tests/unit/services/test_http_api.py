@@ -25,7 +25,7 @@ from http_fakes import (
     b64,
 )
 
-from services.http_status import HTTP_STATUS
+from shared.http_contract import HTTP_STATUS
 from shared.status import Status
 from shared.types import LogId
 

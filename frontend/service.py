@@ -1,4 +1,5 @@
-"""``NodeService``: the node's implementation of ``LogService`` behind the HTTP API.
+"""``FrontEnd``: the node's implementation of ``LogService``, behind the HTTP edge, the binary
+client protocol and the CLI.
 
 It routes each append to the log's sequencer node (weighted rendezvous hashing over the
 sequencer nodes the gossip failure detector reports ALIVE), runs it on the local sequencer
@@ -21,10 +22,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
-from gossip.core.failure_detector import NodeState
-from gossip.runtime import GossipRuntime
-from sequencer.runtime import SequencerRuntime
-from services.log_service import (
+from frontend.outcomes import (
     AppendOutcome,
     GapOut,
     LsnOutcome,
@@ -35,6 +33,7 @@ from services.log_service import (
     RecordOut,
     TailOutcome,
 )
+from frontend.ports import LocalSequencer, MembershipView
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
@@ -63,19 +62,19 @@ OWNERS_CACHED_MAX = 100_000
 """Logs whose owner ``NodeService.owner`` remembers; the cache starts over past it."""
 RELEASES_REMEMBERED_MAX = 100_000
 """Logs whose highest reported release pointer a node remembers (oldest forgotten first)."""
-_STATE_NAMES: dict[NodeState, Literal["ALIVE", "SUSPECT", "DEAD"]] = {
-    NodeState.ALIVE: "ALIVE", NodeState.SUSPECT: "SUSPECT", NodeState.DEAD: "DEAD"}
+_STATE_NAMES: dict[str, Literal["ALIVE", "SUSPECT", "DEAD"]] = {
+    "ALIVE": "ALIVE", "SUSPECT": "SUSPECT", "DEAD": "DEAD"}
 
 
-class NodeService:
+class FrontEnd:
     def __init__(
         self,
         *,
         config: ProcessConfig,
         pool: PeerPool,
-        sequencer: SequencerRuntime | None,
+        sequencer: LocalSequencer | None,
         epoch_store: EpochStore,
-        gossip: GossipRuntime | None = None,
+        gossip: MembershipView | None = None,
     ) -> None:
         self.config = config
         self.node_id = config.node_id
@@ -108,7 +107,7 @@ class NodeService:
         else:
             self._set_routable(list(self._sequencer_weights))
 
-    def _on_view(self, view: Mapping[NodeId, NodeState]) -> None:
+    def _on_view(self, view: Mapping[NodeId, str]) -> None:
         self._set_routable(routable_sequencers(self._sequencer_weights, view))
 
     def _set_routable(self, routable: list[tuple[NodeId, float]]) -> None:
@@ -441,7 +440,7 @@ class NodeService:
         view = self.gossip.view() if self.gossip is not None else {}
         return [
             NodeOut(node_id=n.node_id, roles=tuple(n.roles), http=n.http_address,
-                    state=_STATE_NAMES[view.get(n.node_id, NodeState.ALIVE)],
+                    state=_STATE_NAMES[view.get(n.node_id, "ALIVE")],
                     sequencer_weight=n.sequencer_weight,
                     storage_capacity=n.storage_capacity)
             for n in self.config.cluster.nodes

@@ -1,4 +1,6 @@
-"""The one table that maps every ``Status`` to an HTTP status code, for the HTTP API edge.
+"""The HTTP contract (API.md) shared by the server edge and the ``seqlog`` client: header
+names, media types, the one table that maps every ``Status`` to an HTTP status code, and which
+statuses mean "nothing was written", "outcome unknown" and "try another node".
 
 API.md fixes the codes of the statuses a caller is told about. The rest are chosen here, once:
 
@@ -17,7 +19,35 @@ Every 429 and 503 answer carries ``Retry-After`` (``ApiConfig.retry_after_s``).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from shared.status import Status
+
+SEQUENCER_HEADER = "X-Seqlog-Sequencer"
+"""Answer header: the node that sequenced (or sequences) the log."""
+NO_FORWARD_HEADER = "X-Seqlog-No-Forward"
+"""Request header (or ``no_forward`` query): redirect instead of forwarding the append."""
+NO_FORWARD_QUERY = "no_forward"
+RETRY_AFTER_HEADER = "Retry-After"
+
+MediaType = Literal["application/json", "application/msgpack"]
+JSON: MediaType = "application/json"
+MSGPACK: MediaType = "application/msgpack"
+MEDIA_TYPE_ALIASES: dict[str, MediaType] = {
+    "application/json": JSON,
+    "application/msgpack": MSGPACK,
+    "application/x-msgpack": MSGPACK,
+    "application/vnd.msgpack": MSGPACK,
+}
+"""Content-Type / Accept values the server understands, by the media type they mean."""
+
+NOTHING_WRITTEN: frozenset[Status] = frozenset(
+    {Status.SEQNOBUFS, Status.NOSEQUENCER, Status.NOTREADY, Status.SHUTDOWN, Status.OVERLOADED})
+"""Append answers after which nothing was written: retrying cannot duplicate a record."""
+OUTCOME_UNKNOWN: frozenset[Status] = frozenset({Status.TIMEDOUT, Status.PEER_CLOSED})
+"""Append answers after which the records may or may not have been written."""
+TRY_ELSEWHERE: frozenset[Status] = frozenset({Status.NOTREADY, Status.SHUTDOWN})
+"""Answers that say this node cannot serve now; another node may."""
 
 HTTP_STATUS: dict[Status, int] = {
     Status.OK: 200,

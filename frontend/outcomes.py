@@ -1,7 +1,7 @@
 """The seam between the HTTP API and the node's roles: what a request handler may ask for.
 
 The HTTP layer parses and validates a request, calls one method here, and maps the returned
-``Status`` to an HTTP answer. Implemented by ``services.node_service.NodeService``.
+``Status`` to an HTTP answer. Implemented by ``frontend.service.FrontEnd``.
 """
 
 from __future__ import annotations

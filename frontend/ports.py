@@ -1,0 +1,50 @@
+"""What the front end needs from the roles beside it on a node, as protocols: the local
+sequencer (``sequencer.runtime.SequencerRuntime`` implements ``LocalSequencer``) and the
+failure detector's view (``gossip.runtime.GossipRuntime`` implements ``MembershipView``).
+``services`` wires the real ones in; the front end never imports another role."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from shared.status import Status
+from shared.types import Epoch, LogId, Lsn, NodeId
+
+
+class AppendAnswer(Protocol):
+    """The answer of one append on the local sequencer."""
+
+    @property
+    def status(self) -> Status: ...
+    @property
+    def first_lsn(self) -> Lsn: ...
+    @property
+    def last_lsn(self) -> Lsn: ...
+    @property
+    def timestamp_ms(self) -> int: ...
+    @property
+    def message(self) -> str: ...
+
+
+class LocalSequencer(Protocol):
+    async def append(self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
+                     producer: tuple[str, int] | None = None) -> AppendAnswer: ...
+
+    def is_active(self, log_id: LogId) -> bool: ...
+
+    def release_lsn(self, log_id: LogId) -> Lsn: ...
+
+    def epoch(self, log_id: LogId) -> Epoch: ...
+
+    async def wait_release_above(self, log_id: LogId, lsn: Lsn, timeout_s: float) -> None: ...
+
+
+ViewListener = Callable[[Mapping[NodeId, str]], None]
+"""Called with every node's state name (ALIVE, SUSPECT, DEAD) when the view changes."""
+
+
+class MembershipView(Protocol):
+    def view(self) -> Mapping[NodeId, str]: ...
+
+    def subscribe(self, listener: ViewListener) -> None: ...
