@@ -1,0 +1,84 @@
+"""Compressed batches: round trips, "keep only if smaller", and hostile blobs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import lz4.frame
+import msgpack
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.compression import Codec, compress_batch, decompress_batch
+from shared.status import Status
+
+LINES = [json.dumps({"level": "info", "service": "api", "msg": f"request {i} served",
+                     "latency_ms": i % 17}).encode() for i in range(200)]
+
+
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD])
+def test_round_trip_of_log_lines(codec: Codec) -> None:
+    blob = compress_batch(LINES, codec)
+    assert blob is not None and len(blob) < sum(map(len, LINES)) / 3
+    assert decompress_batch(blob, codec, len(LINES), bytes_max=1 << 20) == tuple(LINES)
+
+
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD])
+def test_incompressible_batch_is_not_compressed(codec: Codec) -> None:
+    assert compress_batch([os.urandom(1024) for _ in range(64)], codec) is None
+    assert compress_batch([], codec) is None
+    assert compress_batch(LINES, Codec.NONE) is None
+
+
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD])
+def test_wrong_record_count_or_size_is_badmsg(codec: Codec) -> None:
+    blob = compress_batch(LINES, codec)
+    assert blob is not None
+    assert decompress_batch(blob, codec, len(LINES) - 1, bytes_max=1 << 20) is Status.BADMSG
+    assert decompress_batch(blob, codec, len(LINES) + 1, bytes_max=1 << 20) is Status.BADMSG
+    assert decompress_batch(blob, codec, len(LINES), bytes_max=1000) is Status.BADMSG
+    assert decompress_batch(blob, 7, len(LINES), bytes_max=1 << 20) is Status.BADMSG
+    assert decompress_batch(blob, codec, 0, bytes_max=1 << 20) is Status.BADMSG
+
+
+def test_bomb_is_refused_before_decompressing() -> None:
+    bomb = zstandard.ZstdCompressor().compress(msgpack.packb([b"\0" * (64 << 20)]))
+    assert len(bomb) < 1 << 20
+    assert decompress_batch(bomb, Codec.ZSTD, 1, bytes_max=1 << 20) is Status.BADMSG
+    bomb = lz4.frame.compress(msgpack.packb([b"\0" * (64 << 20)]), store_size=True)
+    assert decompress_batch(bomb, Codec.LZ4, 1, bytes_max=1 << 20) is Status.BADMSG
+
+
+def test_frames_without_a_content_size_are_refused() -> None:
+    plain = msgpack.packb([b"x" * 100])
+    assert decompress_batch(lz4.frame.compress(plain, store_size=False), Codec.LZ4, 1,
+                            bytes_max=1 << 20) is Status.BADMSG
+    not_a_list = zstandard.ZstdCompressor().compress(msgpack.packb({"a": 1}))
+    assert decompress_batch(not_a_list, Codec.ZSTD, 1, bytes_max=1 << 20) is Status.BADMSG
+    ints = zstandard.ZstdCompressor().compress(msgpack.packb([1]))
+    assert decompress_batch(ints, Codec.ZSTD, 1, bytes_max=1 << 20) is Status.BADMSG
+
+
+@settings(max_examples=300, deadline=None)
+@given(blob=st.binary(max_size=512), codec=st.sampled_from([1, 2]),
+       records=st.integers(min_value=0, max_value=50))
+def test_fuzz_random_blobs_never_raise(blob: bytes, codec: int, records: int) -> None:
+    out = decompress_batch(blob, codec, records, bytes_max=4096)
+    assert out is Status.BADMSG or (type(out) is tuple and len(out) == records)
+
+
+@settings(max_examples=100, deadline=None)
+@given(payloads=st.lists(st.binary(max_size=300), min_size=1, max_size=40),
+       codec=st.sampled_from([Codec.LZ4, Codec.ZSTD]), cut=st.integers(min_value=0))
+def test_fuzz_truncated_blobs(payloads: list[bytes], codec: Codec, cut: int) -> None:
+    blob = compress_batch(payloads * 4, codec)
+    if blob is None:
+        return
+    assert decompress_batch(blob, codec, len(payloads) * 4, bytes_max=1 << 20) == tuple(
+        payloads * 4)
+    damaged = blob[: cut % len(blob)]
+    out = decompress_batch(damaged, codec, len(payloads) * 4, bytes_max=1 << 20)
+    assert out is Status.BADMSG
