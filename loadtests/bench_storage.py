@@ -1,6 +1,11 @@
 """Micro-benchmark of one storage node: closed-loop STOREs through ``StorageNode.on_message``
 (no network), same semantics as the peer benchmarks (shared/peers/common.py).
 
+Each STORE reaches the node as the transport hands it over: its frame is encoded before the
+measurement starts (that is the sequencer's cost) and decoded by ``shared.wire.codec.decode``
+inside it (``--no-codec`` hands over the ``Store`` objects instead). ``cpu_us_per_record`` is
+this process's CPU time (all threads: loop, writer) per measured record.
+
 At most ``--inflight`` single-record STOREs of ``--size`` bytes are outstanding; latency is
 from just before ``on_message`` to the STORED(OK) reply, i.e. queueing + group commit + fsync
 (per ``--fsync``). ``--warmup`` records go first, unmeasured. Prints one JSON line with the
@@ -24,7 +29,7 @@ from typing import Any
 from shared.config import StorageConfig
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
-from shared.wire.codec import Message
+from shared.wire.codec import Message, decode, encode
 from shared.wire.store import Store, Stored, payloads_checksum
 from storage_node.runtime import StorageNode
 
@@ -41,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fsync", choices=["always", "interval", "never"], default="always")
     p.add_argument("--dir", default=None, help="data directory (default: a fresh temp dir)")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    p.add_argument("--no-codec", dest="codec", action="store_false",
+                   help="hand Store objects to the node instead of decoding frames")
     return p
 
 
@@ -60,12 +67,27 @@ def cpu_s() -> float:
 class Driver:
     """Keeps ``inflight`` STOREs outstanding until ``total`` have been acknowledged."""
 
-    def __init__(self, node: StorageNode, payload: bytes, inflight: int) -> None:
+    def __init__(self, node: StorageNode, payload: bytes, inflight: int, codec: bool) -> None:
         self._node = node
         self._payload = payload
         self._inflight = inflight
+        self._codec = codec
         self._next_esn = 1
+        self._frames: dict[int, bytes] = {}
         self.latencies_ms: list[float] = []
+
+    def prepare(self, total: int) -> None:
+        """Encode the frame bodies of the next ``total`` STOREs (outside the measurement)."""
+        if self._codec:
+            self._frames = {esn: encode(self._store(esn), esn)[4:]
+                            for esn in range(self._next_esn, self._next_esn + total)}
+
+    def _message(self, esn: int) -> Message:
+        if not self._codec:
+            return self._store(esn)
+        decoded = decode(self._frames.pop(esn))
+        assert not isinstance(decoded, Status)
+        return decoded[1]
 
     async def run(self, total: int, *, measure: bool) -> None:
         done = asyncio.get_running_loop().create_future()
@@ -90,7 +112,7 @@ class Driver:
                 elif issued < total:
                     issue()
 
-            self._node.on_message(SEQUENCER, self._store(esn), reply)
+            self._node.on_message(SEQUENCER, self._message(esn), reply)
 
         for _ in range(min(self._inflight, total)):
             issue()
@@ -110,8 +132,10 @@ async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
     node = StorageNode(node_id=NODE, data_dir=data_dir, config=config)
     await node.start()
     try:
-        driver = Driver(node, os.urandom(args.size), args.inflight)
+        driver = Driver(node, os.urandom(args.size), args.inflight, args.codec)
+        driver.prepare(args.warmup)
         await driver.run(args.warmup, measure=False)
+        driver.prepare(args.records)
         before = node.stats()
         cpu_start, wall_start = cpu_s(), time.perf_counter()
         await driver.run(args.records, measure=True)
@@ -136,6 +160,9 @@ async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
         "records_per_fsync": round(args.records / fsyncs, 1) if fsyncs else None,
         "records_per_batch": round(args.records / batches, 1) if batches else None,
         "cpu_util": round(cpu_used_s / wall_s, 2),
+        "cpu_us_per_record": round(cpu_used_s / args.records * 1e6, 2),
+        "inline_commits": after.get("inline_commits", 0) - before.get("inline_commits", 0),
+        "codec": args.codec,
         "loadavg": os.getloadavg()[0],
     }
 

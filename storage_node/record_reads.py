@@ -18,7 +18,6 @@ from storage_node.record_index import Location
 from storage_node.segment_files import SegmentReader
 from storage_node.segment_format import (
     HEADER_BYTES,
-    EntryType,
     StoredCopies,
     check_entry,
     decode_store_records,
@@ -116,9 +115,9 @@ def _partial(records: list[Copy], status: Status, from_lsn: Lsn) -> CopiesResult
 
 def _decode_entry(data: bytes, log_id: LogId, location: Location) -> StoredCopies | None:
     checked = check_entry(data, 0)
-    if checked is None or checked[0] != EntryType.STORE or len(data) != location.length:
+    if checked is None or len(data) != location.length:
         return None
-    decoded = decode_store_records(memoryview(data)[HEADER_BYTES:])
+    decoded = decode_store_records(checked[0], memoryview(data)[HEADER_BYTES:])
     if decoded is None:
         return None
     # The index and the bytes must agree; a mismatch is corruption, never data to serve.

@@ -5,12 +5,19 @@ A segment is a sequence of entries, each ``header | body``. The 12-byte header i
 first 8 header bytes and the body, so a flipped type or length byte is caught as well. The
 body is a msgpack array:
 
-* STORE: ``[log_id, first_lsn, record_count, sequencer_node, timestamp_ms, last_known_good,
-  wave, copyset, key, payloads, flags, producers]`` (one entry per STORE message, a batch has
-  consecutive LSNs; ``flags`` are ``RecordFlags``, absent in entries written before they
-  existed, and with WRITTEN_BY_RECOVERY ``wave`` is recovery's seal epoch; ``producers`` are
-  the STORE's producer tags ``[producer_id, producer_seq, first_lsn, last_lsn]``, absent in
-  older entries);
+* STORE_FIELDS (type 6, what every STORE is written as): the STORE message's packed field
+  array exactly as it came over the wire (``Store.wire_fields``; ``shared.wire.codec``'s
+  ``encode_fields`` for a STORE built locally), so the writer packs nothing again: ``[log_id,
+  lsn, wave, sequencer_node, copyset, timestamp_ms, last_known_good, release_lsn, timeout_ms,
+  key, payloads, checksum, flags, producers]`` (the field order of ``Store``; one entry per
+  STORE message, a batch has consecutive LSNs; with WRITTEN_BY_RECOVERY in ``flags`` ``wave``
+  is recovery's seal epoch; ``release_lsn`` and ``timeout_ms`` are not used on read). It is
+  decoded with the wire codec's checks. A field added to ``Store`` later must go at the end
+  with a default: entries with fewer fields get the defaults, so older entries stay readable.
+* STORE (type 1, written before STORE_FIELDS existed, still read): ``[log_id, first_lsn,
+  record_count, sequencer_node, timestamp_ms, last_known_good, wave, copyset, key, payloads,
+  flags, producers]`` (``flags`` absent in entries written before they existed, ``producers``
+  absent in older entries).
 * RELEASE: ``[log_id, release_lsn]``;
 * SEAL: ``[log_id, epoch, sealed_by]``;
 * TRIM: ``[log_id, trim_lsn]``;
@@ -20,11 +27,16 @@ body is a msgpack array:
   are deleted or compacted, so that dropping their RELEASE, SEAL, TRIM and STORE entries loses
   no state.
 
+Versioning: the entry type is the format version of an entry. A new layout gets a new type
+and readers keep every old one, so segments written by older versions stay readable (a
+downgrade cannot read the newer types: it would treat them as corruption).
+
 Everything here is pure functions on bytes; the record store does the file I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 from dataclasses import dataclass
@@ -35,6 +47,7 @@ import msgpack
 
 from shared.limits import FRAME_BYTES_MAX
 from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.wire.codec import decode_fields, encode_fields, wire_field_names
 from shared.wire.read import WireRecord
 from shared.wire.store import ProducerTag, Store, producer_tag_valid
 
@@ -53,6 +66,7 @@ class EntryType(IntEnum):
     SEAL = 3
     TRIM = 4
     CHECKPOINT = 5
+    STORE_FIELDS = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +147,10 @@ class SegmentScan:
 _packer = msgpack.Packer(use_bin_type=True)
 
 
+_PREFIX = struct.Struct("<HBBI")
+_CRC = struct.Struct("<I")
+
+
 def _frame(entry_type: EntryType, body: bytes) -> bytes:
     assert len(body) <= ENTRY_BODY_BYTES_MAX, len(body)
     prefix = struct.pack("<HBBI", MAGIC, entry_type, 0, len(body))
@@ -140,7 +158,25 @@ def _frame(entry_type: EntryType, body: bytes) -> bytes:
     return prefix + struct.pack("<I", crc) + body
 
 
+def store_entry_parts(store: Store) -> tuple[bytes, bytes]:
+    """A STORE_FIELDS entry as (header, body): the body is the STORE's received bytes when it
+    has them (no packing, no copy), so the writer joins both with its other chunks once."""
+    body = store.wire_fields
+    if body is None:
+        body = encode_fields(store)
+    assert len(body) <= ENTRY_BODY_BYTES_MAX, len(body)
+    prefix = _PREFIX.pack(MAGIC, EntryType.STORE_FIELDS, 0, len(body))
+    return prefix + _CRC.pack(zlib.crc32(body, zlib.crc32(prefix))), body
+
+
 def encode_store(store: Store) -> bytes:
+    """A STORE_FIELDS entry (see ``store_entry_parts``)."""
+    return b"".join(store_entry_parts(store))
+
+
+def encode_legacy_store(store: Store) -> bytes:
+    """A STORE entry of the layout before STORE_FIELDS (only tests write it: old segments must
+    stay readable)."""
     body = _packer.pack([
         store.log_id, store.lsn, len(store.payloads), store.sequencer_node, store.timestamp_ms,
         store.last_known_good, store.wave, list(store.copyset), store.key, list(store.payloads),
@@ -196,6 +232,13 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
     """The indexable part of a CRC-checked body; None if it is not what its type promises
     (which a CRC match makes a bug or a hostile file, never a torn write)."""
     try:
+        if entry_type == EntryType.STORE_FIELDS:
+            store = decode_store_fields(body)
+            if store is None:
+                return None
+            return StoreMeta(store.log_id, store.lsn, len(store.payloads), store.sequencer_node,
+                             store.last_known_good, store.flags, store.timestamp_ms,
+                             store.producers)
         if entry_type == EntryType.STORE:
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(body)
@@ -281,8 +324,58 @@ class StoredCopies:
         return None
 
 
-def decode_store_records(body: bytes | memoryview) -> StoredCopies | None:
-    """The records of a CRC-checked STORE body; None if malformed."""
+_STORE_FIELD_DEFAULTS = tuple(
+    f.default for f in dataclasses.fields(Store) if f.metadata.get("wire", True))
+_STORE_FIELDS_COUNT = len(wire_field_names(Store))
+_STORE_FIELDS_COUNT_MIN = 14
+"""Fields of the first STORE_FIELDS entries; later fields have defaults (see the module
+docstring)."""
+
+
+def decode_store_fields(body: bytes | memoryview) -> Store | None:
+    """The STORE of a CRC-checked STORE_FIELDS body, checked like one off the wire; None if
+    malformed or not one of ours."""
+    store: Store | None = decode_fields(Store, body)
+    if store is not None:
+        return store if _store_sane(store) else None
+    # Written before a field was added: fill in the defaults of the missing tail.
+    try:
+        fields = msgpack.unpackb(body, raw=False, use_list=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if (type(fields) is not tuple
+            or not _STORE_FIELDS_COUNT_MIN <= len(fields) < _STORE_FIELDS_COUNT):
+        return None
+    padded = fields + _STORE_FIELD_DEFAULTS[len(fields):]
+    if dataclasses.MISSING in padded:
+        return None
+    repacked: Store | None = decode_fields(Store, _packer.pack(padded))
+    return repacked if repacked is not None and _store_sane(repacked) else None
+
+
+def _store_sane(store: Store) -> bool:
+    """What the codec's top-level type checks leave open (the writer only writes validated
+    STOREs, so this fails only for a bug or a hostile file)."""
+    return (bool(store.payloads) and _ints(store.log_id, store.lsn, store.timestamp_ms,
+                                           store.last_known_good, store.wave, store.flags)
+            and all(type(payload) is bytes for payload in store.payloads)
+            and all(producer_tag_valid(tag) for tag in store.producers))
+
+
+def decode_store_records(entry_type: EntryType,
+                         body: bytes | memoryview) -> StoredCopies | None:
+    """The records of a CRC-checked STORE or STORE_FIELDS body; None if malformed."""
+    if entry_type == EntryType.STORE_FIELDS:
+        store = decode_store_fields(body)
+        if store is None:
+            return None
+        lsn, timestamp_ms, key = store.lsn, store.timestamp_ms, store.key
+        return StoredCopies(
+            store.log_id, store.lsn, store.flags, store.wave,
+            [(lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(store.payloads)],
+            store.producers)
+    if entry_type != EntryType.STORE:
+        return None
     try:
         fields: Any = msgpack.unpackb(body, raw=False)
         flags = fields[10] if len(fields) >= 11 else 0

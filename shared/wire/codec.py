@@ -103,11 +103,17 @@ def _field_check(name: str, hint: Any) -> str:
     return f"    if {none_ok}type({name}) is not {hint.__name__}: raise _Invalid\n"
 
 
+def wire_field_names(cls: type[Any]) -> tuple[str, ...]:
+    """The fields of message class ``cls`` that travel, in wire order (a field with
+    ``metadata={"wire": False}`` is local only)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("wire", True))
+
+
 def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
     """A function that checks a field tuple and builds ``cls`` from it: generated source, so
     that decoding costs no per-field function calls (it runs for every frame)."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = list(wire_field_names(cls))
     source = f"def decode_fields(fields):\n    ({', '.join(names)},) = fields\n"
     source += "".join(_field_check(name, hints[name]) for name in names)
     source += f"    return cls({', '.join(f'{n}={n}' for n in names)})\n"
@@ -118,7 +124,7 @@ def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
 
 
 _FIELDS: dict[type[Any], tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_CLASSES.values()
+    cls: wire_field_names(cls) for cls in MESSAGE_CLASSES.values()
 }
 _DECODERS: dict[int, Callable[[Any], Any]] = {
     int(t): _make_decoder(cls) for t, cls in MESSAGE_CLASSES.items()
@@ -153,13 +159,49 @@ def encode_parts(
 
 
 def decode(body: bytes) -> tuple[int, Message] | Status:
-    """``(correlation_id, message)`` from a frame body, or ``Status.BADMSG``."""
+    """``(correlation_id, message)`` from a frame body, or ``Status.BADMSG``. A STORE keeps
+    its packed fields (``Store.wire_fields``) when they can be cut out of the body."""
     try:
         unpacked = msgpack.unpackb(body, raw=False, use_list=False, strict_map_key=True)
         type_id, correlation_id, fields = unpacked
         decoder = _DECODERS.get(type_id)
         if decoder is None or type(correlation_id) is not int or type(fields) is not tuple:
             return Status.BADMSG
-        return correlation_id, decoder(fields)
+        message = decoder(fields)
+        if type_id == _STORE_TYPE_ID:
+            offset = _fields_offset(body)
+            if offset is not None:
+                object.__setattr__(message, "wire_fields", body[offset:])
+        return correlation_id, message
     except (ValueError, TypeError, KeyError, _Invalid, msgpack.UnpackException):
         return Status.BADMSG
+
+
+def decode_fields(cls: type[Any], packed: bytes | memoryview) -> Any:
+    """A ``cls`` message from its packed field array (what ``encode_fields`` gives), with
+    the same checks as ``decode``; None when malformed."""
+    try:
+        fields = msgpack.unpackb(packed, raw=False, use_list=False, strict_map_key=True)
+        if type(fields) is not tuple:
+            return None
+        return _DECODERS[_TYPE_OF_CLASS[cls]](fields)
+    except (ValueError, TypeError, _Invalid, msgpack.UnpackException):
+        return None
+
+
+_STORE_TYPE_ID = int(MessageType.STORE)
+_UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+"""msgpack's uint8/16/32/64 markers and how many bytes follow them."""
+
+
+def _fields_offset(body: bytes) -> int | None:
+    """Where the field array starts in a decoded frame body shaped as ``encode_parts`` makes
+    it (fixarray of 3, fixint type, unsigned correlation id); None for any other shape (legal,
+    but then the fields are not cut out)."""
+    if len(body) < 3 or body[0] != 0x93 or body[1] >= 0x80:
+        return None
+    marker = body[2]
+    if marker < 0x80:
+        return 3
+    size = _UINT_BYTES.get(marker)
+    return None if size is None else 3 + size

@@ -8,7 +8,7 @@ storage node can refuse a corrupted copy with ``CHECKSUM_MISMATCH``.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntFlag
 
 from shared.limits import PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
@@ -97,6 +97,12 @@ class Store:
     producers: tuple[ProducerTag, ...] = ()
     """The producer tags of the appends whose records this STORE carries (each overlaps
     ``lsn..last_lsn``; a recovery STORE of one record carries its append's whole range)."""
+    wire_fields: bytes | None = field(default=None, init=False, compare=False, repr=False,
+                                      metadata={"wire": False})
+    """Not sent: the packed field array this STORE arrived as, set by the codec when it
+    decodes one (None when built locally). The storage node writes these bytes to disk as they
+    are instead of packing the STORE again. Not an ``__init__`` argument, so that
+    ``dataclasses.replace`` can never carry stale bytes over to changed fields."""
 
     @property
     def last_lsn(self) -> Lsn:
