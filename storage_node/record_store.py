@@ -704,17 +704,27 @@ class RecordStore:
         offset = result.offset
         segment_id = result.segment_id
         durable = self._durable
-        stores_count = records_count = 0
-        # The same fold as a restart's scan: index, per-log state, logs per segment.
+        stores_count = 0
+        records_count = 0
+        # The same fold as a restart's scan: index, per-log state, logs per segment. Runs of
+        # STOREs are folded in one call each (the common case: the whole batch).
+        stores: list[tuple[int, int, Store]] = []
         for pending, length in zip(batch, lengths, strict=False):
             source = pending.chunk_source
-            if isinstance(source, Store):
-                durable.on_store(segment_id, offset, length, source)
-                stores_count += 1
+            if type(source) is Store:
+                stores.append((offset, length, source))
                 records_count += pending.records_count
             else:
+                if stores:
+                    durable.on_stores(segment_id, stores)
+                    stores_count += len(stores)
+                    stores = []
+                assert not isinstance(source, Store)
                 durable.on_entry(segment_id, ScannedEntry(offset, length, source))
             offset += length
+        if stores:
+            durable.on_stores(segment_id, stores)
+            stores_count += len(stores)
         for (log_id, release_lsn), length in zip(releases, lengths[len(batch):], strict=True):
             durable.on_release(segment_id, log_id, release_lsn)
             offset += length
