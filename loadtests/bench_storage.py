@@ -6,7 +6,9 @@ measurement starts (that is the sequencer's cost) and decoded by ``shared.wire.c
 inside it (``--no-codec`` hands over the ``Store`` objects instead). ``cpu_us_per_record`` is
 this process's CPU time (all threads: loop, writer) per measured record.
 
-At most ``--inflight`` single-record STOREs of ``--size`` bytes are outstanding; latency is
+At most ``--inflight`` STOREs of ``--batch`` records (default 1) of ``--size`` bytes are
+outstanding; ``--records`` counts STOREs (``records_per_s`` and ``cpu_us_per_record`` count
+records); latency is
 from just before ``on_message`` to the STORED(OK) reply, i.e. queueing + group commit + fsync
 (per ``--fsync``). ``--warmup`` records go first, unmeasured. Prints one JSON line with the
 commit statistics (records per fsync shows the group commit at work).
@@ -42,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--records", type=int, default=20_000, help="measured records")
     p.add_argument("--size", type=int, default=1024, help="payload bytes per record")
     p.add_argument("--inflight", type=int, default=64, help="max outstanding STOREs")
+    p.add_argument("--batch", type=int, default=1,
+                   help="records per STORE (a batch append: consecutive LSNs)")
     p.add_argument("--warmup", type=int, default=500, help="unmeasured records sent first")
     p.add_argument("--fsync", choices=["always", "interval", "never"], default="always")
     p.add_argument("--dir", default=None, help="data directory (default: a fresh temp dir)")
@@ -67,9 +71,11 @@ def cpu_s() -> float:
 class Driver:
     """Keeps ``inflight`` STOREs outstanding until ``total`` have been acknowledged."""
 
-    def __init__(self, node: StorageNode, payload: bytes, inflight: int, codec: bool) -> None:
+    def __init__(self, node: StorageNode, payload: bytes, inflight: int, codec: bool,
+                 batch: int = 1) -> None:
         self._node = node
         self._payload = payload
+        self._batch = batch
         self._inflight = inflight
         self._codec = codec
         self._next_esn = 1
@@ -79,8 +85,8 @@ class Driver:
     def prepare(self, total: int) -> None:
         """Encode the frame bodies of the next ``total`` STOREs (outside the measurement)."""
         if self._codec:
-            self._frames = {esn: encode(self._store(esn), esn)[4:]
-                            for esn in range(self._next_esn, self._next_esn + total)}
+            self._frames = {esn: encode(self._store(esn), esn)[4:] for esn in range(
+                self._next_esn, self._next_esn + total * self._batch, self._batch)}
 
     def _message(self, esn: int) -> Message:
         if not self._codec:
@@ -98,7 +104,7 @@ class Driver:
             nonlocal issued
             issued += 1
             esn = self._next_esn
-            self._next_esn += 1
+            self._next_esn += self._batch
             started_ns = time.perf_counter_ns()
 
             def reply(message: Message) -> None:
@@ -119,7 +125,7 @@ class Driver:
         await done
 
     def _store(self, esn: int) -> Store:
-        payloads = (self._payload,)
+        payloads = (self._payload,) * self._batch
         lsn = compose_lsn(Epoch(1), Esn(esn))
         return Store(log_id=LogId(1), lsn=lsn, wave=1, sequencer_node=SEQUENCER,
                      copyset=(NODE,), timestamp_ms=0, last_known_good=Esn(0),
@@ -132,7 +138,7 @@ async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
     node = StorageNode(node_id=NODE, data_dir=data_dir, config=config)
     await node.start()
     try:
-        driver = Driver(node, os.urandom(args.size), args.inflight, args.codec)
+        driver = Driver(node, os.urandom(args.size), args.inflight, args.codec, args.batch)
         driver.prepare(args.warmup)
         await driver.run(args.warmup, measure=False)
         driver.prepare(args.records)
@@ -149,18 +155,20 @@ async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
     batches = after["commit_batches"] - before["commit_batches"]
     return {
         "bench": "storage_node.on_message", "fsync": args.fsync, "size": args.size,
-        "inflight": args.inflight, "records": args.records, "loop": args.loop,
-        "records_per_s": round(args.records / wall_s, 1),
-        "MB_per_s": round(args.records * args.size / wall_s / 1e6, 2),
+        "inflight": args.inflight, "records": args.records * args.batch, "loop": args.loop,
+        "batch": args.batch,
+        "records_per_s": round(args.records * args.batch / wall_s, 1),
+        "MB_per_s": round(args.records * args.batch * args.size / wall_s / 1e6, 2),
         "p50_ms": round(percentile(latencies, 50), 3),
         "p99_ms": round(percentile(latencies, 99), 3),
         "p999_ms": round(percentile(latencies, 99.9), 3),
         "max_ms": round(latencies[-1], 3),
         "fsyncs": fsyncs, "commit_batches": batches,
-        "records_per_fsync": round(args.records / fsyncs, 1) if fsyncs else None,
-        "records_per_batch": round(args.records / batches, 1) if batches else None,
+        "records_per_fsync": round(args.records * args.batch / fsyncs, 1) if fsyncs else None,
+        "records_per_batch": (round(args.records * args.batch / batches, 1) if batches
+                              else None),
         "cpu_util": round(cpu_used_s / wall_s, 2),
-        "cpu_us_per_record": round(cpu_used_s / args.records * 1e6, 2),
+        "cpu_us_per_record": round(cpu_used_s / (args.records * args.batch) * 1e6, 2),
         "inline_commits": after.get("inline_commits", 0) - before.get("inline_commits", 0),
         "codec": args.codec,
         "loadavg": os.getloadavg()[0],

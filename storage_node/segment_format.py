@@ -47,7 +47,7 @@ import msgpack
 
 from shared.limits import FRAME_BYTES_MAX
 from shared.types import Epoch, LogId, Lsn, NodeId
-from shared.wire.codec import decode_fields, encode_fields, wire_field_names
+from shared.wire.codec import encode_fields, wire_field_names
 from shared.wire.read import WireRecord
 from shared.wire.store import ProducerTag, Store, producer_tag_valid
 
@@ -233,12 +233,15 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
     (which a CRC match makes a bug or a hostile file, never a torn write)."""
     try:
         if entry_type == EntryType.STORE_FIELDS:
-            store = decode_store_fields(body)
-            if store is None:
+            fields = _store_fields(body)
+            if fields is None:
                 return None
-            return StoreMeta(store.log_id, store.lsn, len(store.payloads), store.sequencer_node,
-                             store.last_known_good, store.flags, store.timestamp_ms,
-                             store.producers)
+            tags = _producer_tags(fields[_PRODUCERS])
+            if tags is None:
+                return None
+            return StoreMeta(LogId(fields[_LOG_ID]), Lsn(fields[_LSN]), len(fields[_PAYLOADS]),
+                             NodeId(fields[_NODE]), fields[_LNG], fields[_FLAGS],
+                             fields[_TIMESTAMP], tags)
         if entry_type == EntryType.STORE:
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(body)
@@ -297,9 +300,11 @@ def _decode_checkpoint(fields: Any) -> CheckpointEntry | None:
 
 
 def _producer_tags(value: Any) -> tuple[ProducerTag, ...] | None:
-    if not isinstance(value, list):
+    if not value and isinstance(value, list | tuple):
+        return ()
+    if not isinstance(value, list | tuple):
         return None
-    tags = tuple(tuple(tag) for tag in value if isinstance(tag, list))
+    tags = tuple(tuple(tag) for tag in value if isinstance(tag, list | tuple))
     if len(tags) != len(value) or not all(producer_tag_valid(tag) for tag in tags):
         return None
     return tags  # each checked by producer_tag_valid
@@ -324,56 +329,61 @@ class StoredCopies:
         return None
 
 
+_STORE_FIELD_NAMES = wire_field_names(Store)
 _STORE_FIELD_DEFAULTS = tuple(
     f.default for f in dataclasses.fields(Store) if f.metadata.get("wire", True))
-_STORE_FIELDS_COUNT = len(wire_field_names(Store))
 _STORE_FIELDS_COUNT_MIN = 14
 """Fields of the first STORE_FIELDS entries; later fields have defaults (see the module
 docstring)."""
+(_LOG_ID, _LSN, _WAVE, _NODE, _TIMESTAMP, _LNG, _KEY, _PAYLOADS, _FLAGS, _PRODUCERS) = (
+    _STORE_FIELD_NAMES.index(name) for name in (
+        "log_id", "lsn", "wave", "sequencer_node", "timestamp_ms", "last_known_good", "key",
+        "payloads", "flags", "producers"))
 
 
-def decode_store_fields(body: bytes | memoryview) -> Store | None:
-    """The STORE of a CRC-checked STORE_FIELDS body, checked like one off the wire; None if
-    malformed or not one of ours."""
-    store: Store | None = decode_fields(Store, body)
-    if store is not None:
-        return store if _store_sane(store) else None
-    # Written before a field was added: fill in the defaults of the missing tail.
+def _store_fields(body: bytes | memoryview) -> tuple[Any, ...] | None:
+    """The field tuple of a STORE_FIELDS body (positions as in ``Store``), the defaults of
+    fields added after it was written filled in, its top-level types checked; None if it is
+    malformed. Positional on purpose: no ``Store`` is built on the read path."""
     try:
         fields = msgpack.unpackb(body, raw=False, use_list=False)
     except (ValueError, TypeError, msgpack.UnpackException):
         return None
-    if (type(fields) is not tuple
-            or not _STORE_FIELDS_COUNT_MIN <= len(fields) < _STORE_FIELDS_COUNT):
+    if type(fields) is not tuple:
         return None
-    padded = fields + _STORE_FIELD_DEFAULTS[len(fields):]
-    if dataclasses.MISSING in padded:
+    count = len(fields)
+    if count != len(_STORE_FIELD_NAMES):
+        if not _STORE_FIELDS_COUNT_MIN <= count < len(_STORE_FIELD_NAMES):
+            return None
+        fields = fields + _STORE_FIELD_DEFAULTS[count:]
+        if dataclasses.MISSING in fields:
+            return None
+    payloads, key = fields[_PAYLOADS], fields[_KEY]
+    if not (_ints(fields[_LOG_ID], fields[_LSN], fields[_WAVE], fields[_TIMESTAMP],
+                  fields[_LNG], fields[_FLAGS])
+            and type(payloads) is tuple and payloads and type(fields[_NODE]) is str
+            and (key is None or type(key) is str)
+            and all(type(payload) is bytes for payload in payloads)):
         return None
-    repacked: Store | None = decode_fields(Store, _packer.pack(padded))
-    return repacked if repacked is not None and _store_sane(repacked) else None
-
-
-def _store_sane(store: Store) -> bool:
-    """What the codec's top-level type checks leave open (the writer only writes validated
-    STOREs, so this fails only for a bug or a hostile file)."""
-    return (bool(store.payloads) and _ints(store.log_id, store.lsn, store.timestamp_ms,
-                                           store.last_known_good, store.wave, store.flags)
-            and all(type(payload) is bytes for payload in store.payloads)
-            and all(producer_tag_valid(tag) for tag in store.producers))
+    result: tuple[Any, ...] = fields
+    return result
 
 
 def decode_store_records(entry_type: EntryType,
                          body: bytes | memoryview) -> StoredCopies | None:
     """The records of a CRC-checked STORE or STORE_FIELDS body; None if malformed."""
     if entry_type == EntryType.STORE_FIELDS:
-        store = decode_store_fields(body)
-        if store is None:
+        packed = _store_fields(body)
+        if packed is None:
             return None
-        lsn, timestamp_ms, key = store.lsn, store.timestamp_ms, store.key
+        tags = _producer_tags(packed[_PRODUCERS])
+        if tags is None:
+            return None
+        first_lsn, timestamp_ms, key = packed[_LSN], packed[_TIMESTAMP], packed[_KEY]
         return StoredCopies(
-            store.log_id, store.lsn, store.flags, store.wave,
-            [(lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(store.payloads)],
-            store.producers)
+            LogId(packed[_LOG_ID]), Lsn(first_lsn), packed[_FLAGS], packed[_WAVE],
+            [(first_lsn + i, timestamp_ms, key, payload)
+             for i, payload in enumerate(packed[_PAYLOADS])], tags)
     if entry_type != EntryType.STORE:
         return None
     try:

@@ -177,18 +177,6 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
         return Status.BADMSG
 
 
-def decode_fields(cls: type[Any], packed: bytes | memoryview) -> Any:
-    """A ``cls`` message from its packed field array (what ``encode_fields`` gives), with
-    the same checks as ``decode``; None when malformed."""
-    try:
-        fields = msgpack.unpackb(packed, raw=False, use_list=False, strict_map_key=True)
-        if type(fields) is not tuple:
-            return None
-        return _DECODERS[_TYPE_OF_CLASS[cls]](fields)
-    except (ValueError, TypeError, _Invalid, msgpack.UnpackException):
-        return None
-
-
 _STORE_TYPE_ID = int(MessageType.STORE)
 _UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 """msgpack's uint8/16/32/64 markers and how many bytes follow them."""

@@ -95,8 +95,14 @@ def entries_of(data: bytes) -> list[tuple[EntryType, bytes]]:
 
 # ---- inline commit ----
 
+@pytest.fixture
+def fast_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However slow this machine's fsync is right now, small commits count as fast."""
+    monkeypatch.setattr(record_store, "INLINE_COMMIT_US_MAX", 10**9)
+
+
 async def test_small_store_on_an_idle_store_commits_without_a_thread_hop(
-        tmp_path: Path) -> None:
+        tmp_path: Path, fast_disk: None) -> None:
     async with running_node(str(tmp_path)) as node:
         hops = ThreadHops(node)
         fsyncs = node.stats()["fsyncs"]
@@ -134,8 +140,12 @@ async def test_stores_arriving_during_a_thread_commit_wait_for_the_next_batch(
         await asyncio.sleep(0)
         # A small STORE while the writer thread is busy must not be written beside it on the
         # loop: it joins the next batch, started when the thread is done.
+        order: list[str] = []
+        first.add_done_callback(lambda _: order.append("first"))
         second = asyncio.ensure_future(store(node, make_store(lsn(1, 2))))
+        second.add_done_callback(lambda _: order.append("second"))
         assert_ok([await first, await second])
+        assert order == ["first", "second"]
         assert hops.count >= 1
         reply = await read(node, make_read(1, release_lsn=lsn(1, 9)))
         assert [r[0] for r in reply.records] == [lsn(1, 1), lsn(1, 2)]
@@ -154,7 +164,8 @@ async def test_slow_small_commits_go_back_to_the_writer_thread(
         assert hops.count == 1
 
 
-async def test_inline_commit_modes_interval_and_never_still_answer(tmp_path: Path) -> None:
+async def test_inline_commit_modes_interval_and_never_still_answer(
+        tmp_path: Path, fast_disk: None) -> None:
     for mode in ("interval", "never"):
         directory = tmp_path / mode
         async with running_node(str(directory), storage_config(fsync=mode)) as node:
@@ -241,10 +252,13 @@ def test_entries_with_fewer_fields_get_the_defaults_of_later_fields(
     message = make_store(lsn(1, 1), (b"p",))
     fields = msgpack.unpackb(codec.encode_fields(message), use_list=False)
     shorter = msgpack.packb(fields[:-1], use_bin_type=True)  # no producers field
-    decoded = segment_format.decode_store_fields(shorter)
-    assert decoded == message
-    assert segment_format.decode_store_fields(
-        msgpack.packb(fields[:5], use_bin_type=True)) is None
+    copies = decode_store_records(EntryType.STORE_FIELDS, shorter)
+    assert copies is not None and copies.producers == ()
+    assert copies.records == [(lsn(1, 1), message.timestamp_ms, None, b"p")]
+    meta = decode_meta(EntryType.STORE_FIELDS, shorter)
+    assert isinstance(meta, StoreMeta) and meta.first_lsn == lsn(1, 1)
+    assert decode_meta(EntryType.STORE_FIELDS,
+                       msgpack.packb(fields[:5], use_bin_type=True)) is None
 
 
 async def test_a_corrupt_received_entry_is_caught_on_read_and_at_restart(
