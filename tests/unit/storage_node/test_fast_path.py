@@ -145,6 +145,7 @@ async def test_stores_arriving_during_a_thread_commit_wait_for_the_next_batch(
         second = asyncio.ensure_future(store(node, make_store(lsn(1, 2))))
         second.add_done_callback(lambda _: order.append("second"))
         assert_ok([await first, await second])
+        await asyncio.sleep(0)  # done callbacks run one iteration later
         assert order == ["first", "second"]
         assert hops.count >= 1
         reply = await read(node, make_read(1, release_lsn=lsn(1, 9)))
