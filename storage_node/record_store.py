@@ -327,7 +327,8 @@ class RecordStore:
                       write_calls=self._writer.write_calls_count,
                       disk_low=int(self._writer.disk_low), broken=int(self._broken),
                       producers=self._durable.producers.producers_count,
-                      producers_forgotten=self._durable.producers.forgotten_count)
+                      producers_forgotten=self._durable.producers.forgotten_count,
+                      small_commit_us=round(self._small_commit_us))
         return counts
 
     async def close(self) -> None:
