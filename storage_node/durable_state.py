@@ -99,7 +99,7 @@ class DurableState:
             log_id = store.log_id
             logs.add(log_id)
             first_lsn = store.lsn
-            last_lsn = Lsn(first_lsn + len(store.payloads) - 1)
+            last_lsn = store.last_lsn
             insert(log_id, Location(segment_id, offset, length, first_lsn, last_lsn, Lsn(0),
                                     -1 if store.flags & _HOLE else store.timestamp_ms))
             last = last_by_log.get(log_id)

@@ -11,9 +11,9 @@ body is a msgpack array:
   lsn, wave, sequencer_node, copyset, timestamp_ms, last_known_good, release_lsn, timeout_ms,
   key, payloads, checksum, flags, producers]`` (the field order of ``Store``; one entry per
   STORE message, a batch has consecutive LSNs; with WRITTEN_BY_RECOVERY in ``flags`` ``wave``
-  is recovery's seal epoch; ``release_lsn`` and ``timeout_ms`` are not used on read). It is
-  decoded with the wire codec's checks. A field added to ``Store`` later must go at the end
-  with a default: entries with fewer fields get the defaults, so older entries stay readable.
+  is recovery's seal epoch; ``release_lsn`` and ``timeout_ms`` are not used on read). A field
+  added to ``Store`` later must go at the end with a default: a body without some trailing
+  fields gets their defaults, so older entries stay readable.
 * STORE (type 1, written before STORE_FIELDS existed, still read): ``[log_id, first_lsn,
   record_count, sequencer_node, timestamp_ms, last_known_good, wave, copyset, key, payloads,
   flags, producers]`` (``flags`` absent in entries written before they existed, ``producers``
@@ -332,9 +332,11 @@ class StoredCopies:
 _STORE_FIELD_NAMES = wire_field_names(Store)
 _STORE_FIELD_DEFAULTS = tuple(
     f.default for f in dataclasses.fields(Store) if f.metadata.get("wire", True))
-_STORE_FIELDS_COUNT_MIN = 14
-"""Fields of the first STORE_FIELDS entries; later fields have defaults (see the module
-docstring)."""
+_STORE_FIELDS_COUNT_MIN = len(_STORE_FIELD_DEFAULTS) - next(
+    (i for i, default in enumerate(reversed(_STORE_FIELD_DEFAULTS))
+     if default is dataclasses.MISSING), len(_STORE_FIELD_DEFAULTS))
+"""The fields before the trailing ones that have defaults: a body may leave out any of those
+(an entry written before a field was added, or a sender that leaves trailing defaults out)."""
 (_LOG_ID, _LSN, _WAVE, _NODE, _TIMESTAMP, _LNG, _KEY, _PAYLOADS, _FLAGS, _PRODUCERS) = (
     _STORE_FIELD_NAMES.index(name) for name in (
         "log_id", "lsn", "wave", "sequencer_node", "timestamp_ms", "last_known_good", "key",
