@@ -18,7 +18,9 @@ per log and ride along with the next batch. Durability per ``StorageConfig.fsync
 are fsynced unless the mode is ``never``, since recovery relies on them.
 
 Reads look the entries up in the in-memory index on the event loop, then pread and
-CRC-check them in a read thread.
+CRC-check them in a read thread; a small read of the segment being written (a tailing reader:
+what it asks for was just written, so it is in the page cache) is served right on the loop
+(``read_now``, ``READ_INLINE_BYTES_MAX``), without the thread hop.
 
 Reclaim (``reclaim()``, driven by the storage node's retention task): closed segments whose
 records are all trimmed (or replaced) are deleted, mostly dead ones compacted. Before any file
@@ -90,9 +92,13 @@ RELEASE_FLUSH_INTERVAL_MS = 5
 """Release pointers alone are written at most this often: they ride along with STORE batches
 under load, and a lost one is re-learned from the sequencer's broadcast after a restart."""
 READ_THREADS_COUNT = 4
+READ_INLINE_BYTES_MAX = 64 * 1024
+"""Reads of at most this many entry bytes, all in the segment being written, are served on
+the event loop (``read_now``)."""
 _FAILPOINT_BEFORE_FSYNC = "storage.after_write_before_fsync"
 COUNTERS = (
     "stores", "store_records", "commit_batches", "inline_commits", "writer_handoffs",
+    "inline_reads",
     "fsyncs", "bytes_written", "overloaded",
     "release_entries", "releases_dropped", "reads", "read_records", "read_checksum_failures",
     "torn_tail_bytes", "corrupt_segments", "reclaim_passes", "reclaim_failures",
@@ -280,6 +286,29 @@ class RecordStore:
         self._counts.update(reads=1, read_records=len(result.copies),
                             read_checksum_failures=int(corrupt))
         return result
+
+    def read_now(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
+                 bytes_max: int) -> ReadResult | None:
+        """``read`` done at once on the loop when it is small (``READ_INLINE_BYTES_MAX``) and
+        all in the segment being written; None when it is not (then use ``read``)."""
+        assert until_lsn < 2**64 - 1 and records_max >= 1
+        if not self._opened or self._closing:
+            return None
+        locations = self._index.locate(log_id, from_lsn, until_lsn, records_max)
+        if not locations:
+            return ReadResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
+        newest = self._newest_segment_id
+        total_bytes = 0
+        for location in locations:
+            total_bytes += location.length
+            if location.segment_id != newest or total_bytes > READ_INLINE_BYTES_MAX:
+                return None
+        # No ticket needed: nothing can retire a descriptor before this call returns.
+        result, corrupt = read_locations(self._reader, log_id, locations, from_lsn, until_lsn,
+                                         records_max, bytes_max)
+        self._counts.update(reads=1, inline_reads=1, read_records=len(result.copies),
+                            read_checksum_failures=int(corrupt))
+        return ReadResult.of(result)
 
     def last_older_lsn(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
         """The last LSN held up to the first record not older than ``timestamp_ms`` (index

@@ -352,3 +352,67 @@ def test_replace_never_carries_stale_bytes() -> None:
     message = received(make_store(lsn(1, 1)))
     changed = dataclasses.replace(message, wave=2)
     assert message.wire_fields is not None and changed.wire_fields is None
+
+
+# ---- small reads of what was just written ----
+
+class ReadThreadHops:
+    """Counts the jobs handed to a node's read threads."""
+
+    def __init__(self, node: StorageNode) -> None:
+        self.count = 0
+        executor = node.store._read_threads
+        submit = executor.submit
+
+        def counting(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+            self.count += 1
+            return submit(fn, *args, **kwargs)
+
+        executor.submit = counting  # type: ignore[method-assign]
+
+
+async def test_a_woken_tailing_read_is_served_on_the_loop(tmp_path: Path) -> None:
+    async with running_node(str(tmp_path)) as node:
+        hops = ReadThreadHops(node)
+        assert (await store(node, received(make_store(lsn(1, 1))))).status is Status.OK
+        plain = make_read(lsn(1, 1))
+        waiting = Read(log_id=plain.log_id, from_lsn=plain.from_lsn, until_lsn=plain.until_lsn,
+                       release_lsn=plain.release_lsn, records_max=plain.records_max,
+                       bytes_max=plain.bytes_max, wait_ms=10_000)
+        pending = asyncio.ensure_future(read(node, waiting))
+        await asyncio.sleep(0.02)
+        assert (await store(node, received(make_store(lsn(1, 2), release_lsn=lsn(1, 1))))
+                ).status is Status.OK
+        answer = await asyncio.wait_for(pending, 5)
+        assert [r[0] for r in answer.records] == [lsn(1, 1)]
+        assert answer.release_lsn == lsn(1, 1)
+        assert hops.count == 0 and node.stats()["inline_reads"] == 1
+
+
+async def test_big_reads_and_reads_of_older_segments_use_the_read_threads(
+        tmp_path: Path) -> None:
+    big = 300 * 1024
+    async with running_node(str(tmp_path)) as node:  # 1 MiB segments
+        hops = ReadThreadHops(node)
+        sizes = {1: 32, 2: big, 3: big, 4: big, 5: big, 6: 32}
+        for esn, size in sizes.items():
+            message = make_store(lsn(1, esn), (payload_for(esn, size),))
+            assert (await store(node, message)).status is Status.OK
+        assert len(segment_paths(str(tmp_path))) > 1
+        served = 0
+
+        async def read_one(esn: int) -> None:
+            nonlocal served
+            reply = await read(node, make_read(lsn(1, esn), until_lsn=lsn(1, esn),
+                                               release_lsn=lsn(1, 6)))
+            assert [(r[0], r[3]) for r in reply.records] == [
+                (lsn(1, esn), payload_for(esn, sizes[esn]))]
+            served += 1
+
+        await read_one(1)  # small, in an older segment: thread
+        assert hops.count == 1
+        await read_one(5)  # in the newest segment, too big: thread
+        assert hops.count == 2
+        await read_one(6)  # small, in the segment being written: inline
+        assert hops.count == 2 and node.stats()["inline_reads"] == 1
+        assert served == 3
