@@ -51,9 +51,6 @@ class RecordFlags(IntFlag):
     """The end of the epoch: no record at or after this LSN in its epoch (a hole too)."""
 
 
-_BY_RECOVERY = int(RecordFlags.WRITTEN_BY_RECOVERY)
-_HOLE = int(RecordFlags.HOLE)
-"""Plain ints for the per-STORE checks: an int & IntFlag goes through enum's Python code."""
 RECOVERY_HOLE = RecordFlags.WRITTEN_BY_RECOVERY | RecordFlags.HOLE
 RECOVERY_BRIDGE = RECOVERY_HOLE | RecordFlags.BRIDGE
 FLAGS_ALL = int(RECOVERY_BRIDGE)
@@ -114,10 +111,10 @@ class Store:
     def validate(self) -> Status:
         if not self.payloads or self.wave < 1 or self.timeout_ms < 0:
             return Status.BADMSG
-        flags = self.flags
-        if flags and (flags & ~FLAGS_ALL or not flags & _BY_RECOVERY):
+        if self.flags & ~FLAGS_ALL or (
+                self.flags and not self.flags & RecordFlags.WRITTEN_BY_RECOVERY):
             return Status.BADMSG
-        if flags & _HOLE and any(self.payloads):
+        if self.flags & RecordFlags.HOLE and any(self.payloads):
             return Status.BADMSG
         if self.producers and (len(self.producers) > len(self.payloads) or not all(
                 producer_tag_valid(tag) and tag[2] <= self.last_lsn and tag[3] >= self.lsn
