@@ -687,7 +687,10 @@ class RecordStore:
             except BaseException as error:  # from the writer thread or the fold: stop writing
                 self._writer_failed(error)
 
-        if (small and not self._thread_jobs and not self._closing
+        # Rolling to a new segment (fsync, create, directory sync) is left to the thread.
+        fits = (self._segment_bytes.get(self._newest_segment_id, 0) + batch_bytes
+                + _ENTRY_OVERHEAD_BYTES * len(releases) <= self._config.segment_bytes_max)
+        if (small and fits and not self._thread_jobs and not self._closing
                 and self._small_commit_us <= INLINE_COMMIT_US_MAX):
             # Inline: the writer thread is idle, so the segment writer is ours right now.
             self._writing = True

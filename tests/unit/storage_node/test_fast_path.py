@@ -39,6 +39,7 @@ from storage_node.segment_format import (
 from tests.unit.storage_node.helpers import (
     LOG,
     assert_ok,
+    file_size,
     lsn,
     make_read,
     make_store,
@@ -416,3 +417,30 @@ async def test_big_reads_and_reads_of_older_segments_use_the_read_threads(
         await read_one(6)  # small, in the segment being written: inline
         assert hops.count == 2 and node.stats()["inline_reads"] == 1
         assert served == 3
+
+
+async def test_a_small_commit_that_rolls_the_segment_goes_to_the_writer_thread(
+        tmp_path: Path, fast_disk: None) -> None:
+    segment_max = storage_config().segment_bytes_max
+    big = 300 * 1024
+    async with running_node(str(tmp_path)) as node:
+        hops = ThreadHops(node)
+        for esn in range(1, 4):
+            message = make_store(lsn(1, esn), (payload_for(esn, big),))
+            assert (await store(node, message)).status is Status.OK
+        (path,) = segment_paths(str(tmp_path))
+        used = await asyncio.to_thread(file_size, path)
+        # Fill the segment up to 200 bytes before its end.
+        overhead = len(segment_format.encode_store(make_store(lsn(1, 4), (b"",))))
+        filler = make_store(lsn(1, 4), (payload_for(4, segment_max - used - overhead - 200),))
+        assert (await store(node, filler)).status is Status.OK
+        assert len(segment_paths(str(tmp_path))) == 1
+        before = hops.count
+        # Small, but it does not fit: it rolls the segment, in the writer thread.
+        small = make_store(lsn(1, 5), (payload_for(5, 1024),))
+        assert (await store(node, small)).status is Status.OK
+        assert hops.count == before + 1
+        assert len(segment_paths(str(tmp_path))) == 2
+        # The next small one goes inline again, into the new segment.
+        assert (await store(node, make_store(lsn(1, 6)))).status is Status.OK
+        assert hops.count == before + 1
