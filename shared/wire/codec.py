@@ -4,6 +4,11 @@ A frame body is the msgpack array ``[message_type, correlation_id, [field, ...]]
 fields in dataclass order. Correlation id 0 marks a one-way message. Decoding checks every
 field's type, so a malformed frame becomes ``Status.BADMSG`` instead of an exception deep in a
 handler.
+
+Compatibility between node versions: a message gains fields only at its end, with defaults.
+Trailing fields that hold their default are not sent, and a decoder fills fields missing at
+the end with their defaults, so a node that does not use a new field talks to one that does
+not know it, byte for byte as before.
 """
 
 from __future__ import annotations
@@ -108,17 +113,40 @@ def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
     that decoding costs no per-field function calls (it runs for every frame)."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    source = f"def decode_fields(fields):\n    ({', '.join(names)},) = fields\n"
+    source = "def decode_fields(fields):\n"
+    if _DEFAULT_TAILS[cls]:
+        # An older sender (or one leaving defaults out) sends fewer fields: fill them in.
+        source += (f"    if len(fields) < {len(names)}: fields = fields + "
+                   f"_tail[len(fields) - {len(names)}:]\n")
+    source += f"    ({', '.join(names)},) = fields\n"
     source += "".join(_field_check(name, hints[name]) for name in names)
     source += f"    return cls({', '.join(f'{n}={n}' for n in names)})\n"
-    namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid}
+    namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid,
+                                 "_tail": _DEFAULT_TAILS[cls] or ()}
     exec(source, namespace)
     decoder: Callable[[Any], Any] = namespace["decode_fields"]
     return decoder
 
 
+def _default_tail(cls: type[Any]) -> tuple[Any, ...]:
+    """The defaults of ``cls``'s trailing fields that have one (a field without a default
+    after them would end the tail)."""
+    tail: list[Any] = []
+    for f in reversed(dataclasses.fields(cls)):
+        if f.default is dataclasses.MISSING:
+            break
+        tail.append(f.default)
+    return tuple(reversed(tail))
+
+
 _FIELDS: dict[type[Any], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_CLASSES.values()
+}
+_DEFAULT_TAILS: dict[type[Any], tuple[Any, ...]] = {
+    cls: _default_tail(cls) for cls in MESSAGE_CLASSES.values()
+}
+_REQUIRED_COUNTS: dict[type[Any], int] = {
+    cls: len(_FIELDS[cls]) - len(_DEFAULT_TAILS[cls]) for cls in MESSAGE_CLASSES.values()
 }
 _DECODERS: dict[int, Callable[[Any], Any]] = {
     int(t): _make_decoder(cls) for t, cls in MESSAGE_CLASSES.items()
@@ -135,7 +163,17 @@ def encode(message: Message, correlation_id: int = 0) -> bytes:
 def encode_fields(message: Message) -> bytes:
     """The packed field array of ``message``: the bulk of a frame, the same for every peer it
     goes to, so a message sent to R nodes is packed once."""
-    packed: bytes = _packer.pack([getattr(message, name) for name in _FIELDS[type(message)]])
+    cls = type(message)
+    values = [getattr(message, name) for name in _FIELDS[cls]]
+    tail = _DEFAULT_TAILS[cls]
+    if tail:
+        # Leave out trailing fields that hold their default (see the module docstring).
+        required = _REQUIRED_COUNTS[cls]
+        end = len(values)
+        while end > required and values[end - 1] == tail[end - 1 - required]:
+            end -= 1
+        del values[end:]
+    packed: bytes = _packer.pack(values)
     return packed
 
 
