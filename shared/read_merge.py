@@ -51,8 +51,8 @@ class Merged:
     next_lsn: Lsn
 
 
-BlockCache = dict[tuple[int, bytes], tuple[WireRecord, ...]]
-"""Expanded blocks by (first LSN, blob): the copies of one batch that several nodes send are
+BlockCache = dict[Block, tuple[WireRecord, ...]]
+"""Expanded blocks by the block itself: the copies of one batch that several nodes send are
 expanded once."""
 
 
@@ -64,9 +64,9 @@ def expand_blocks(blocks: tuple[Block, ...], records: tuple[WireRecord, ...],
     if not blocks:
         return records
     expanded = list(records)
-    for first_lsn, timestamp_ms, key, codec, count, blob in blocks:
-        cache_key = (first_lsn, blob)
-        block_records = cache.get(cache_key) if cache is not None else None
+    for block in blocks:
+        first_lsn, timestamp_ms, key, codec, count, blob = block
+        block_records = cache.get(block) if cache is not None else None
         if block_records is None:
             payloads = expand_stored(blob, codec, count)
             if isinstance(payloads, Status):
@@ -74,7 +74,7 @@ def expand_blocks(blocks: tuple[Block, ...], records: tuple[WireRecord, ...],
             block_records = tuple((first_lsn + i, timestamp_ms, key, payload)
                                   for i, payload in enumerate(payloads))
             if cache is not None:
-                cache[cache_key] = block_records
+                cache[block] = block_records
         expanded.extend(block_records)
     return tuple(expanded)
 

@@ -6,9 +6,10 @@ reader turns to another copy.
 
 A compressed batch entry (``segment_format``) goes to a READ as one block, its blob as stored,
 when the read takes all of it: the index still resolves every one of its LSNs to it (no later
-copy or trim point covers part of it) and it lies within the read's range and limits
-(a block counts its records against ``records_max`` and the plain size its frame header
-announces against ``bytes_max``). Otherwise, and for digests, it is expanded here and sliced
+copy or trim point covers part of it) and it lies within the read's range and limits (a block
+counts its records against ``records_max`` and the plain size its frame header announces
+against ``bytes_max``; one that does not fit after other records ends the read before it, so
+that the next read takes it whole). Otherwise, and for digests, it is expanded here and sliced
 like any batch: at most one entry's worth of expansion per entry read, bounded by
 ``COMPRESSED_BATCH_PLAIN_BYTES_MAX``.
 """
@@ -108,6 +109,7 @@ def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Locatio
                 size = plain_bytes(decoded.blob, decoded.compression)
                 if taken and (taken + decoded.count > records_max
                               or payload_bytes + size > bytes_max):
+                    # It does not fit after what is taken: the next read takes it whole.
                     return _done(records, blocks, Lsn(location.first_lsn)), False
                 if decoded.count <= records_max:
                     blocks.append((decoded.first_lsn, decoded.timestamp_ms, decoded.key,
