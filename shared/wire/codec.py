@@ -160,20 +160,39 @@ def encode(message: Message, correlation_id: int = 0) -> bytes:
     return b"".join(encode_parts(message, encode_fields(message), correlation_id))
 
 
+def _make_field_lister(cls: type[Any]) -> Callable[[Any], list[Any]]:
+    """A function that lists ``cls``'s field values, leaving out trailing fields that hold
+    their default (see the module docstring): generated source, as for decoding, because it
+    runs for every message sent."""
+    names = _FIELDS[cls]
+    tail = _DEFAULT_TAILS[cls]
+    required = _REQUIRED_COUNTS[cls]
+    source = "def list_fields(m):\n"
+    source += f"    values = [{', '.join(f'm.{n}' for n in names)}]\n"
+    if tail:
+        indent = "    "
+        for index in range(len(names) - 1, required - 1, -1):
+            source += f"{indent}if values[{index}] == _tail[{index - required}]:\n"
+            indent += "    "
+            source += f"{indent}end = {index}\n"
+        source = source.replace("    if values", "    end = -1\n    if values", 1)
+        source += "    if end >= 0: del values[end:]\n"
+    source += "    return values\n"
+    namespace: dict[str, Any] = {"_tail": tail}
+    exec(source, namespace)
+    lister: Callable[[Any], list[Any]] = namespace["list_fields"]
+    return lister
+
+
+_LISTERS: dict[type[Any], Callable[[Any], list[Any]]] = {
+    cls: _make_field_lister(cls) for cls in MESSAGE_CLASSES.values()
+}
+
+
 def encode_fields(message: Message) -> bytes:
     """The packed field array of ``message``: the bulk of a frame, the same for every peer it
     goes to, so a message sent to R nodes is packed once."""
-    cls = type(message)
-    values = [getattr(message, name) for name in _FIELDS[cls]]
-    tail = _DEFAULT_TAILS[cls]
-    if tail:
-        # Leave out trailing fields that hold their default (see the module docstring).
-        required = _REQUIRED_COUNTS[cls]
-        end = len(values)
-        while end > required and values[end - 1] == tail[end - 1 - required]:
-            end -= 1
-        del values[end:]
-    packed: bytes = _packer.pack(values)
+    packed: bytes = _packer.pack(_LISTERS[type(message)](message))
     return packed
 
 
