@@ -231,7 +231,7 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
                 if tags is None:
                     return None
                 producers = tags
-            if fields_count == 13 and unpacker.unpack() not in COMPRESSION_CODECS:
+            if fields_count == 13 and not _codec(unpacker.unpack()):
                 return None
             return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node), lng, flags,
                              timestamp_ms, producers)
@@ -327,7 +327,8 @@ def decode_store_records(body: bytes | memoryview, *,
             fields[:10])
     except (ValueError, TypeError, IndexError, msgpack.UnpackException):
         return None
-    if not _ints(log_id, first_lsn, count, timestamp_ms, wave, flags) or producers is None:
+    if (not _ints(log_id, first_lsn, count, timestamp_ms, wave, flags, compression)
+            or producers is None or type(payloads) is not list):
         return None
     if compression:
         if (compression not in COMPRESSION_CODECS or len(payloads) != 1 or count < 1
@@ -376,6 +377,10 @@ def find_entry_after(data: bytes, start: int) -> int | None:
             return position
         position = data.find(_MAGIC_BYTES, position + 1)
     return None
+
+
+def _codec(value: object) -> bool:
+    return type(value) is int and value in COMPRESSION_CODECS
 
 
 def _ints(*values: object) -> bool:

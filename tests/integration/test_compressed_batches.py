@@ -177,7 +177,9 @@ async def test_compressed_batches_end_to_end(cluster_dir: Path) -> None:
         for index, (codec, media) in enumerate([(Codec.LZ4, "json"), (Codec.ZSTD, "msgpack"),
                                                 (Codec.LZ4, "msgpack")]):
             payloads = _lines(f"b{index}", 200)
-            status, answer = await _post(session, url, log_id, _compressed(payloads, codec),
+            # Through both sequencer nodes: one of them forwards the batch to the other.
+            via = state.sequencer_urls[index % 2]
+            status, answer = await _post(session, via, log_id, _compressed(payloads, codec),
                                          media)
             assert status == 200, answer
             assert answer["count"] == 200
@@ -256,7 +258,7 @@ async def test_compressed_batches_end_to_end(cluster_dir: Path) -> None:
         for index in range(6):
             payloads = _lines(f"k{index}", 100)
             doc = _compressed(payloads, Codec.LZ4 if index % 2 else Codec.ZSTD)
-            status, answer = await _post(session, url, log_id, doc)
+            status, answer = await _post(session, state.sequencer_urls[index % 2], log_id, doc)
             assert status == 200, answer
             acked.append((answer["first_lsn"], answer["last_lsn"], payloads))
         owner = (await client.tail(log_id)).sequencer

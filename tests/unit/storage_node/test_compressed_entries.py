@@ -10,6 +10,10 @@ import dataclasses
 import json
 from pathlib import Path
 
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from shared.compression import Codec, compress_batch
 from shared.read_merge import NodeAnswer, expand_blocks, merge
 from shared.status import Status
@@ -19,6 +23,15 @@ from shared.wire.recovery import Digest, GetDigest
 from shared.wire.store import RecordFlags, Store, payloads_checksum, recovery_wave
 from shared.wire.trim import Trim, Trimmed
 from storage_node.runtime import StorageNode
+from storage_node.segment_format import (
+    HEADER_BYTES,
+    EntryType,
+    StoreMeta,
+    decode_meta,
+    decode_store_records,
+    encode_store,
+    scan_segment,
+)
 from tests.unit.storage_node.helpers import (
     LOG,
     SEQ_B,
@@ -186,3 +199,40 @@ async def test_a_bad_blob_is_never_served_as_records(tmp_path: Path) -> None:
         assert expand_blocks(whole.blocks, whole.records) is None  # the reader refuses it
         inside = await read(node, make_read(lsn(1, 5), release_lsn=ALL))
         assert inside.status is Status.CHECKSUM_MISMATCH and not inside.records
+
+
+def test_entry_round_trips_and_the_scan_indexes_its_range() -> None:
+    entry = encode_store(compressed_store(lsn(1, 2), LINES, Codec.ZSTD))
+    scan = scan_segment(entry + encode_store(make_store(lsn(1, 102), (b"p",))))
+    assert scan.bad_offset is None
+    meta = scan.entries[0].entry
+    assert isinstance(meta, StoreMeta)
+    assert (meta.first_lsn, meta.last_lsn) == (lsn(1, 2), lsn(1, 101))
+    copies = decode_store_records(memoryview(entry)[HEADER_BYTES:])
+    assert copies is not None and [r[3] for r in copies.records] == LINES
+    block = decode_store_records(memoryview(entry)[HEADER_BYTES:], expand=False)
+    assert block is not None and block.records == [] and block.count == 100
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 2**64), st.binary(max_size=40), st.text(max_size=4),
+                          st.none(), st.lists(st.binary(max_size=40), max_size=2)),
+                min_size=10, max_size=14))
+def test_fuzz_store_bodies_never_raise(fields: list[object]) -> None:
+    body = msgpack.packb(fields, use_bin_type=True)
+    decode_meta(EntryType.STORE, body)
+    copies = decode_store_records(body)
+    assert copies is None or isinstance(copies.records, list)
+    decode_store_records(body, expand=False)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 3), st.integers(-1, 200), st.binary(max_size=300))
+def test_fuzz_compressed_fields_of_a_valid_entry(codec: int, count: int, blob: bytes) -> None:
+    fields = [7, lsn(1, 1), count, "seq", 1, 0, 1, ["n1"], None, [blob], 0, [], codec]
+    body = msgpack.packb(fields, use_bin_type=True)
+    meta = decode_meta(EntryType.STORE, body)
+    assert meta is None or codec in (1, 2)
+    copies = decode_store_records(body)
+    # Random bytes never expand to a batch; a bad codec or count is refused before trying.
+    assert copies is None
