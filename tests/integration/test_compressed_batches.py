@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -280,4 +281,20 @@ async def test_compressed_batches_end_to_end(cluster_dir: Path) -> None:
         assert _records(found) == expected
         assert not [e for e in found if isinstance(e, Gap) and e.type == "DATALOSS"]
         assert _records(await _direct_entries(client, log_id)) == expected
+        # The new epoch's sequencer recovered the killed one's epoch (digests of compressed
+        # entries included) before it released anything.
+        sequencers = [n for n in (lc.load_state(cluster_dir) or state).nodes
+                      if "sequencer" in n.roles]
+        done = sum([await asyncio.to_thread(
+            _metric, n.http, 'seqlog_sequencer_recovery_phases{phase="DONE"}')
+            for n in sequencers])
+        assert done >= 1
     assert first_payload not in expected.values()  # trimmed away above
+
+
+def _metric(http: str, name: str) -> float:
+    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0

@@ -101,3 +101,35 @@ def test_fuzz_cut_or_flipped_blobs(payloads: list[bytes], codec: Codec, at: int)
         parsed = parse_append_batch(_doc(bad, codec.name.lower(), len(payloads)), MSGPACK, API)
         # Either refused, or (a flip the frame does not notice) exactly as many payloads.
         assert isinstance(parsed, Rejection) or parsed.records == len(payloads)
+
+
+def test_append_message_edge_expands_client_batches_and_header_checks_forwarded_ones() -> None:
+    """An APPEND with ``hops == 0`` enters the cluster at this node (a client): the batch is
+    expanded once; a peer's forwarded one (``hops > 0``) gets the cheap header check."""
+    from types import SimpleNamespace
+
+    from frontend.service import FrontEnd
+    from shared.wire.append import Append
+
+    node = SimpleNamespace(config=SimpleNamespace(api=API))
+    blob = compress_batch(LINES, Codec.ZSTD)
+    assert blob is not None
+
+    def status(hops: int, **fields: object) -> Status:
+        values: dict[str, object] = {"log_id": 1, "payloads": (blob,), "key": None,
+                                     "hops": hops, "compression": 2, "records": len(LINES)}
+        values.update(fields)
+        return FrontEnd._forwarded_append_status(node, Append(**values))  # type: ignore
+
+    for hops in (0, 1):
+        assert status(hops) is Status.OK
+        assert status(hops, compression=7) is Status.BADMSG
+        assert status(hops, compression=0) is Status.BADMSG  # records without a codec
+        assert status(hops, payloads=(blob, blob)) is Status.BADMSG
+        assert status(hops, records=501) is Status.TOOBIG
+        assert status(hops, payloads=(os.urandom(64),)) is Status.BADMSG
+    # A wrong count only shows when the batch is expanded: at the client's edge.
+    assert status(0, records=len(LINES) - 1) is Status.BADMSG
+    assert status(1, records=len(LINES) - 1) is Status.OK
+    bomb = zstandard.ZstdCompressor().compress(msgpack.packb([b"\0" * (8 << 20)]))
+    assert status(1, payloads=(bomb,), records=1) is Status.BADMSG
