@@ -253,6 +253,26 @@ async def test_compressed_batches_end_to_end(cluster_dir: Path) -> None:
         assert copies == expected
         assert in_blocks == sum(last - first + 1 for first, last in batches[2:])
 
+        # find-time lands on a batch's first LSN, never inside it (one timestamp per batch).
+        zstd_first, zstd_last = batches[2]
+        (zstd_ts,) = {r.timestamp_ms for r in (await client.read(log_id, zstd_first,
+                                                                  limit=200)).records}
+        found_at = await client.find_time(log_id, zstd_ts)
+        assert found_at <= zstd_first and not zstd_first < found_at <= zstd_last
+
+        # An idempotent compressed batch: a retry gets the original LSNs, before and after
+        # a failover (the new sequencer's lookup reads the compressed copies back).
+        idem_payloads = _lines("idempotent", 40)
+        idem = {**_compressed(idem_payloads, Codec.ZSTD), "producer_id": "writer-1",
+                "producer_seq": 0}
+        status, idem_answer = await _post(session, url, log_id, idem)
+        assert status == 200, idem_answer
+        status, again = await _post(session, state.sequencer_urls[1], log_id, idem)
+        assert status == 200 and (again["first_lsn"], again["last_lsn"]) == (
+            idem_answer["first_lsn"], idem_answer["last_lsn"])
+        expected.update(zip(range(idem_answer["first_lsn"], idem_answer["last_lsn"] + 1),
+                            idem_payloads, strict=True))
+
         # kill -9 of the sequencer: acknowledged compressed batches all read back after
         # recovery (none of them released on the storage nodes yet when it died, maybe).
         acked: list[tuple[int, int, list[bytes]]] = []
@@ -269,6 +289,9 @@ async def test_compressed_batches_end_to_end(cluster_dir: Path) -> None:
                                 ready_timeout_ms=READY_TIMEOUT_MS)
         for first_lsn, last_lsn, payloads in acked:
             expected.update(zip(range(first_lsn, last_lsn + 1), payloads, strict=True))
+        status, again = await _post(session, url, log_id, idem)
+        assert status == 200 and (again["first_lsn"], again["last_lsn"]) == (
+            idem_answer["first_lsn"], idem_answer["last_lsn"]), again
         later_payloads = _lines("later", 100)
         status, answer = await _post(session, url, log_id,
                                      _compressed(later_payloads, Codec.LZ4))
