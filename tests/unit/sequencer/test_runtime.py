@@ -171,8 +171,8 @@ async def test_compressed_batch_is_staged_by_its_records_and_stored_as_one_blob(
     assert compressed.last_lsn - compressed.first_lsn == 9
     spans = sorted((r.first_lsn, r.last_lsn) for r in results)
     assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans))
-    # 3 plain records (one group), the batch (10 records: never grouped past the limit,
-    # and never merged), 2 plain records: 3 STOREs, 2 copies each.
+    # 3 plain records (one group), the batch (never merged with another append), 2 plain
+    # records: 3 STOREs, 2 copies each.
     assert sum(n.stats()["stores"] for n in stack.nodes) - stores_before == 2 * 3
     holders = [n for n in stack.nodes if n.store.held_ranges(log, compressed.first_lsn,
                                                              compressed.last_lsn)]
