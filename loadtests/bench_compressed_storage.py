@@ -58,7 +58,7 @@ def json_line(rng: random.Random, size: int) -> bytes:
     line = json.dumps(doc)
     words = ("request", "handled", "upstream", "timeout", "retrying", "cache", "miss", "for",
              "order", "customer", "connection", "pool", "exhausted", "at", "db.query")
-    filler = []
+    filler: list[str] = []
     while len(line) + sum(len(w) + 1 for w in filler) < size:
         filler.append(rng.choice(words))
     doc["msg"] = " ".join(filler)
@@ -146,6 +146,7 @@ async def run(kind: str, compression: Codec, args: argparse.Namespace) -> dict[s
                 decoded_reply = wire.decode(body)
                 assert isinstance(decoded_reply, tuple)
                 answer = decoded_reply[1]
+                assert type(answer) is ReadReply
                 records = expand_blocks(answer.blocks, answer.records)
                 assert records is not None
                 read_cpu_reader += time.process_time() - reader_start
