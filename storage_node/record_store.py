@@ -227,11 +227,11 @@ class RecordStore:
         fsync mode (OK) or failed (NOSPC, DISABLED, SHUTDOWN, INTERNAL). Returns OK when
         queued, else the reason it was not (OVERLOADED, SHUTDOWN, NOTREADY, DISABLED) and
         ``done`` is never called."""
-        records_count = len(store.payloads)
         wire_fields = store.wire_fields
         estimate = (len(wire_fields) if wire_fields is not None
-                    else sum(map(len, store.payloads))) + _ENTRY_OVERHEAD_BYTES * records_count
-        return self._enqueue(_Pending(store, done, records_count, estimate))
+                    else sum(map(len, store.payloads))) + _ENTRY_OVERHEAD_BYTES * len(
+                        store.payloads)
+        return self._enqueue(_Pending(store, done, store.records_count, estimate))
 
     def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
         """Queue a durable seal; same contract as ``submit_store``."""
@@ -259,11 +259,14 @@ class RecordStore:
         its records and may be entered in the middle. Copies written by recovery also come
         as markers (holes and bridges only as markers)."""
         return ReadResult.of(await self.read_copies(log_id, from_lsn, until_lsn, records_max,
-                                                    bytes_max))
+                                                    bytes_max, blocks_ok=True))
 
     async def read_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn,
-                          records_max: int, bytes_max: int) -> CopiesResult:
-        """Like ``read``, with every copy's flags and wave (recovery's digest needs them)."""
+                          records_max: int, bytes_max: int, *,
+                          blocks_ok: bool = False) -> CopiesResult:
+        """Like ``read``, with every copy's flags and wave (recovery's digest needs them);
+        compressed batches are expanded into their records unless ``blocks_ok``
+        (``record_reads``)."""
         assert until_lsn < 2**64 - 1 and records_max >= 1
         if not self._opened or self._closing:
             status = Status.SHUTDOWN if self._closing else Status.NOTREADY
@@ -278,12 +281,13 @@ class RecordStore:
         try:
             result, corrupt = await loop.run_in_executor(
                 self._read_threads, read_locations, self._reader, log_id, locations, from_lsn,
-                until_lsn, records_max, bytes_max)
+                until_lsn, records_max, bytes_max, blocks_ok)
         finally:
             self._reads_active.discard(ticket)
             if self._retired:
                 self._release_retired()
-        self._counts.update(reads=1, read_records=len(result.copies),
+        self._counts.update(reads=1, read_records=len(result.copies) + sum(
+                                b[4] for b in result.blocks),
                             read_checksum_failures=int(corrupt))
         return result
 
@@ -303,10 +307,13 @@ class RecordStore:
             total_bytes += location.length
             if location.segment_id != newest or total_bytes > READ_INLINE_BYTES_MAX:
                 return None
-        # No ticket needed: nothing can retire a descriptor before this call returns.
+        # No ticket needed: nothing can retire a descriptor before this call returns. A
+        # compressed batch the read covers whole goes out as its blob; only a read starting
+        # inside one (rare for a tailing reader: a batch is released whole) expands it here.
         result, corrupt = read_locations(self._reader, log_id, locations, from_lsn, until_lsn,
-                                         records_max, bytes_max)
-        self._counts.update(reads=1, inline_reads=1, read_records=len(result.copies),
+                                         records_max, bytes_max, True)
+        self._counts.update(reads=1, inline_reads=1, read_records=len(result.copies) + sum(
+                                block[4] for block in result.blocks),
                             read_checksum_failures=int(corrupt))
         return ReadResult.of(result)
 

@@ -57,6 +57,7 @@ from storage_node.core.store_machine import (
     recovery_hole_stores,
     stored_reply,
 )
+from storage_node.record_reads import ReadResult
 from storage_node.record_store import ReclaimReport, RecordStore
 from storage_node.segment_format import SealEntry, TrimEntry
 
@@ -91,6 +92,12 @@ class RetentionReport:
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _read_answer(read: Read, result: ReadResult, release_lsn: Lsn, trim_lsn: Lsn) -> ReadReply:
+    return ReadReply(status=result.status, log_id=read.log_id, release_lsn=release_lsn,
+                     records=result.records, next_lsn=Lsn(max(result.next_lsn, read.from_lsn)),
+                     markers=result.markers, trim_lsn=trim_lsn, blocks=result.blocks)
 
 
 class _Waiter:
@@ -361,10 +368,7 @@ class StorageNode:
         if result is None:
             return False
         release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
-        reply(ReadReply(status=result.status, log_id=read.log_id, release_lsn=release_lsn,
-                        records=result.records,
-                        next_lsn=Lsn(max(result.next_lsn, read.from_lsn)),
-                        markers=result.markers, trim_lsn=trim_lsn))
+        reply(_read_answer(read, result, release_lsn, trim_lsn))
         return True
 
     async def _serve_read(self, read: Read, reply: ReplyFn) -> None:
@@ -376,10 +380,7 @@ class StorageNode:
             from_lsn = Lsn(max(read.from_lsn, trim_lsn + 1))
             result = await self._store.read(read.log_id, from_lsn, until_lsn,
                                             read.records_max, read.bytes_max)
-            answer = ReadReply(status=result.status, log_id=read.log_id,
-                               release_lsn=release_lsn, records=result.records,
-                               next_lsn=Lsn(max(result.next_lsn, read.from_lsn)),
-                               markers=result.markers, trim_lsn=trim_lsn)
+            answer = _read_answer(read, result, release_lsn, trim_lsn)
         except Exception:
             log.exception("storage node %s: read of log %d failed", self.node_id, read.log_id)
             answer = ReadReply(status=Status.INTERNAL, log_id=read.log_id,
@@ -497,7 +498,7 @@ class StorageNode:
             if decision.status is not Status.OK:
                 persisted(decision.status)
                 continue
-            self._counts["purged_records"] += len(store.payloads)
+            self._counts["purged_records"] += store.records_count
 
             def done(status: Status, store: Store = store) -> None:
                 if status is Status.OK:

@@ -9,15 +9,22 @@ body is a msgpack array:
   array exactly as it came over the wire (``Store.wire_fields``; ``shared.wire.codec``'s
   ``encode_fields`` for a STORE built locally), so the writer packs nothing again: ``[log_id,
   lsn, wave, sequencer_node, copyset, timestamp_ms, last_known_good, release_lsn, timeout_ms,
-  key, payloads, checksum, flags, producers]`` (the field order of ``Store``; one entry per
-  STORE message, a batch has consecutive LSNs; with WRITTEN_BY_RECOVERY in ``flags`` ``wave``
-  is recovery's seal epoch; ``release_lsn`` and ``timeout_ms`` are not used on read). A field
-  added to ``Store`` later must go at the end with a default: a body without some trailing
-  fields gets their defaults, so older entries stay readable.
+  key, payloads, checksum, flags, producers, compression, records]`` (the field order of
+  ``Store``; one entry per STORE message, a batch has consecutive LSNs; with
+  WRITTEN_BY_RECOVERY in ``flags`` ``wave`` is recovery's seal epoch; ``release_lsn`` and
+  ``timeout_ms`` are not used on read). A compressed batch (``compression`` != 0) has
+  ``payloads == [blob]`` (the batch exactly as the writer compressed it,
+  ``shared.compression``) holding ``records`` records; the entry's CRC covers the blob, the
+  index knows its LSN range without expanding it, reads send the blob whole when they cover
+  the entry, else expand it and slice (``record_reads``), digests and recovery see its records
+  one by one. Trailing fields that hold their default may be absent (the codec leaves them
+  out): a field added to ``Store`` later must go at the end with a default, so older entries
+  stay readable.
 * STORE (type 1, written before STORE_FIELDS existed, still read): ``[log_id, first_lsn,
   record_count, sequencer_node, timestamp_ms, last_known_good, wave, copyset, key, payloads,
   flags, producers]`` (``flags`` absent in entries written before they existed, ``producers``
-  absent in older entries).
+  absent in older entries); a compressed one has ``payloads == [blob]``, ``record_count`` its
+  records, then a 13th field, ``compression`` (the ``Codec`` id).
 * RELEASE: ``[log_id, release_lsn]``;
 * SEAL: ``[log_id, epoch, sealed_by]``;
 * TRIM: ``[log_id, trim_lsn]``;
@@ -45,11 +52,13 @@ from typing import Any
 
 import msgpack
 
+from shared.compression import expand_stored
 from shared.limits import FRAME_BYTES_MAX
+from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.codec import encode_fields, wire_field_names
 from shared.wire.read import WireRecord
-from shared.wire.store import ProducerTag, Store, producer_tag_valid
+from shared.wire.store import COMPRESSION_CODECS, ProducerTag, Store, producer_tag_valid
 
 MAGIC = 0x5153  # b"SQ" little endian
 _HEADER = struct.Struct("<HBBII")
@@ -177,12 +186,15 @@ def encode_store(store: Store) -> bytes:
 def encode_legacy_store(store: Store) -> bytes:
     """A STORE entry of the layout before STORE_FIELDS (only tests write it: old segments must
     stay readable)."""
-    body = _packer.pack([
+    fields = [
         store.log_id, store.lsn, len(store.payloads), store.sequencer_node, store.timestamp_ms,
         store.last_known_good, store.wave, list(store.copyset), store.key, list(store.payloads),
         store.flags, [list(tag) for tag in store.producers],
-    ])
-    return _frame(EntryType.STORE, body)
+    ]
+    if store.compression:
+        fields[2] = store.records
+        fields.append(store.compression)
+    return _frame(EntryType.STORE, _packer.pack(fields))
 
 
 def encode_release(log_id: LogId, release_lsn: Lsn) -> bytes:
@@ -239,14 +251,15 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
             tags = _producer_tags(fields[_PRODUCERS])
             if tags is None:
                 return None
-            return StoreMeta(LogId(fields[_LOG_ID]), Lsn(fields[_LSN]), len(fields[_PAYLOADS]),
+            count = fields[_RECORDS] if fields[_COMPRESSION] else len(fields[_PAYLOADS])
+            return StoreMeta(LogId(fields[_LOG_ID]), Lsn(fields[_LSN]), count,
                              NodeId(fields[_NODE]), fields[_LNG], fields[_FLAGS],
                              fields[_TIMESTAMP], tags)
         if entry_type == EntryType.STORE:
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(body)
             fields_count = unpacker.read_array_header()
-            if fields_count not in (10, 11, 12):
+            if fields_count not in (10, 11, 12, 13):
                 return None
             log_id, first_lsn, count, node, timestamp_ms, lng = (
                 unpacker.unpack() for _ in range(6))
@@ -261,11 +274,13 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
                 flags = unpacker.unpack()
                 if not _ints(flags):
                     return None
-            if fields_count == 12:
+            if fields_count >= 12:
                 tags = _producer_tags(unpacker.unpack())
                 if tags is None:
                     return None
                 producers = tags
+            if fields_count == 13 and not _codec(unpacker.unpack()):
+                return None
             return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node), lng, flags,
                              timestamp_ms, producers)
         fields = msgpack.unpackb(body, raw=False)
@@ -321,6 +336,26 @@ class StoredCopies:
     records: list[WireRecord]
     producers: tuple[ProducerTag, ...] = ()
 
+    compression: int = 0
+    """A compressed batch not expanded yet (``decode_store_records(expand=False)``):
+    ``records`` is empty, ``blob`` holds its ``count`` records."""
+    count: int = 0
+    blob: bytes = b""
+    timestamp_ms: int = 0
+    key: str | None = None
+
+    def expanded(self) -> StoredCopies | None:
+        """The same copies with a compressed batch split into its records (None if the blob
+        does not expand to ``count`` payloads: corruption)."""
+        if not self.compression:
+            return self
+        payloads = expand_stored(self.blob, self.compression, self.count)
+        if isinstance(payloads, Status):
+            return None
+        return StoredCopies(self.log_id, self.first_lsn, self.flags, self.wave,
+                            _records(self.first_lsn, self.timestamp_ms, self.key, payloads),
+                            self.producers)
+
     def producer_of(self, lsn: int) -> ProducerTag | None:
         """The tag of the append the record at ``lsn`` came from, if it had one."""
         for tag in self.producers:
@@ -337,10 +372,11 @@ _STORE_FIELDS_COUNT_MIN = len(_STORE_FIELD_DEFAULTS) - next(
      if default is dataclasses.MISSING), len(_STORE_FIELD_DEFAULTS))
 """The fields before the trailing ones that have defaults: a body may leave out any of those
 (an entry written before a field was added, or a sender that leaves trailing defaults out)."""
-(_LOG_ID, _LSN, _WAVE, _NODE, _TIMESTAMP, _LNG, _KEY, _PAYLOADS, _FLAGS, _PRODUCERS) = (
+(_LOG_ID, _LSN, _WAVE, _NODE, _TIMESTAMP, _LNG, _KEY, _PAYLOADS, _FLAGS, _PRODUCERS,
+ _COMPRESSION, _RECORDS) = (
     _STORE_FIELD_NAMES.index(name) for name in (
         "log_id", "lsn", "wave", "sequencer_node", "timestamp_ms", "last_known_good", "key",
-        "payloads", "flags", "producers"))
+        "payloads", "flags", "producers", "compression", "records"))
 
 
 def _store_fields(body: bytes | memoryview) -> tuple[Any, ...] | None:
@@ -360,20 +396,25 @@ def _store_fields(body: bytes | memoryview) -> tuple[Any, ...] | None:
         fields = fields + _STORE_FIELD_DEFAULTS[count:]
         if dataclasses.MISSING in fields:
             return None
-    payloads, key = fields[_PAYLOADS], fields[_KEY]
+    payloads, key, compression = fields[_PAYLOADS], fields[_KEY], fields[_COMPRESSION]
     if not (_ints(fields[_LOG_ID], fields[_LSN], fields[_WAVE], fields[_TIMESTAMP],
-                  fields[_LNG], fields[_FLAGS])
+                  fields[_LNG], fields[_FLAGS], compression, fields[_RECORDS])
             and type(payloads) is tuple and payloads and type(fields[_NODE]) is str
             and (key is None or type(key) is str)
             and all(type(payload) is bytes for payload in payloads)):
+        return None
+    if compression and (compression not in COMPRESSION_CODECS or len(payloads) != 1
+                        or fields[_RECORDS] < 1):
         return None
     result: tuple[Any, ...] = fields
     return result
 
 
-def decode_store_records(entry_type: EntryType,
-                         body: bytes | memoryview) -> StoredCopies | None:
-    """The records of a CRC-checked STORE or STORE_FIELDS body; None if malformed."""
+def decode_store_records(entry_type: EntryType, body: bytes | memoryview, *,
+                         expand: bool = True) -> StoredCopies | None:
+    """The records of a CRC-checked STORE or STORE_FIELDS body; None if malformed. A
+    compressed batch is expanded unless ``expand`` is False (then see
+    ``StoredCopies.compression``)."""
     if entry_type == EntryType.STORE_FIELDS:
         packed = _store_fields(body)
         if packed is None:
@@ -382,28 +423,45 @@ def decode_store_records(entry_type: EntryType,
         if tags is None:
             return None
         first_lsn, timestamp_ms, key = packed[_LSN], packed[_TIMESTAMP], packed[_KEY]
-        return StoredCopies(
-            LogId(packed[_LOG_ID]), Lsn(first_lsn), packed[_FLAGS], packed[_WAVE],
-            [(first_lsn + i, timestamp_ms, key, payload)
-             for i, payload in enumerate(packed[_PAYLOADS])], tags)
+        compression = packed[_COMPRESSION]
+        if compression:
+            block = StoredCopies(LogId(packed[_LOG_ID]), Lsn(first_lsn), packed[_FLAGS],
+                                 packed[_WAVE], [], tags, compression, packed[_RECORDS],
+                                 packed[_PAYLOADS][0], timestamp_ms, key)
+            return block.expanded() if expand else block
+        return StoredCopies(LogId(packed[_LOG_ID]), Lsn(first_lsn), packed[_FLAGS],
+                            packed[_WAVE], _records(first_lsn, timestamp_ms, key,
+                                                    packed[_PAYLOADS]), tags)
     if entry_type != EntryType.STORE:
         return None
     try:
         fields: Any = msgpack.unpackb(body, raw=False)
         flags = fields[10] if len(fields) >= 11 else 0
-        producers = _producer_tags(fields[11]) if len(fields) == 12 else ()
+        producers = _producer_tags(fields[11]) if len(fields) >= 12 else ()
+        compression = fields[12] if len(fields) == 13 else 0
         log_id, first_lsn, count, _node, timestamp_ms, _lng, wave, _cs, key, payloads = (
             fields[:10])
     except (ValueError, TypeError, IndexError, msgpack.UnpackException):
         return None
-    if not _ints(log_id, first_lsn, count, timestamp_ms, wave, flags) or len(payloads) != count:
+    if (not _ints(log_id, first_lsn, count, timestamp_ms, wave, flags, compression)
+            or producers is None or type(payloads) is not list):
         return None
-    if producers is None:
+    if compression:
+        if (compression not in COMPRESSION_CODECS or len(payloads) != 1 or count < 1
+                or type(payloads[0]) is not bytes):
+            return None
+        block = StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave, [], producers,
+                             compression, count, payloads[0], timestamp_ms, key)
+        return block.expanded() if expand else block
+    if len(payloads) != count:
         return None
-    records: list[WireRecord] = [
-        (first_lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(payloads)
-    ]
-    return StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave, records, producers)
+    return StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave,
+                        _records(first_lsn, timestamp_ms, key, payloads), producers)
+
+
+def _records(first_lsn: int, timestamp_ms: int, key: str | None,
+             payloads: list[bytes] | tuple[bytes, ...]) -> list[WireRecord]:
+    return [(first_lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(payloads)]
 
 
 def scan_segment(data: bytes) -> SegmentScan:
@@ -435,6 +493,10 @@ def find_entry_after(data: bytes, start: int) -> int | None:
             return position
         position = data.find(_MAGIC_BYTES, position + 1)
     return None
+
+
+def _codec(value: object) -> bool:
+    return type(value) is int and value in COMPRESSION_CODECS
 
 
 def _ints(*values: object) -> bool:

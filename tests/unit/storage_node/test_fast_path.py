@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.compression import Codec, compress_batch
 from shared.status import Status
 from shared.wire import codec
 from shared.wire.message_type import MessageType
@@ -74,6 +75,12 @@ class ThreadHops:
             return submit(fn, *args, **kwargs)
 
         executor.submit = counting  # type: ignore[method-assign]
+
+
+def all_fields(message: Store) -> list[Any]:
+    """Every wire field of ``message``, trailing defaults included (the codec leaves those
+    out)."""
+    return [getattr(message, name) for name in codec.wire_field_names(Store)]
 
 
 def overwrite(path: str, data: bytes) -> None:
@@ -249,8 +256,8 @@ def test_entries_with_fewer_fields_get_the_defaults_of_later_fields() -> None:
     """A field added to Store later goes at the end with a default: an entry written before
     it existed (or by a sender that leaves trailing defaults out) still decodes."""
     message = make_store(lsn(1, 1), (b"p",))
-    fields = msgpack.unpackb(codec.encode_fields(message), use_list=False)
-    shorter = msgpack.packb(fields[:-2], use_bin_type=True)  # no flags, no producers
+    fields = all_fields(message)
+    shorter = msgpack.packb(fields[:12], use_bin_type=True)  # up to the checksum
     copies = decode_store_records(EntryType.STORE_FIELDS, shorter)
     assert copies is not None and copies.producers == ()
     assert copies.records == [(lsn(1, 1), message.timestamp_ms, None, b"p")]
@@ -258,7 +265,7 @@ def test_entries_with_fewer_fields_get_the_defaults_of_later_fields() -> None:
     assert isinstance(meta, StoreMeta) and meta.first_lsn == lsn(1, 1)
     # A field without a default (the checksum) must be there.
     assert decode_meta(EntryType.STORE_FIELDS,
-                       msgpack.packb(fields[:-3], use_bin_type=True)) is None
+                       msgpack.packb(fields[:11], use_bin_type=True)) is None
 
 
 async def test_a_corrupt_received_entry_is_caught_on_read_and_at_restart(
@@ -299,8 +306,7 @@ def test_store_fields_bodies_with_wrong_parts_are_refused(
 
 
 def test_wrong_types_in_a_store_fields_body_are_refused() -> None:
-    fields = list(msgpack.unpackb(codec.encode_fields(make_store(lsn(1, 1))),
-                                        use_list=False))
+    fields = all_fields(make_store(lsn(1, 1)))
     names = codec.wire_field_names(Store)
     for name, bad in (("payloads", ()), ("payloads", ("text",)), ("log_id", -1),
                       ("producers", (("", 1, 1, 1),)), ("lsn", "x")):
@@ -444,3 +450,24 @@ async def test_a_small_commit_that_rolls_the_segment_goes_to_the_writer_thread(
         # The next small one goes inline again, into the new segment.
         assert (await store(node, make_store(lsn(1, 6)))).status is Status.OK
         assert hops.count == before + 1
+
+
+async def test_a_received_compressed_batch_is_written_as_received_and_read_whole(
+        tmp_path: Path) -> None:
+    lines = [b'{"n": %d, "msg": "hello"}' % i for i in range(50)]
+    blob = compress_batch(lines, Codec.LZ4)
+    assert blob is not None
+    message = received(dataclasses.replace(make_store(lsn(1, 1), (blob,)),
+                                           compression=int(Codec.LZ4), records=len(lines)))
+    async with running_node(str(tmp_path)) as node:
+        assert (await store(node, message)).status is Status.OK
+        (path,) = segment_paths(str(tmp_path))
+        entries = entries_of(await asyncio.to_thread(read_file, path))
+        assert (EntryType.STORE_FIELDS, message.wire_fields) in entries
+        whole = await read(node, make_read(1, release_lsn=lsn(1, 50)))
+        assert [(b[0], b[4]) for b in whole.blocks] == [(lsn(1, 1), 50)]
+        inside = await read(node, make_read(lsn(1, 10), until_lsn=lsn(1, 11),
+                                            release_lsn=lsn(1, 50)))
+        assert [r[3] for r in inside.records] == lines[9:11]
+    async with running_node(str(tmp_path)) as node:
+        assert node.log_state(LOG).last_lsn == lsn(1, 50)
