@@ -26,6 +26,9 @@ class AppendOutcome:
     redirect_http: str | None = None
     """Set (with ``NOSEQUENCER``) when the append asked ``no_forward`` and another node,
     ``sequencer_node`` at this HTTP address, sequences the log: nothing was written."""
+    redirect_data: str | None = None
+    """With ``redirect_http``: the ``host:port`` of that node's data port, for binary
+    clients."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

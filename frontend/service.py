@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
@@ -33,10 +33,10 @@ from frontend.outcomes import (
     RecordOut,
     TailOutcome,
 )
-from frontend.ports import LocalSequencer, MembershipView
+from frontend.ports import AppendAnswer, LocalSequencer, MembershipView
+from shared.append_validation import check_append
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
-from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
 from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
@@ -46,8 +46,9 @@ from shared.read_merge import f_majority
 from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId, log_id_valid
+from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
+from shared.wire.codec import Message
 from shared.wire.hello import PROTOCOL_VERSION
 from shared.wire.read import GetLogState, LogState
 from shared.wire.trim import FindTime, FoundTime, Trim, Trimmed
@@ -127,110 +128,122 @@ class FrontEnd:
 
     # ---- appends -------------------------------------------------------------------------
 
+    def append_nowait(
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
+        producer: tuple[str, int] | None = None, no_forward: bool = False,
+        done: Callable[[AppendOutcome], None],
+    ) -> None:
+        """``append`` with a callback instead of a coroutine: no Task and no future per
+        append. ``done`` gets the outcome exactly once; answers known at once (a redirect, no
+        sequencer node, shutting down) call it before this returns. The caller has validated
+        the append (``shared.append_validation``)."""
+        if no_forward:
+            redirect = self._redirect(log_id)
+            if redirect is not None:
+                done(redirect)
+                return
+        self._append_nowait(log_id, payloads, key, producer, 0, done)
+
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
         producer: tuple[str, int] | None = None, no_forward: bool = False,
     ) -> AppendOutcome:
         """``producer``: ``(producer_id, producer_seq)`` of an idempotent append."""
-        if no_forward:
-            owner = self.owner(log_id)
-            if owner is not None and owner != self.node_id:
-                node = self.config.cluster.node(owner)
-                assert node is not None
-                return AppendOutcome(
-                    status=Status.NOSEQUENCER, sequencer_node=owner,
-                    redirect_http=node.http_address,
-                    message=f"node {self.node_id} does not sequence log {log_id}; "
-                            f"its sequencer is {owner} ({node.http_address})")
-        return await self._append(log_id, payloads, key, producer, hops=0)
+        future: asyncio.Future[AppendOutcome] = asyncio.get_running_loop().create_future()
 
-    async def _append(
+        def done(outcome: AppendOutcome) -> None:
+            if not future.done():
+                future.set_result(outcome)
+
+        self.append_nowait(log_id, payloads, key, producer=producer, no_forward=no_forward,
+                           done=done)
+        return await future
+
+    def _redirect(self, log_id: LogId) -> AppendOutcome | None:
+        """The NOSEQUENCER answer naming the log's owner, unless this node is the owner (or
+        no sequencer node is alive: then ``_append_nowait`` answers)."""
+        owner = self.owner(log_id)
+        if owner is None or owner == self.node_id:
+            return None
+        node = self.config.cluster.node(owner)
+        assert node is not None
+        return AppendOutcome(
+            status=Status.NOSEQUENCER, sequencer_node=owner, redirect_http=node.http_address,
+            redirect_data=f"{node.host}:{node.data_port}",
+            message=f"node {self.node_id} does not sequence log {log_id}; "
+                    f"its sequencer is {owner} ({node.http_address})")
+
+    def _append_nowait(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        producer: tuple[str, int] | None, hops: int,
-    ) -> AppendOutcome:
+        producer: tuple[str, int] | None, hops: int, done: Callable[[AppendOutcome], None],
+    ) -> None:
         owner = self.owner(log_id)
         if owner is None:
-            return AppendOutcome(status=Status.NOSEQUENCER,
-                                 message="no sequencer node is alive")
+            done(AppendOutcome(status=Status.NOSEQUENCER, message="no sequencer node is alive"))
+            return
+        sequencer = self.sequencer
         # A node whose sequencer of the log is active takes appends forwarded to it even if
         # its view of the owner differs: that breaks redirect loops between views.
-        forwarded_to_active = (hops > 0 and self.sequencer is not None
-                               and self.sequencer.is_active(log_id))
-        if owner == self.node_id or hops >= FORWARD_HOPS_MAX or forwarded_to_active:
-            if self.sequencer is None:
-                return AppendOutcome(status=Status.NOSEQUENCER,
-                                     message=f"node {self.node_id} has no sequencer role")
-            r = await self.sequencer.append(log_id, payloads, key, producer)
-            return AppendOutcome(status=r.status, first_lsn=r.first_lsn, last_lsn=r.last_lsn,
-                                 timestamp_ms=r.timestamp_ms, sequencer_node=self.node_id,
-                                 message=r.message)
-        return await self._forward(owner, log_id, payloads, key, producer, hops)
+        if (owner == self.node_id or hops >= FORWARD_HOPS_MAX
+                or (hops > 0 and sequencer is not None and sequencer.is_active(log_id))):
+            if sequencer is None:
+                done(AppendOutcome(status=Status.NOSEQUENCER,
+                                   message=f"node {self.node_id} has no sequencer role"))
+                return
+            node_id = self.node_id
 
-    async def _forward(
+            def on_result(r: AppendAnswer) -> None:
+                done(AppendOutcome(status=r.status, first_lsn=r.first_lsn,
+                                   last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
+                                   sequencer_node=node_id, message=r.message))
+
+            sequencer.append_nowait(log_id, payloads, key, producer, on_result)
+            return
+        self._forward(owner, log_id, payloads, key, producer, hops, done)
+
+    def _forward(
         self, owner: NodeId, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        producer: tuple[str, int] | None, hops: int,
-    ) -> AppendOutcome:
-        timeout_ms = self.config.sequencer.append_timeout_ms + 1_000
+        producer: tuple[str, int] | None, hops: int, done: Callable[[AppendOutcome], None],
+    ) -> None:
         producer_id, producer_seq = producer if producer is not None else (None, 0)
-        reply = await self.pool.call(
+
+        def on_reply(reply: Message | Status) -> None:
+            done(_forward_outcome(owner, reply))
+
+        self.pool.request(
             owner, Append(log_id=log_id, payloads=payloads, key=key, hops=hops + 1,
-                          producer_id=producer_id, producer_seq=producer_seq), timeout_ms)
-        if type(reply) is Appended:
-            return AppendOutcome(status=reply.status, first_lsn=reply.first_lsn,
-                                 last_lsn=reply.last_lsn, timestamp_ms=reply.timestamp_ms,
-                                 sequencer_node=reply.sequencer_node, message=reply.message)
-        status = reply if isinstance(reply, Status) else Status.BADMSG
-        if status is Status.CONNFAILED:
-            # The pool never handed it to a connection: nothing was written.
-            return AppendOutcome(status=Status.NOSEQUENCER, sequencer_node=owner,
-                                 message=f"sequencer node {owner} is unreachable")
-        if status is Status.OVERLOADED:
-            return AppendOutcome(status=status, sequencer_node=owner,
-                                 message=f"too many appends in flight to {owner}")
-        return AppendOutcome(status=Status.TIMEDOUT, sequencer_node=owner,
-                             message=f"forwarding to {owner} failed ({status.name}); "
-                                     "outcome unknown")
+                          producer_id=producer_id, producer_seq=producer_seq),
+            on_reply, timeout_ms=self.config.sequencer.append_timeout_ms + 1_000)
 
-    def _forwarded_append_status(self, message: Append) -> Status:
-        """Peers are checked like HTTP clients: a bad APPEND must not reach the core."""
-        api = self.config.api
-        payloads, key = message.payloads, message.key
-        if not log_id_valid(message.log_id) or not payloads:
-            return Status.BADMSG
-        if len(payloads) > api.batch_records_max:
-            return Status.TOOBIG
-        if any(type(p) is not bytes for p in payloads):
-            return Status.BADMSG
-        if any(len(p) > api.payload_bytes_max for p in payloads):
-            return Status.TOOBIG
-        if key is not None and len(key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
-            return Status.BADMSG
-        if message.producer_id is not None and not (
-                0 < len(message.producer_id.encode("utf-8", "replace")) <= PRODUCER_ID_BYTES_MAX
-                and 0 <= message.producer_seq <= PRODUCER_SEQ_MAX):
-            return Status.BADMSG
-        return Status.OK
-
-    def on_forwarded_append(self, message: Append, reply: ReplyFn) -> None:
-        status = self._forwarded_append_status(message)
-        if status is not Status.OK:
-            reply(Appended(status=status, log_id=message.log_id, first_lsn=Lsn(0),
+    def on_append_message(self, message: Append, reply: ReplyFn) -> None:
+        """An APPEND from a binary client (``hops`` 0, which the transport enforces) or
+        forwarded by another node. Both are checked like HTTP appends: a bad APPEND must not
+        reach the core. A client's ``no_forward`` is honoured; nodes never redirect nodes."""
+        producer_id = message.producer_id
+        invalid = check_append(
+            message.log_id, message.payloads, message.key, producer_id,
+            None if producer_id is None else message.producer_seq, self.config.api)
+        log_id = message.log_id
+        if invalid is not None:
+            reply(Appended(status=invalid.status, log_id=log_id, first_lsn=Lsn(0),
                            last_lsn=Lsn(0), timestamp_ms=0, sequencer_node=None,
-                           message="malformed forwarded append; nothing written"))
+                           message=f"{invalid.message}; nothing written"))
             return
 
-        async def run() -> None:
-            producer = (None if message.producer_id is None
-                        else (message.producer_id, message.producer_seq))
-            r = await self._append(message.log_id, message.payloads, message.key, producer,
-                                   message.hops)
-            reply(Appended(status=r.status, log_id=message.log_id, first_lsn=r.first_lsn,
+        def done(r: AppendOutcome) -> None:
+            reply(Appended(status=r.status, log_id=log_id, first_lsn=r.first_lsn,
                            last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
-                           sequencer_node=r.sequencer_node, message=r.message))
+                           sequencer_node=r.sequencer_node, message=r.message,
+                           redirect_data=r.redirect_data))
 
-        task = asyncio.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        if message.no_forward and message.hops == 0:
+            redirect = self._redirect(log_id)
+            if redirect is not None:
+                done(redirect)
+                return
+        producer = None if producer_id is None else (producer_id, message.producer_seq)
+        self._append_nowait(log_id, message.payloads, message.key, producer, message.hops,
+                            done)
 
     # ---- reads ---------------------------------------------------------------------------
 
@@ -453,3 +466,22 @@ class FrontEnd:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _forward_outcome(owner: NodeId, reply: Message | Status) -> AppendOutcome:
+    """The outcome of an append forwarded to ``owner``, from its answer or the transport's."""
+    if type(reply) is Appended:
+        return AppendOutcome(status=reply.status, first_lsn=reply.first_lsn,
+                             last_lsn=reply.last_lsn, timestamp_ms=reply.timestamp_ms,
+                             sequencer_node=reply.sequencer_node, message=reply.message)
+    status = reply if isinstance(reply, Status) else Status.BADMSG
+    if status is Status.CONNFAILED:
+        # The pool never handed it to a connection: nothing was written.
+        return AppendOutcome(status=Status.NOSEQUENCER, sequencer_node=owner,
+                             message=f"sequencer node {owner} is unreachable")
+    if status is Status.OVERLOADED:
+        return AppendOutcome(status=status, sequencer_node=owner,
+                             message=f"too many appends in flight to {owner}")
+    return AppendOutcome(status=Status.TIMEDOUT, sequencer_node=owner,
+                         message=f"forwarding to {owner} failed ({status.name}); "
+                                 "outcome unknown")

@@ -3,7 +3,9 @@
 A frame body is the msgpack array ``[message_type, correlation_id, [field, ...]]`` with the
 fields in dataclass order. Correlation id 0 marks a one-way message. Decoding checks every
 field's type, so a malformed frame becomes ``Status.BADMSG`` instead of an exception deep in a
-handler.
+handler. Fields added after version 1 are extensions (``shared.wire.extension``): sent only
+when not at their default, filled in with it when missing, and a frame carrying more fields
+than this build knows (a newer peer's) keeps the known ones.
 """
 
 from __future__ import annotations
@@ -103,15 +105,47 @@ def _field_check(name: str, hint: Any) -> str:
     return f"    if {none_ok}type({name}) is not {hint.__name__}: raise _Invalid\n"
 
 
+def _required_count(cls: type[Any]) -> int:
+    """How many leading fields of ``cls`` every frame carries (those before its extensions)."""
+    fields = dataclasses.fields(cls)
+    count = len(fields)
+    while count and fields[count - 1].metadata.get("extension"):
+        count -= 1
+    assert not any(f.metadata.get("extension") for f in fields[:count]), (
+        f"{cls.__name__}: extension fields must come last")
+    assert all(f.default is not dataclasses.MISSING for f in fields[count:]), cls
+    return count
+
+
+def _fitter(cls: type[Any]) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """Pads a field tuple with the defaults of missing extension fields, or drops fields past
+    the known ones; a tuple shorter than the required fields is invalid."""
+    fields = dataclasses.fields(cls)
+    required = _required_count(cls)
+    defaults = tuple(f.default for f in fields[required:])
+
+    def fit(values: tuple[Any, ...]) -> tuple[Any, ...]:
+        if len(values) < required:
+            raise _Invalid
+        if len(values) > len(fields):
+            return values[:len(fields)]
+        return values + defaults[len(values) - required:]
+
+    return fit
+
+
 def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
     """A function that checks a field tuple and builds ``cls`` from it: generated source, so
     that decoding costs no per-field function calls (it runs for every frame)."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    source = f"def decode_fields(fields):\n    ({', '.join(names)},) = fields\n"
+    source = (f"def decode_fields(fields):\n    if len(fields) != {len(names)}: "
+              "fields = _fit(fields)\n")
+    source += f"    ({', '.join(names)},) = fields\n"
     source += "".join(_field_check(name, hints[name]) for name in names)
     source += f"    return cls({', '.join(f'{n}={n}' for n in names)})\n"
-    namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid}
+    namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid,
+                                 "_fit": _fitter(cls)}
     exec(source, namespace)
     decoder: Callable[[Any], Any] = namespace["decode_fields"]
     return decoder
@@ -126,6 +160,14 @@ _DECODERS: dict[int, Callable[[Any], Any]] = {
 
 _packer = msgpack.Packer(use_bin_type=True)
 
+_EXTENSIONS: dict[type[Any], tuple[int, tuple[Any, ...]]] = {
+    cls: (required, tuple(f.default for f in dataclasses.fields(cls)[required:]))
+    for cls in MESSAGE_CLASSES.values()
+    if (required := _required_count(cls)) < len(_FIELDS[cls])
+}
+"""Per message class with extension fields: the count of fields always sent, and the
+extensions' defaults."""
+
 
 def encode(message: Message, correlation_id: int = 0) -> bytes:
     """The complete frame (length prefix included) for ``message``."""
@@ -135,7 +177,15 @@ def encode(message: Message, correlation_id: int = 0) -> bytes:
 def encode_fields(message: Message) -> bytes:
     """The packed field array of ``message``: the bulk of a frame, the same for every peer it
     goes to, so a message sent to R nodes is packed once."""
-    packed: bytes = _packer.pack([getattr(message, name) for name in _FIELDS[type(message)]])
+    cls = type(message)
+    values = [getattr(message, name) for name in _FIELDS[cls]]
+    extensions = _EXTENSIONS.get(cls)
+    if extensions is not None:
+        required, defaults = extensions
+        # Trailing extensions at their default stay off the wire: older peers expect none.
+        while len(values) > required and values[-1] == defaults[len(values) - required - 1]:
+            values.pop()
+    packed: bytes = _packer.pack(values)
     return packed
 
 
