@@ -80,6 +80,7 @@ class FrontEnd:
         self.config = config
         self.node_id = config.node_id
         self.cluster_name = config.cluster.cluster_name
+        self.cluster_fingerprint = pool.cluster_fingerprint
         self.pool = pool
         self.sequencer = sequencer
         self.epoch_store = epoch_store
@@ -455,7 +456,7 @@ class FrontEnd:
             NodeOut(node_id=n.node_id, roles=tuple(n.roles), http=n.http_address,
                     state=_STATE_NAMES[view.get(n.node_id, "ALIVE")],
                     sequencer_weight=n.sequencer_weight,
-                    storage_capacity=n.storage_capacity)
+                    storage_capacity=n.storage_capacity, data=f"{n.host}:{n.data_port}")
             for n in self.config.cluster.nodes
         ]
 
