@@ -37,6 +37,7 @@ from frontend.ports import AppendAnswer, LocalSequencer, MembershipView
 from shared.append_validation import check_append
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
+from shared.http_contract import wants_retry_after
 from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
@@ -231,11 +232,18 @@ class FrontEnd:
                            message=f"{invalid.message}; nothing written"))
             return
 
+        # Clients are told when to retry, as HTTP's Retry-After does; nodes relay statuses
+        # (and get version-1 frames: no extension fields).
+        retry_after_ms = self.config.api.retry_after_s * 1000 if message.hops == 0 else 0
+
         def done(r: AppendOutcome) -> None:
             reply(Appended(status=r.status, log_id=log_id, first_lsn=r.first_lsn,
                            last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
                            sequencer_node=r.sequencer_node, message=r.message,
-                           redirect_data=r.redirect_data))
+                           redirect_data=r.redirect_data,
+                           retry_after_ms=retry_after_ms if r.status is not Status.OK and (
+                               wants_retry_after(r.status)) and r.redirect_data is None
+                           else 0))
 
         if message.no_forward and message.hops == 0:
             redirect = self._redirect(log_id)

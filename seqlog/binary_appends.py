@@ -38,7 +38,7 @@ class BinaryUnavailable(Exception):
 
 class BinaryAppends:
     def __init__(self, *, router: Router, connections: Connections, retries_max: int,
-                 redirects_max: int, backoff_ms: Callable[[int], float],
+                 redirects_max: int, backoff_ms: Callable[[int, int], float],
                  refresh_cluster: Callable[[], Awaitable[None]],
                  http_fallback: Callable[[Append, Callable[[Appended], Any]], Awaitable[Any]],
                  on_unavailable: Callable[[], None]) -> None:
@@ -110,6 +110,7 @@ class BinaryAppends:
         log_id = message.log_id
         idempotent = message.producer_id is not None
         attempt = 0
+        retry_after_ms = 0
         redirects = 0
         tried: set[NodeId] = set()
         no_forward = True
@@ -145,6 +146,7 @@ class BinaryAppends:
                     reply = None
                     continue
                 error = LogError(reply.status, reply.message)
+                retry_after_ms = reply.retry_after_ms
             elif isinstance(reply, Status):
                 error = _transport_error(node, reply)
                 if error.status in OUTCOME_UNKNOWN:
@@ -157,8 +159,9 @@ class BinaryAppends:
                 raise error
             if error.status in TRY_ELSEWHERE:
                 router.demote_node(node)
-            await asyncio.sleep(self._backoff_ms(attempt) / 1000)
+            await asyncio.sleep(self._backoff_ms(attempt, retry_after_ms) / 1000)
             attempt += 1
+            retry_after_ms = 0
             reply = None
 
     async def _send(self, message: Append) -> tuple[NodeId, Message | Status]:

@@ -276,7 +276,7 @@ class Client:
                                     connect_timeout_ms=self._connect_timeout_ms,
                                     timeout_ms=self._timeout_ms),
             retries_max=self._retries_max, redirects_max=self._redirects_max,
-            backoff_ms=lambda attempt: self._backoff_ms(attempt, None),
+            backoff_ms=self._backoff_after_ms,
             refresh_cluster=self._refresh_cluster, http_fallback=self._http_fallback,
             on_unavailable=self._binary_unavailable)
         return self._binary
@@ -523,10 +523,18 @@ class Client:
             await self.cluster()
 
     def _backoff_ms(self, attempt: int, retry_after: str | None) -> float:
+        """``retry_after``: an HTTP ``Retry-After`` header (seconds)."""
+        digits = retry_after is not None and retry_after.isdigit()
+        after_ms = int(retry_after) * 1000 if digits and retry_after is not None else 0
+        return self._backoff_after_ms(attempt, after_ms)
+
+    def _backoff_after_ms(self, attempt: int, retry_after_ms: int) -> float:
+        """Exponential backoff with jitter, at least the node's ``retry_after_ms`` (capped by
+        ``retry_backoff_ms_max``)."""
         backoff_ms = float(min(self._backoff_ms_max, self._backoff_ms_min * (2**attempt)))
         backoff_ms *= self._rng.uniform(0.5, 1.0)
-        if retry_after is not None and retry_after.isdigit():
-            backoff_ms = max(backoff_ms, float(min(int(retry_after) * 1000, self._backoff_ms_max)))
+        if retry_after_ms > 0:
+            backoff_ms = max(backoff_ms, float(min(retry_after_ms, self._backoff_ms_max)))
         return backoff_ms
 
 

@@ -41,6 +41,9 @@ class Appended:
     redirect_data: str | None = field(default=None, metadata=EXTENSION)
     """With NOSEQUENCER to a ``no_forward`` append: ``host:port`` of the data port of
     ``sequencer_node``, which sequences the log; nothing was written."""
+    retry_after_ms: int = field(default=0, metadata=EXTENSION)
+    """To clients, with a status after which nothing was written and a retry may succeed
+    later (those HTTP answers 429 or 503 with ``Retry-After``): wait at least this long."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
