@@ -6,7 +6,7 @@ requests leave with every other frame queued in the same loop iteration in one w
 come back by correlation id in any order, and each request's callback runs synchronously when
 its answer is decoded, with no Task or timer per request. One sweep timer per connection
 answers requests unanswered after ``timeout_ms`` with ``TIMEDOUT``. A connection that closes
-fails what is pending with ``PEER_CLOSED`` (the node may have acted on it).
+fails what is pending with ``PEER_CLOSED`` (the node may have acted on it), whoever closed it.
 
 ``Connections`` keeps one connection per data address, connecting (TCP, then HELLO as
 ``client.<random>`` with the cluster fingerprint and ``PROTOCOL_VERSION``) on first use.
@@ -121,9 +121,9 @@ class BinaryConnection(FramedProtocol):
             self._sweep = None
         pending, self._pending = self._pending, {}
         self._deadlines.clear()
-        failed = Status.PEER_CLOSED if status in (Status.CONNFAILED, Status.BADMSG) else status
+        # Every pending request was queued for sending: the node may have acted on it.
         for callback in pending.values():
-            _invoke(callback, failed)
+            _invoke(callback, Status.PEER_CLOSED)
 
 
 class Connections:

@@ -51,16 +51,20 @@ class BinaryAppends:
         self._http_fallback = http_fallback
         self._on_unavailable = on_unavailable
         self._tasks: set[asyncio.Task[None]] = set()
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._closed = False
 
     def submit(self, message: Append, future: asyncio.Future[T],
                make: Callable[[Appended], T]) -> None:
         """Send ``message`` and resolve ``future`` with ``make(answer)``, or fail it with
         ``LogError``."""
         router = self._router
+        if router.cluster_stale:
+            self._refresh_soon()
         owner = router.owner(message.log_id)
         address = router.data_address(owner) if owner is not None else None
         conn = self.connections.ready(address) if address is not None else None
-        if conn is None or router.cluster_stale:
+        if conn is None:
             self._spawn(self._run(message, None, None, future, make))
             return
 
@@ -77,6 +81,12 @@ class BinaryAppends:
 
         conn.request(message, on_reply)
 
+    def _refresh_soon(self) -> None:
+        """Refresh the cluster view in the background (the refresh is rate-limited), so that
+        appends on open connections need not wait for it."""
+        if self._refresh_task is None or self._refresh_task.done():
+            self._refresh_task = asyncio.ensure_future(self._refresh_cluster())
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -85,7 +95,14 @@ class BinaryAppends:
     async def _run(self, message: Append, node: NodeId | None, reply: Message | Status | None,
                    future: asyncio.Future[T], make: Callable[[Appended], T]) -> None:
         try:
+            if self._closed:
+                raise LogError(Status.SHUTDOWN, "client closed; nothing was sent")
             answer = await self._retrying(message, node, reply)
+        except asyncio.CancelledError:
+            if not future.done():
+                future.set_exception(LogError(
+                    Status.TIMEDOUT, "client closed during the append; the outcome is unknown"))
+            raise
         except BinaryUnavailable:
             self._on_unavailable()
             try:
@@ -200,10 +217,13 @@ class BinaryAppends:
         raise LogError(Status.CONNFAILED, "no node reachable: " + "; ".join(failures))
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Fail every append in flight (outcome unknown) and close the connections."""
+        self._closed = True
         await self.connections.close()
+        tasks = [*self._tasks, *([self._refresh_task] if self._refresh_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _transport_error(node: NodeId, status: Status) -> LogError:

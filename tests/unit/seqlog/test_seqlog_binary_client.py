@@ -124,3 +124,21 @@ async def test_a_refused_hello_falls_back_to_http(nodes: tuple[FakeNode, FakeNod
         assert c.protocol == "http"
         assert (await c.append_batch(1, [b"b", b"c"])).count == 2
     assert n1.hits["binary"] + n2.hits["binary"] == 0
+
+
+async def test_closing_the_client_fails_appends_in_flight_as_outcome_unknown(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, n2 = nodes
+    n1.cluster.sequencer = hashed_owner(1)
+    c = client(n1.url)
+    await c.append(1, b"warm")
+    n1.delay_s = n2.delay_s = 5.0
+    pending = [c.append_future(1, b"slow"), c.append_future(1, b"slow", producer_id="p",
+                                                            producer_seq=1)]
+    await asyncio.sleep(0.05)
+    async with asyncio.timeout(3):
+        await c.close()
+        for future in pending:
+            with pytest.raises(LogError) as info:
+                await future
+            assert info.value.status in (Status.TIMEDOUT, Status.SHUTDOWN)
