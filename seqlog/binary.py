@@ -139,6 +139,9 @@ class Connections:
         self._connecting: dict[str, asyncio.Future[BinaryConnection | LogError]] = {}
         self._closed = False
         self.counters = Counters()
+        self.connected_once = False
+        """Whether any HELLO succeeded: until then, failing to connect may mean the data ports
+        are not reachable from here at all (behind a proxy that passes only HTTP)."""
 
     def ready(self, address: str) -> BinaryConnection | None:
         """The open connection to ``address``, if there is one (no waiting)."""
@@ -200,6 +203,7 @@ class Connections:
                 conn.close(Status.SHUTDOWN)
                 return LogError(Status.SHUTDOWN, "client closed")
             self._ready[address] = conn
+            self.connected_once = True
             return conn
         conn.abort(Status.CONNFAILED)
         if isinstance(reply, HelloReply):

@@ -10,8 +10,9 @@ lets the nodes forward; statuses in ``NOTHING_WRITTEN`` are retried with bounded
 append whose outcome is unknown (TIMEDOUT, a connection lost after sending) is retried only
 when it is idempotent (it names a producer) and otherwise raises ``LogError(TIMEDOUT)``.
 
-A node that refuses the client's HELLO (an older node, protocol version 1) makes the client
-fall back to HTTP for good (``BinaryUnavailable``).
+A node that refuses the client's HELLO (an older node, protocol version 1), or data ports of
+which none was ever reachable (a client outside a network that exposes only HTTP), make the
+client fall back to HTTP for good (``BinaryUnavailable``).
 """
 
 from __future__ import annotations
@@ -214,6 +215,9 @@ class BinaryAppends:
             return node, await answer
         if not failures:
             raise BinaryUnavailable("no node with a data address is known")
+        if not self.connections.connected_once:
+            # No data port was ever reachable from here; HTTP may be.
+            raise BinaryUnavailable("no data port reachable: " + "; ".join(failures))
         raise LogError(Status.CONNFAILED, "no node reachable: " + "; ".join(failures))
 
     async def close(self) -> None:

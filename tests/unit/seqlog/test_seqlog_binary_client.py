@@ -4,6 +4,7 @@ server: redirects, retries, the fallback to HTTP, and appends without a Task eac
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -142,3 +143,20 @@ async def test_closing_the_client_fails_appends_in_flight_as_outcome_unknown(
             with pytest.raises(LogError) as info:
                 await future
             assert info.value.status in (Status.TIMEDOUT, Status.SHUTDOWN)
+
+
+async def test_unreachable_data_ports_fall_back_to_http(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, n2 = nodes
+    for node in (n1, n2):
+        node.data = f"127.0.0.1:{dead_port()}"
+    async with client(n1.url) as c:
+        assert (await c.append(1, b"a")).lsn == E1 + 1
+        assert c.protocol == "http"
+
+
+def dead_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
