@@ -56,6 +56,7 @@ from shared.http_contract import (
     SEQUENCER_HEADER,
     TRY_ELSEWHERE,
 )
+from shared.limits import FRAME_BYTES_MAX
 from shared.status import LogError, Status
 from shared.types import LSN_OLDEST, LogId, Lsn, log_id_valid, lsn_valid
 from shared.wire.append import Append, Appended
@@ -574,6 +575,11 @@ def _message(log: LogId, payloads: tuple[bytes, ...], key: str | None,
     invalid = check_key(key) or check_producer(producer_id, producer_seq)
     if invalid is not None:
         raise LogError(invalid.status, invalid.message)
+    # msgpack adds at most 5 bytes per payload; the rest of a frame is far below 64 KiB.
+    frame_bytes = sum(map(len, payloads)) + 5 * len(payloads) + 65_536
+    if frame_bytes > FRAME_BYTES_MAX:
+        raise LogError(Status.TOOBIG, f"{len(payloads)} payloads do not fit one frame "
+                                      f"({FRAME_BYTES_MAX} bytes); nothing was sent")
     return Append(log_id=log, payloads=payloads, key=key, hops=0, producer_id=producer_id,
                   producer_seq=producer_seq or 0, no_forward=True)
 

@@ -160,3 +160,15 @@ def dead_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+async def test_a_batch_too_big_for_one_frame_is_toobig_and_not_sent(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, n2 = nodes
+    big = b"x" * (33 * 1024 * 1024)
+    async with client(n1.url) as c:
+        await c.append(1, b"warm")
+        with pytest.raises(LogError) as info:
+            await c.append_batch(1, [big, big])
+        assert info.value.status is Status.TOOBIG and c.protocol == "binary"
+    assert n1.hits["append-batch"] + n2.hits["append-batch"] == 0
