@@ -32,6 +32,10 @@ log = logging.getLogger(__name__)
 Callback = Callable[[Message | Status], None]
 CLOSE_WAIT_S = 2.0
 SWEEP_INTERVAL_S_MAX = 1.0
+MARK_INTERVAL_S = 0.01
+"""Requests sent within this long of each other share one deadline mark (that of the latest),
+so timeouts cost no memory per request; a request times out at most this (plus the sweep
+interval) late."""
 
 
 def client_id() -> NodeId:
@@ -47,13 +51,17 @@ def _invoke(callback: Callback, result: Message | Status) -> None:
 
 
 class BinaryConnection(FramedProtocol):
-    __slots__ = ("_deadlines", "_next_id", "_pending", "_sweep", "_timeout_s", "hello_reply")
+    __slots__ = ("_last_mark_s", "_marks", "_next_id", "_pending", "_sweep", "_timeout_s",
+                 "hello_reply")
 
     def __init__(self, counters: Counters, timeout_ms: int) -> None:
         super().__init__(counters)
         self._pending: dict[int, Callback] = {}
-        self._deadlines: collections.deque[tuple[float, int]] = collections.deque()
-        """(deadline, correlation id) in sending order, which is deadline order."""
+        """Callbacks by correlation id, in sending order (ids only grow)."""
+        self._marks: collections.deque[tuple[float, int]] = collections.deque()
+        """(deadline, first correlation id after the mark's requests): every request with a
+        smaller id was sent by the deadline's send time, so it is due by the deadline."""
+        self._last_mark_s = -MARK_INTERVAL_S
         self._next_id = 1
         self._timeout_s = timeout_ms / 1000
         self._sweep: asyncio.TimerHandle | None = None
@@ -76,7 +84,14 @@ class BinaryConnection(FramedProtocol):
         correlation_id = self._next_id
         self._next_id = correlation_id + 1
         self._pending[correlation_id] = callback
-        self._deadlines.append((self._loop.time() + self._timeout_s, correlation_id))
+        now_s = self._loop.time()
+        marks = self._marks
+        mark = (now_s + self._timeout_s, correlation_id + 1)
+        if marks and now_s - self._last_mark_s < MARK_INTERVAL_S:
+            marks[-1] = mark  # the bucket's deadline is that of its latest request
+        else:
+            self._last_mark_s = now_s
+            marks.append(mark)
         if self._sweep is None:
             self._arm_sweep()
         self.send(encode(message, correlation_id))
@@ -88,14 +103,21 @@ class BinaryConnection(FramedProtocol):
     def _on_sweep(self) -> None:
         self._sweep = None
         now_s = self._loop.time()
-        deadlines = self._deadlines
+        marks = self._marks
         pending = self._pending
-        while deadlines and (deadlines[0][0] <= now_s or deadlines[0][1] not in pending):
-            _, correlation_id = deadlines.popleft()
+        boundary = 0
+        while marks and marks[0][0] <= now_s:
+            boundary = marks.popleft()[1]
+        expired: list[int] = []
+        for correlation_id in pending:
+            if correlation_id >= boundary:
+                break
+            expired.append(correlation_id)
+        for correlation_id in expired:
             callback = pending.pop(correlation_id, None)
             if callback is not None:
                 _invoke(callback, Status.TIMEDOUT)
-        if deadlines and not self._closed:
+        if pending and not self._closed:
             self._arm_sweep()
 
     def _on_frame(self, correlation_id: int, message: Message) -> None:
@@ -120,7 +142,7 @@ class BinaryConnection(FramedProtocol):
             self._sweep.cancel()
             self._sweep = None
         pending, self._pending = self._pending, {}
-        self._deadlines.clear()
+        self._marks.clear()
         # Every pending request was queued for sending: the node may have acted on it.
         for callback in pending.values():
             _invoke(callback, Status.PEER_CLOSED)

@@ -172,3 +172,19 @@ async def test_a_batch_too_big_for_one_frame_is_toobig_and_not_sent(
             await c.append_batch(1, [big, big])
         assert info.value.status is Status.TOOBIG and c.protocol == "binary"
     assert n1.hits["append-batch"] + n2.hits["append-batch"] == 0
+
+
+async def test_a_late_answer_after_a_timeout_leaves_the_connection_usable(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, _ = nodes
+    n1.cluster.sequencer = "n1"
+    async with client(n1.url, timeout_ms=150) as c:
+        await c.append(1, b"warm")
+        n1.delay_s = 0.4
+        with pytest.raises(LogError) as info:
+            await c.append(1, b"slow")
+        assert info.value.status is Status.TIMEDOUT
+        n1.delay_s = 0.0
+        await asyncio.sleep(0.4)  # the late answer arrives meanwhile
+        assert (await c.append(1, b"after")).lsn == E1 + 3
+        assert c._binary is not None and c._binary.connections.counters.desyncs == 0
