@@ -178,7 +178,10 @@ class FrontEnd:
     def _append_nowait(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
         producer: tuple[str, int] | None, hops: int, done: Callable[[AppendOutcome], None],
+        local_done: Callable[[AppendAnswer], None] | None = None,
     ) -> None:
+        """``local_done``: takes the local sequencer's answer as it is (no ``AppendOutcome``
+        in between), when the append runs here; ``done`` gets every other outcome."""
         owner = self.owner(log_id)
         if owner is None:
             done(AppendOutcome(status=Status.NOSEQUENCER, message="no sequencer node is alive"))
@@ -191,6 +194,9 @@ class FrontEnd:
             if sequencer is None:
                 done(AppendOutcome(status=Status.NOSEQUENCER,
                                    message=f"node {self.node_id} has no sequencer role"))
+                return
+            if local_done is not None:
+                sequencer.append_nowait(log_id, payloads, key, producer, local_done)
                 return
             node_id = self.node_id
 
@@ -245,6 +251,17 @@ class FrontEnd:
                                wants_retry_after(r.status)) and r.redirect_data is None
                            else 0))
 
+        node_id = self.node_id
+
+        def local_done(r: AppendAnswer) -> None:
+            # The hot path: straight from the local sequencer's answer to the reply.
+            status = r.status
+            reply(Appended(status=status, log_id=log_id, first_lsn=r.first_lsn,
+                           last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
+                           sequencer_node=node_id, message=r.message,
+                           retry_after_ms=retry_after_ms if status is not Status.OK and (
+                               wants_retry_after(status)) else 0))
+
         if message.no_forward and message.hops == 0:
             redirect = self._redirect(log_id)
             if redirect is not None:
@@ -252,7 +269,7 @@ class FrontEnd:
                 return
         producer = None if producer_id is None else (producer_id, message.producer_seq)
         self._append_nowait(log_id, message.payloads, message.key, producer, message.hops,
-                            done)
+                            done, local_done)
 
     # ---- reads ---------------------------------------------------------------------------
 

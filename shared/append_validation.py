@@ -61,11 +61,16 @@ def check_payloads(payloads: Sequence[object], api: ApiConfig) -> Invalid | None
     if invalid is not None:
         return invalid
     total = 0
-    single = len(payloads) == 1
-    for index, payload in enumerate(payloads):
-        invalid = check_payload(payload, "payload" if single else f"payloads[{index}]", api)
-        if invalid is not None:
-            return invalid
+    payload_bytes_max = api.payload_bytes_max
+    for payload in payloads:
+        # The common case in one pass without per-payload calls; the message only on failure.
+        if type(payload) is not bytes or len(payload) > payload_bytes_max:
+            single = len(payloads) == 1
+            for index, bad in enumerate(payloads):
+                invalid = check_payload(bad, "payload" if single else f"payloads[{index}]",
+                                        api)
+                if invalid is not None:
+                    return invalid
         assert isinstance(payload, bytes)
         total += len(payload)
     if total > api.request_bytes_max:

@@ -11,6 +11,7 @@ than this build knows (a newer peer's) keeps the known ones.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from collections.abc import Callable
@@ -160,6 +161,20 @@ _DECODERS: dict[int, Callable[[Any], Any]] = {
 
 _packer = msgpack.Packer(use_bin_type=True)
 
+
+def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """The message's field values as a tuple, in one C call (``attrgetter``)."""
+    if len(names) == 1:
+        single = operator.attrgetter(names[0])
+        return lambda message: (single(message),)
+    getter: Callable[[Any], tuple[Any, ...]] = operator.attrgetter(*names)
+    return getter
+
+
+_GETTERS: dict[type[Any], Callable[[Any], tuple[Any, ...]]] = {
+    cls: _getter(names) for cls, names in _FIELDS.items()
+}
+
 _EXTENSIONS: dict[type[Any], tuple[int, tuple[Any, ...]]] = {
     cls: (required, tuple(f.default for f in dataclasses.fields(cls)[required:]))
     for cls in MESSAGE_CLASSES.values()
@@ -178,13 +193,15 @@ def encode_fields(message: Message) -> bytes:
     """The packed field array of ``message``: the bulk of a frame, the same for every peer it
     goes to, so a message sent to R nodes is packed once."""
     cls = type(message)
-    values = [getattr(message, name) for name in _FIELDS[cls]]
+    values: tuple[Any, ...] = _GETTERS[cls](message)
     extensions = _EXTENSIONS.get(cls)
     if extensions is not None:
         required, defaults = extensions
         # Trailing extensions at their default stay off the wire: older peers expect none.
-        while len(values) > required and values[-1] == defaults[len(values) - required - 1]:
-            values.pop()
+        count = len(values)
+        while count > required and values[count - 1] == defaults[count - required - 1]:
+            count -= 1
+        values = values[:count]
     packed: bytes = _packer.pack(values)
     return packed
 
