@@ -16,6 +16,8 @@ from typing import Any
 import msgpack
 from aiohttp import web
 
+from shared.compression import CODEC_NAMES, decompress_batch
+
 SEQ_HEADER = "X-Seqlog-Sequencer"
 
 
@@ -52,6 +54,8 @@ class FakeNode:
         self.delay_s = 0.0
         self.json_answers = False
         self.url = ""
+        self.batch_bodies: list[dict[str, Any]] = []
+        """Every append-batch body this node took, as decoded (compressed ones unexpanded)."""
         self._runner: web.AppRunner | None = None
         cluster.nodes[node_id] = self
 
@@ -106,10 +110,21 @@ class FakeNode:
         if canned is not None:
             return canned
         body = msgpack.unpackb(await request.read())
-        first, last = self.cluster.append(int(request.match_info["log_id"]), body["payloads"],
-                                          None)
+        self.batch_bodies.append(body)
+        payloads = body.get("payloads")
+        if "compressed_payloads" in body:
+            # The compressed form (docs/API-EXTENSIONS.md), expanded as the real nodes do.
+            expanded = decompress_batch(body["compressed_payloads"],
+                                        CODEC_NAMES[body["compression"]], body["records"],
+                                        bytes_max=1 << 26)
+            if not isinstance(expanded, tuple) or payloads is not None:
+                return web.Response(status=400, body=b'{"status": "BADMSG"}',
+                                    content_type="application/json")
+            payloads = list(expanded)
+        first, last = self.cluster.append(int(request.match_info["log_id"]), payloads,
+                                          body.get("key"))
         return self._answer({"first_lsn": first, "last_lsn": last,
-                             "count": len(body["payloads"]), "timestamp_ms": 1000})
+                             "count": len(payloads), "timestamp_ms": 1000})
 
     async def _records(self, request: web.Request) -> web.Response:
         canned = await self._prelude(request, "records")
