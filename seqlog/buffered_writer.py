@@ -238,8 +238,10 @@ class BufferedWriter:
         if key is not None and (type(key) is not str or len(key) > KEY_BYTES_MAX):
             raise LogError(Status.INVALID_PARAM, f"key must be a str of at most "
                            f"{KEY_BYTES_MAX} characters or None")
+        if type(log_id) is not int:  # also keeps 1.0 and True from finding log 1
+            raise LogError(Status.INVALID_PARAM, f"log id must be an int: {log_id!r}")
         log = self._logs.get(log_id)
-        if log is None or type(log_id) is not int:
+        if log is None:
             log = self._log(log_id)
         slot = None if self._ordered else key
         batch = log.building.get(slot)
@@ -281,13 +283,14 @@ class BufferedWriter:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            self._timeline.clear()  # every batch in it is sealed by now
             if not clean:
                 self._abort()
 
     # -- batching -----------------------------------------------------------------------
 
     def _log(self, log_id: int) -> _Log:
-        if type(log_id) is not int or not log_id_valid(log_id):
+        if not log_id_valid(log_id):
             raise LogError(Status.INVALID_PARAM, f"log id must be an int in 1..2**62-1: "
                            f"{log_id!r}")
         log = self._logs[log_id] = _Log(log_id)
@@ -449,6 +452,9 @@ class BufferedWriter:
     def _release(self, batch: _Batch) -> None:
         self._bytes_held -= batch.nbytes
         batch.nbytes = 0
+        # The timeline may hold the batch until the next tick: drop the records now.
+        batch.payloads = []
+        batch.futures = []
         if batch.waiter is not None and not batch.waiter.done():
             batch.waiter.set_result(None)
 

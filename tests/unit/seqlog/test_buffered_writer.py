@@ -292,6 +292,45 @@ async def test_independent_has_several_in_flight_and_retries_never_duplicate() -
     await w.close()
 
 
+class StuckFirstBatch(FakeAppender):
+    """Refuses the writer's first batch a few times; checks that no batch is ever sent
+    ``bound`` or more sends after the oldest unanswered one (the pair window)."""
+
+    def __init__(self, refusals: int, bound: int) -> None:
+        super().__init__()
+        self.refusals = refusals
+        self.bound = bound
+        self.answered: set[int] = set()
+        self.span_max = 0
+
+    async def append_batch(self, log_id: int, payloads: Iterable[bytes], *,
+                           key: str | None = None, producer_id: str | None = None,
+                           producer_seq: int | None = None,
+                           compression: str | None = None) -> BatchResult:
+        assert producer_seq is not None
+        oldest_open = min(s for s in range(producer_seq + 1) if s not in self.answered)
+        self.span_max = max(self.span_max, producer_seq - oldest_open + 1)
+        if producer_seq == 0 and self.refusals:
+            self.refusals -= 1
+            raise LogError(Status.OVERLOADED, "scripted")
+        result = await super().append_batch(log_id, payloads, key=key, producer_id=producer_id,
+                                             producer_seq=producer_seq)
+        self.answered.add(producer_seq)
+        return result
+
+
+async def test_independent_in_flight_bound_spans_from_the_oldest_unanswered_batch() -> None:
+    fake = StuckFirstBatch(refusals=4, bound=3)
+    w = writer(fake, batch_records_max=10, batches_in_flight_per_log_max=3)
+    futures = [w.append_nowait(1, payload(i)) for i in range(100)]
+    await asyncio.wait_for(w.flush(), WAIT_S)
+    assert fake.span_max == 3  # batches 1 and 2 were answered; 3 waited for batch 0
+    assert w.stats.retries == 4
+    assert sorted(fake.logs[1]) == [payload(i) for i in range(100)]
+    assert all(fake.at(1, f.result()) == payload(i) for i, f in enumerate(futures))
+    await w.close()
+
+
 async def test_a_batch_that_fails_for_good_fails_each_of_its_records() -> None:
     fake = FakeAppender()
     fake.script = ["reject"]
