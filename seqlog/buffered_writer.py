@@ -217,16 +217,16 @@ class BufferedWriter:
     def producer_id(self) -> str:
         return self._producer_id
 
-    async def append(self, log_id: int, payload: bytes, key: str | None = None) -> Lsn:
-        """The record's LSN once its batch is stored on R storage nodes. Raises ``LogError``:
-        at once with ``SEQNOBUFS`` past the memory bound or ``INVALID_PARAM``; later with the
-        error its batch failed with."""
-        return await self.append_nowait(log_id, payload, key)
+    def append(self, log_id: int, payload: bytes, key: str | None = None
+               ) -> asyncio.Future[Lsn]:
+        """``lsn = await w.append(log, payload)``: the future of the record's LSN, resolved
+        once its batch is stored on R storage nodes, or failed with the ``LogError`` its batch
+        failed with. Raises ``LogError`` at once (nothing buffered) with ``SEQNOBUFS`` past
+        the memory bound, ``SHUTDOWN`` once closed, ``INVALID_PARAM`` for bad arguments.
 
-    def append_nowait(self, log_id: int, payload: bytes, key: str | None = None
-                      ) -> asyncio.Future[Lsn]:
-        """``append`` without a coroutine: the future of the record's LSN (for callers that
-        fire many appends and collect the answers later)."""
+        A plain method returning a future, not a coroutine: a record costs no frame or Task,
+        so callers that fire many appends can keep the futures and await them later. If
+        nobody awaits a future that fails, asyncio logs the unretrieved exception."""
         if self._closed:
             raise LogError(Status.SHUTDOWN, "the buffered writer is closed")
         if type(payload) is not bytes:
@@ -258,6 +258,9 @@ class BufferedWriter:
         if len(batch.payloads) >= self._records_max or batch.nbytes >= self._bytes_max:
             self._seal(batch)
         return future
+
+    append_nowait = append
+    """The same as ``append``; the name says that calling it does not wait."""
 
     async def flush(self) -> None:
         """Send every building batch and wait until every batch sent so far is answered (its
