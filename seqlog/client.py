@@ -171,7 +171,9 @@ class Client:
         items = [_check_payload(p) for p in payloads]
         if not items:
             raise LogError(Status.INVALID_PARAM, "a batch needs at least one payload")
-        request = self._batch_request(items, compression)
+        blob = self._compress(items, compression)
+        request: dict[str, Any] = {"payloads": items} if blob is None else {
+            "compression": compression, "records": len(items), "compressed_payloads": blob}
         _add_optional(request, key, producer_id, producer_seq)
         path = f"/v1/logs/{log}/append-batch"
         return wire.parse_batch(await self._call("POST", log, path, request, writes=True,
@@ -270,22 +272,19 @@ class Client:
 
     # -- compressed batches -------------------------------------------------------------
 
-    def _batch_request(self, items: list[bytes], compression: str | None) -> dict[str, Any]:
-        """The append-batch body: ``payloads``, or ``compression``, ``records`` and
-        ``compressed_payloads`` when ``compression`` names a codec and the blob is smaller."""
+    def _compress(self, items: list[bytes], compression: str | None) -> bytes | None:
+        """The compressed batch to send instead of ``items``, or None to send them plain
+        (no ``compression``, or it would not make the batch smaller)."""
         if compression is None:
-            return {"payloads": items}
+            return None
         codec = CODEC_NAMES.get(compression)
         if codec is None:
             raise LogError(Status.INVALID_PARAM, f"unknown compression {compression!r}")
         blob = compress_batch(items, codec)
         plain_bytes = sum(len(p) for p in items)
         self.batch_bytes_plain += plain_bytes
-        if blob is None:
-            self.batch_bytes_sent += plain_bytes
-            return {"payloads": items}
-        self.batch_bytes_sent += len(blob)
-        return {"compression": compression, "records": len(items), "compressed_payloads": blob}
+        self.batch_bytes_sent += plain_bytes if blob is None else len(blob)
+        return blob
 
     # -- transport ----------------------------------------------------------------------
 
