@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 from fake_seqlog_node import FakeCluster, FakeNode
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from seqlog import BufferedWriter, Client, LogError, Status
 from seqlog.results import BatchResult
@@ -518,3 +520,54 @@ async def test_writer_through_the_client_sends_its_producer_pairs(node: FakeNode
         assert sorted(lsns) == list(range(E1 + 1, E1 + 501))
         assert all(b["producer_id"] == w.producer_id for b in node.batch_bodies)
         assert len({b["producer_seq"] for b in node.batch_bodies}) == len(node.batch_bodies)
+
+
+# -- property: any mix of appends and answers keeps the writer's promises ------------------
+
+FATES = st.sampled_from(["ok", "ok", "ok", "refuse", "lose", "reject"])
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(ordered=True, ops=[(1, None, 1, False), (1, None, 1, False)], fates=["refuse"],
+         records_max=1, in_flight_max=4)  # a retried first batch must not land second
+@example(ordered=False, ops=[(1, None, 1, False)] * 3, fates=["lose", "lose"],
+         records_max=1, in_flight_max=4)  # retries after lost answers must not duplicate
+@given(ordered=st.booleans(),
+       ops=st.lists(st.tuples(st.integers(1, 3), st.sampled_from([None, "a"]),
+                              st.integers(1, 40), st.booleans()), min_size=1, max_size=120),
+       fates=st.lists(FATES, max_size=40),
+       records_max=st.integers(1, 12), in_flight_max=st.integers(1, 4))
+def test_any_mix_of_appends_and_answers_keeps_the_promises(
+        ordered: bool, ops: list[tuple[int, str | None, int, bool]], fates: list[str],
+        records_max: int, in_flight_max: int) -> None:
+    """Acked records are stored at their LSN; nothing is stored twice; ordered writers store
+    each log's records in append order; nothing is left held or running."""
+
+    async def scenario() -> None:
+        fake = FakeAppender()
+        fake.script = list(fates)
+        w = BufferedWriter(fake, linger_ms=1, batch_records_max=records_max,
+                           batch_bytes_max=100, ordered=ordered,
+                           batches_in_flight_per_log_max=in_flight_max, retry_timeout_ms=30)
+        futures: list[tuple[int, bytes, asyncio.Future[Lsn]]] = []
+        for i, (log_id, key, size, pause) in enumerate(ops):
+            data = f"{i:05d}".encode().ljust(size, b"-")
+            futures.append((log_id, data, w.append(log_id, data, key=key)))
+            if pause:
+                await asyncio.sleep(0)
+        await asyncio.wait_for(w.close(), WAIT_S)
+        assert w.bytes_held == 0 and not w._tasks
+        stored = [p for records in fake.logs.values() for p in records]
+        assert len(stored) == len(set(stored)), "a record was stored twice"
+        for log_id, data, future in futures:
+            assert future.done()
+            if future.exception() is None:
+                assert fake.at(log_id, future.result()) == data
+            else:
+                assert isinstance(future.exception(), LogError)
+        if ordered:
+            for records in fake.logs.values():
+                indexes = [int(p[:5]) for p in records]
+                assert indexes == sorted(indexes), "an ordered log was reordered"
+
+    asyncio.run(scenario())
