@@ -401,6 +401,24 @@ async def test_cancelling_an_append_await_leaves_the_writer_intact() -> None:
     assert w.bytes_held == 0 and w.stats.records_ok == 4
 
 
+async def test_cancelling_a_flush_leaves_the_writer_intact() -> None:
+    fake = FakeAppender()
+    fake.hold.clear()
+    w = writer(fake)
+    first = w.append_nowait(1, b"a")
+    flushing = asyncio.ensure_future(w.flush())
+    await until(lambda: len(fake.calls) == 1, "flush sent the batch")
+    flushing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await flushing
+    second = w.append_nowait(1, b"b")
+    fake.hold.set()
+    await asyncio.wait_for(w.flush(), WAIT_S)
+    assert (first.result(), second.result()) == (E1 + 1, E1 + 2)
+    await w.close()
+    assert w.bytes_held == 0
+
+
 async def test_flush_waits_and_close_refuses_later_appends() -> None:
     fake = FakeAppender()
     async with writer(fake) as w:
