@@ -27,6 +27,9 @@ Delivery:
   after a lost record is stored ahead of a retry of it.
 - Memory: past ``memory_bytes_max`` payload bytes buffered or in flight, ``append`` fails at
   once with ``SEQNOBUFS`` and buffers nothing.
+- A record bigger than ``batch_bytes_max`` travels in a batch of its own, so with
+  ``batch_bytes_max`` at most the cluster's ``payload_bytes_max`` (1 MiB by default) a record
+  the cluster refuses as ``TOOBIG`` fails alone.
 - Compression (``"lz4"``/``"zstd"``) is per batch and kept only when it shrinks the batch
   (``shared.compression``); readers see plain payloads.
 
