@@ -36,6 +36,7 @@ import psutil  # type: ignore[import-untyped]
 from loadtests.bench_append import cpu_s, loadavg, percentile
 from loadtests.json_log_lines import LogLineGenerator
 from seqlog import BufferedWriter, Client, LogError
+from seqlog.buffered_writer import BATCHES_IN_FLIGHT_PER_LOG_MAX
 from services.local_cluster import load_state
 
 POOL_MIN = 4096
@@ -209,7 +210,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     payloads = itertools.cycle(pool)
     logs = list(range(args.first_log, args.first_log + args.logs))
     compression = None if args.compression == "none" else args.compression
-    async with Client(urls, connections_max=max(8, 4 * args.logs)) as client:
+    # Enough connections for every batch the writer may have in flight at once.
+    connections = BATCHES_IN_FLIGHT_PER_LOG_MAX * args.logs + 4
+    async with Client(urls, connections_max=connections) as client:
         w = client.buffered_writer(
             linger_ms=args.linger_ms, batch_records_max=args.batch_records_max,
             batch_bytes_max=args.batch_bytes_max, compression=compression,
