@@ -28,8 +28,9 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import replace
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import aiohttp
 from yarl import URL
@@ -37,6 +38,7 @@ from yarl import URL
 from seqlog import body as wire
 from seqlog.binary import Connections
 from seqlog.binary_appends import BinaryAppends
+from seqlog.buffered_writer import BufferedWriter, BufferedWriterOptions
 from seqlog.reader import LogReader, parse_nodesets
 from seqlog.results import (
     AppendResult,
@@ -49,6 +51,7 @@ from seqlog.results import (
 )
 from seqlog.routing import Router, normalize_url
 from shared.append_validation import check_key, check_producer
+from shared.compression import CODEC_NAMES, compress_batch
 from shared.http_contract import (
     NO_FORWARD_HEADER,
     NOTHING_WRITTEN,
@@ -128,6 +131,10 @@ class Client:
         """Set once appends go over HTTP for good: asked to, or the cluster does not offer the
         binary protocol."""
         self._cluster_info: ClusterInfo | None = None
+        self.batch_bytes_plain = 0
+        """Payload bytes of the append-batches sent with ``compression``, plain ..."""
+        self.batch_bytes_sent = 0
+        """... and as sent (the blob when it shrank the batch): the compression ratio."""
 
     async def __aenter__(self) -> Client:
         self._ensure_session()
@@ -221,24 +228,35 @@ class Client:
         key: str | None = None,
         producer_id: str | None = None,
         producer_seq: int | None = None,
+        compression: str | None = None,
     ) -> BatchResult:
+        """An atomic batch. ``compression`` ("lz4" or "zstd") sends it compressed when that
+        makes it smaller (docs/API-EXTENSIONS.md); readers get the plain payloads back."""
         log = _check_log(log_id)
         items = [_check_payload(p) for p in payloads]
         if not items:
             raise LogError(Status.INVALID_PARAM, "a batch needs at least one payload")
+        blob = self._compress(items, compression)
         if not self._binary_off:
             binary = self._binary or await self._binary_appends()
             if binary is not None:
                 future: asyncio.Future[BatchResult] = self._loop().create_future()
-                binary.submit(_message(log, tuple(items), key, producer_id, producer_seq),
-                              future, _batch_result)
+                message = _message(log, tuple(items), key, producer_id, producer_seq)
+                if blob is not None:
+                    message = replace(message, payloads=(blob,),
+                                      compression=CODEC_NAMES[str(compression)],
+                                      records=len(items))
+                binary.submit(message, future, _batch_result)
                 return await future
-        return await self._http_append_batch(log, items, key, producer_id, producer_seq)
+        return await self._http_append_batch(log, items, key, producer_id, producer_seq,
+                                             blob=blob, compression=compression)
 
     async def _http_append_batch(self, log: LogId, items: list[bytes], key: str | None,
-                                 producer_id: str | None, producer_seq: int | None
+                                 producer_id: str | None, producer_seq: int | None, *,
+                                 blob: bytes | None = None, compression: str | None = None,
                                  ) -> BatchResult:
-        request: dict[str, Any] = {"payloads": items}
+        request: dict[str, Any] = {"payloads": items} if blob is None else {
+            "compression": compression, "records": len(items), "compressed_payloads": blob}
         _add_optional(request, key, producer_id, producer_seq)
         path = f"/v1/logs/{log}/append-batch"
         return wire.parse_batch(await self._call("POST", log, path, request, writes=True,
@@ -249,6 +267,12 @@ class Client:
         HTTP: nothing was sent yet."""
         producer_seq = None if message.producer_id is None else message.producer_seq
         if make is _batch_result:
+            if message.compression:
+                # A compressed batch goes over HTTP as it is (the blob, not its records).
+                name = next(n for n, c in CODEC_NAMES.items() if c == message.compression)
+                return await self._http_append_batch(
+                    message.log_id, [b""] * message.records, message.key, message.producer_id,
+                    producer_seq, blob=message.payloads[0], compression=name)
             return await self._http_append_batch(message.log_id, list(message.payloads),
                                                  message.key, message.producer_id,
                                                  producer_seq)
@@ -288,6 +312,12 @@ class Client:
     @staticmethod
     def _loop() -> asyncio.AbstractEventLoop:
         return asyncio.get_running_loop()
+
+    def buffered_writer(self, **options: Unpack[BufferedWriterOptions]) -> BufferedWriter:
+        """A writer that batches appends per log (``seqlog.buffered_writer``):
+        ``async with client.buffered_writer(linger_ms=5) as w: lsn = await w.append(7, b"x")``.
+        """
+        return BufferedWriter(self, **options)
 
     async def read(
         self,
@@ -374,6 +404,22 @@ class Client:
         self._cluster_info = info
         self._cluster_refreshed_at_ms = _now_ms()
         return info
+
+    # -- compressed batches -------------------------------------------------------------
+
+    def _compress(self, items: list[bytes], compression: str | None) -> bytes | None:
+        """The compressed batch to send instead of ``items``, or None to send them plain
+        (no ``compression``, or it would not make the batch smaller)."""
+        if compression is None:
+            return None
+        codec = CODEC_NAMES.get(compression)
+        if codec is None:
+            raise LogError(Status.INVALID_PARAM, f"unknown compression {compression!r}")
+        blob = compress_batch(items, codec)
+        plain_bytes = sum(len(p) for p in items)
+        self.batch_bytes_plain += plain_bytes
+        self.batch_bytes_sent += plain_bytes if blob is None else len(blob)
+        return blob
 
     # -- transport ----------------------------------------------------------------------
 

@@ -16,12 +16,13 @@ import base64
 import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
 from aiohttp import web
 
+from shared.compression import CODEC_NAMES, decompress_batch
 from shared.config import TransportConfig
 from shared.net.server import Server, start_server
 from shared.status import Status
@@ -73,6 +74,8 @@ class FakeNode:
         self.delay_s = 0.0
         self.json_answers = False
         self.url = ""
+        self.batch_bodies: list[dict[str, Any]] = []
+        """Every append-batch body this node took, as decoded (compressed ones unexpanded)."""
         self._runner: web.AppRunner | None = None
         cluster.nodes[node_id] = self
 
@@ -113,8 +116,24 @@ class FakeNode:
             owner = self.cluster.nodes[sequencer]
             reply(_appended(message, Status.NOSEQUENCER, sequencer, redirect_data=owner.data))
             return
-        self.hits["append" if len(message.payloads) == 1 else "append-batch"] += 1
+        batch = len(message.payloads) > 1 or message.compression
+        self.hits["append-batch" if batch else "append"] += 1
         self.hits["binary"] += 1
+        if message.compression:
+            # The compressed form, expanded as the real nodes do; recorded like an HTTP body.
+            name = next(n for n, c in CODEC_NAMES.items() if c == message.compression)
+            self.batch_bodies.append({"compression": name, "records": message.records,
+                                      "compressed_payloads": message.payloads[0],
+                                      **_binary_options(message)})
+            expanded = decompress_batch(message.payloads[0], message.compression,
+                                        message.records, bytes_max=1 << 26)
+            if not isinstance(expanded, tuple):
+                reply(_appended(message, Status.BADMSG, sequencer))
+                return
+            message = replace(message, payloads=expanded, compression=0, records=0)
+        elif len(message.payloads) > 1:
+            self.batch_bodies.append({"payloads": list(message.payloads),
+                                      **_binary_options(message)})
         if self.delay_s:
             asyncio.get_running_loop().call_later(self.delay_s, self._append_now, message,
                                                   reply)
@@ -162,10 +181,21 @@ class FakeNode:
         if canned is not None:
             return canned
         body = msgpack.unpackb(await request.read())
-        first, last = self.cluster.append(int(request.match_info["log_id"]), body["payloads"],
-                                          None)
+        self.batch_bodies.append(body)
+        payloads = body.get("payloads")
+        if "compressed_payloads" in body:
+            # The compressed form (docs/API-EXTENSIONS.md), expanded as the real nodes do.
+            expanded = decompress_batch(body["compressed_payloads"],
+                                        CODEC_NAMES[body["compression"]], body["records"],
+                                        bytes_max=1 << 26)
+            if not isinstance(expanded, tuple) or payloads is not None:
+                return web.Response(status=400, body=b'{"status": "BADMSG"}',
+                                    content_type="application/json")
+            payloads = list(expanded)
+        first, last = self.cluster.append(int(request.match_info["log_id"]), payloads,
+                                          body.get("key"))
         return self._answer({"first_lsn": first, "last_lsn": last,
-                             "count": len(body["payloads"]), "timestamp_ms": 1000})
+                             "count": len(payloads), "timestamp_ms": 1000})
 
     async def _records(self, request: web.Request) -> web.Response:
         canned = await self._prelude(request, "records")
@@ -207,6 +237,14 @@ class FakeNode:
         if self.binary:
             answer.update(cluster_fingerprint=self.fingerprint_told, protocol_version=2)
         return self._answer(answer)
+
+
+def _binary_options(message: Append) -> dict[str, Any]:
+    """An APPEND's key and producer pair as an HTTP body would carry them."""
+    options: dict[str, Any] = {"key": message.key}
+    if message.producer_id is not None:
+        options.update(producer_id=message.producer_id, producer_seq=message.producer_seq)
+    return options
 
 
 def _appended(message: Append, status: Status, sequencer: str,
