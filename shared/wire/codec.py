@@ -5,10 +5,14 @@ fields in dataclass order. Correlation id 0 marks a one-way message. Decoding ch
 field's type, so a malformed frame becomes ``Status.BADMSG`` instead of an exception deep in a
 handler.
 
-Compatibility between node versions: a message gains fields only at its end, with defaults.
-Trailing fields that hold their default are not sent, and a decoder fills fields missing at
-the end with their defaults, so a node that does not use a new field talks to one that does
-not know it, byte for byte as before.
+Compatibility between node versions: a message gains fields only at its end, with defaults,
+marked ``shared.wire.extension``. Trailing extension fields that hold their default are not
+sent, and a decoder fills in those missing at the end with their defaults, so a
+node that does not use a new field talks to one that does not know it, byte for byte as
+before. A frame with more fields than this build knows is
+refused (BADMSG), never cut short: a new field may change what the others mean (a compressed
+batch's ``payloads`` hold one blob), so dropping it could store or serve wrong records. Fields
+added after protocol version 1 are also marked ``shared.wire.extension`` (docs/PROTOCOL.md).
 """
 
 from __future__ import annotations
@@ -108,10 +112,15 @@ def _field_check(name: str, hint: Any) -> str:
     return f"    if {none_ok}type({name}) is not {hint.__name__}: raise _Invalid\n"
 
 
-def wire_field_names(cls: type[Any]) -> tuple[str, ...]:
+def _wire_fields(cls: type[Any]) -> list[dataclasses.Field[Any]]:
     """The fields of message class ``cls`` that travel, in wire order (a field with
-    ``metadata={"wire": False}`` is local only)."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("wire", True))
+    ``metadata={"wire": False}`` is local only, such as ``Store.wire_fields``)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("wire", True)]
+
+
+def wire_field_names(cls: type[Any]) -> tuple[str, ...]:
+    """The names of ``cls``'s fields that travel, in wire order."""
+    return tuple(f.name for f in _wire_fields(cls))
 
 
 def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
@@ -120,42 +129,43 @@ def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
     hints = typing.get_type_hints(cls)
     names = list(wire_field_names(cls))
     source = "def decode_fields(fields):\n"
-    if _DEFAULT_TAILS[cls]:
-        # An older sender (or one leaving defaults out) sends fewer fields: fill them in.
-        source += (f"    if len(fields) < {len(names)}: fields = fields + "
-                   f"_tail[len(fields) - {len(names)}:]\n")
+    tail = _EXTENSION_TAILS[cls]
+    if tail:
+        # An older sender (or one leaving extensions at their defaults out) sends fewer
+        # fields: fill them in; a frame short of a version-1 field stays invalid.
+        source += (f"    if {len(names) - len(tail)} <= len(fields) < {len(names)}: "
+                   f"fields = fields + _tail[len(fields) - {len(names)}:]\n")
     source += f"    ({', '.join(names)},) = fields\n"
     source += "".join(_field_check(name, hints[name]) for name in names)
     source += f"    return cls({', '.join(f'{n}={n}' for n in names)})\n"
     namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid,
-                                 "_tail": _DEFAULT_TAILS[cls] or ()}
+                                 "_tail": tail}
     exec(source, namespace)
     decoder: Callable[[Any], Any] = namespace["decode_fields"]
     return decoder
 
 
-def _default_tail(cls: type[Any]) -> tuple[Any, ...]:
-    """The defaults of ``cls``'s trailing fields that have one (a field without a default
-    after them would end the tail)."""
-    tail: list[Any] = []
-    for f in reversed(dataclasses.fields(cls)):
-        if not f.metadata.get("wire", True):
-            continue  # local only (``Store.wire_fields``): not on the wire at all
-        if f.default is dataclasses.MISSING:
-            break
-        tail.append(f.default)
-    return tuple(reversed(tail))
+def _extension_count(cls: type[Any]) -> int:
+    """How many trailing fields of ``cls`` are extensions (``shared.wire.extension``)."""
+    fields = _wire_fields(cls)
+    count = 0
+    while count < len(fields) and fields[len(fields) - 1 - count].metadata.get("extension"):
+        count += 1
+    assert not any(f.metadata.get("extension") for f in fields[:len(fields) - count]), (
+        f"{cls.__name__}: extension fields must come last")
+    return count
 
 
 _FIELDS: dict[type[Any], tuple[str, ...]] = {
     cls: wire_field_names(cls) for cls in MESSAGE_CLASSES.values()
 }
-_DEFAULT_TAILS: dict[type[Any], tuple[Any, ...]] = {
-    cls: _default_tail(cls) for cls in MESSAGE_CLASSES.values()
+_EXTENSION_TAILS: dict[type[Any], tuple[Any, ...]] = {
+    cls: tuple(f.default for f in _wire_fields(cls)[
+        len(_FIELDS[cls]) - _extension_count(cls):]) for cls in MESSAGE_CLASSES.values()
 }
-_REQUIRED_COUNTS: dict[type[Any], int] = {
-    cls: len(_FIELDS[cls]) - len(_DEFAULT_TAILS[cls]) for cls in MESSAGE_CLASSES.values()
-}
+"""The defaults of each class's trailing extension fields: only these are left off the wire
+at their defaults, so a frame without extensions is what a version-1 peer sends and expects
+(it decodes exactly its own fields)."""
 _DECODERS: dict[int, Callable[[Any], Any]] = {
     int(t): _make_decoder(cls) for t, cls in MESSAGE_CLASSES.items()
 }
@@ -173,8 +183,8 @@ def _make_field_lister(cls: type[Any]) -> Callable[[Any], list[Any]]:
     their default (see the module docstring): generated source, as for decoding, because it
     runs for every message sent."""
     names = _FIELDS[cls]
-    tail = _DEFAULT_TAILS[cls]
-    required = _REQUIRED_COUNTS[cls]
+    tail = _EXTENSION_TAILS[cls]
+    required = len(names) - len(tail)
     source = "def list_fields(m):\n"
     source += f"    values = [{', '.join(f'm.{n}' for n in names)}]\n"
     if tail:
@@ -227,7 +237,9 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
         if decoder is None or type(correlation_id) is not int or type(fields) is not tuple:
             return Status.BADMSG
         message = decoder(fields)
-        if type_id == _STORE_TYPE_ID:
+        # Kept only when it holds no field this node does not know (the storage node writes
+        # these bytes and reads them back with its own field list).
+        if type_id == _STORE_TYPE_ID and len(fields) <= _STORE_FIELDS_COUNT:
             offset = _fields_offset(body)
             if offset is not None:
                 object.__setattr__(message, "wire_fields", body[offset:])
@@ -237,6 +249,7 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
 
 
 _STORE_TYPE_ID = int(MessageType.STORE)
+_STORE_FIELDS_COUNT = len(_FIELDS[Store])
 _UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 """msgpack's uint8/16/32/64 markers and how many bytes follow them."""
 
