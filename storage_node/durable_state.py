@@ -85,18 +85,41 @@ class DurableState:
         else:
             self._on_checkpoint(entry)
 
-    def on_store(self, segment_id: int, offset: int, length: int, store: Store) -> None:
-        """A STORE entry was written (the writer's hot path: no intermediate objects)."""
-        log_id = store.log_id
+    def on_stores(self, segment_id: int, written: list[tuple[int, int, Store]]) -> None:
+        """STORE entries written by one batch, as ``(offset, length, store)``: ``on_store`` for
+        each, with the per-batch lookups done once (the writer's hot path)."""
         logs = self.segment_logs.get(segment_id)
         if logs is None:
             logs = self.segment_logs[segment_id] = set()
-        logs.add(log_id)
-        self._on_store(segment_id, offset, length, log_id, store.lsn, store.last_lsn,
-                       store.sequencer_node, store.last_known_good,
-                       index_time(store.flags, store.timestamp_ms))
-        if store.producers:
-            self.producers.add(log_id, store.producers, store.timestamp_ms)
+        insert = self._index.insert
+        last_by_log = self._last
+        tails_by_log = self._tails
+        trims = self._trims if self._live else None
+        for offset, length, store in written:
+            log_id = store.log_id
+            logs.add(log_id)
+            first_lsn = store.lsn
+            last_lsn = store.last_lsn
+            insert(log_id, Location(segment_id, offset, length, first_lsn, last_lsn, Lsn(0),
+                                    -1 if store.flags & _HOLE else store.timestamp_ms))
+            last = last_by_log.get(log_id)
+            if last is None or last_lsn > last[0]:
+                last_by_log[log_id] = (last_lsn, store.sequencer_node)
+            tails = tails_by_log.get(log_id)
+            if tails is None:
+                tails = tails_by_log[log_id] = {}
+            epoch = Epoch(first_lsn >> 32)
+            last_esn = last_lsn & 0xFFFFFFFF
+            lng = store.last_known_good
+            tail = tails.get(epoch)
+            if tail is None:
+                tails[epoch] = (lng, last_esn)
+            elif lng > tail[0] or last_esn > tail[1]:
+                tails[epoch] = (max(tail[0], lng), max(tail[1], last_esn))
+            if trims and first_lsn <= trims.get(log_id, 0):
+                self._index.drop_through(log_id, trims[log_id])
+            if store.producers:
+                self.producers.add(log_id, store.producers, store.timestamp_ms)
 
     def on_release(self, segment_id: int, log_id: LogId, release_lsn: Lsn) -> None:
         """A RELEASE entry was written."""
@@ -189,4 +212,8 @@ class DurableState:
 
 def index_time(flags: int, timestamp_ms: int) -> int:
     """Holes and bridges have no timestamp: find-time and retention skip them."""
-    return -1 if flags & RecordFlags.HOLE else timestamp_ms
+    return -1 if flags & _HOLE else timestamp_ms
+
+
+_HOLE = int(RecordFlags.HOLE)
+"""A plain int: an int & IntFlag goes through enum's Python code (once per STORE here)."""

@@ -28,7 +28,6 @@ from storage_node.record_index import Location
 from storage_node.segment_files import SegmentReader
 from storage_node.segment_format import (
     HEADER_BYTES,
-    EntryType,
     StoredCopies,
     check_entry,
     decode_store_records,
@@ -173,9 +172,9 @@ def _whole_block(decoded: StoredCopies, location: Location, from_lsn: Lsn,
 
 def _decode_entry(data: bytes, log_id: LogId, location: Location) -> StoredCopies | None:
     checked = check_entry(data, 0)
-    if checked is None or checked[0] != EntryType.STORE or len(data) != location.length:
+    if checked is None or len(data) != location.length:
         return None
-    decoded = decode_store_records(memoryview(data)[HEADER_BYTES:], expand=False)
+    decoded = decode_store_records(checked[0], memoryview(data)[HEADER_BYTES:], expand=False)
     if decoded is None:
         return None
     count = decoded.count if decoded.compression else len(decoded.records)

@@ -1,18 +1,26 @@
 """Durable record store on append-only segment files, with group commit.
 
 STOREs and SEALs wait in one bounded FIFO (``StorageConfig.store_queue_records_max``; a full
-queue answers OVERLOADED). Everything queued (up to ``commit_batch_bytes_max``) goes to the
-single writer thread as one batch, appended with one write call and at most one fsync; the
-thread hands the result back with one ``call_soon_threadsafe``, whose callback completes every
-waiter and starts the next batch at once (no asyncio task or future in between: every hop
-costs a wake-up, and a STORE's latency is mostly wake-ups). Release pointers are coalesced
+queue answers OVERLOADED). Everything queued in one event-loop iteration (up to
+``commit_batch_bytes_max``) is one batch, appended with one write call and at most one fsync
+(group commit: whatever arrives while a batch is being committed joins the next one). A small
+batch (``INLINE_COMMIT_BYTES_MAX``) found with the writer thread idle is committed inline, on
+the loop: the hand-off to a thread and the wake-up back cost more than writing a few KiB and
+fsyncing them (unless the disk is slow: see ``INLINE_COMMIT_US_MAX``). Bigger batches go to the
+single writer thread, so that the loop goes on receiving while they are written; the thread
+hands the result back with one ``call_soon_threadsafe``, whose callback completes every waiter
+and starts the next batch at once (no asyncio task or future in between: every hop costs a
+wake-up, and a STORE's latency is mostly wake-ups). A STORE is written as the bytes it arrived
+as (``segment_format.store_entry_parts``), never packed again. Release pointers are coalesced
 per log and ride along with the next batch. Durability per ``StorageConfig.fsync``:
 ``always`` fsyncs before answering; ``interval`` answers after the write and fsyncs every
 ``fsync_interval_ms``; ``never`` leaves it to the kernel (a close still fsyncs). SEAL entries
 are fsynced unless the mode is ``never``, since recovery relies on them.
 
 Reads look the entries up in the in-memory index on the event loop, then pread and
-CRC-check them in a read thread.
+CRC-check them in a read thread; a small read of the segment being written (a tailing reader:
+what it asks for was just written, so it is in the page cache) is served right on the loop
+(``read_now``, ``READ_INLINE_BYTES_MAX``), without the thread hop.
 
 Reclaim (``reclaim()``, driven by the storage node's retention task): closed segments whose
 records are all trimmed (or replaced) are deleted, mostly dead ones compacted. Before any file
@@ -61,6 +69,7 @@ from storage_node.segment_format import (
     encode_seal,
     encode_store,
     encode_trim,
+    store_entry_parts,
 )
 from storage_node.segment_reclaim import ReclaimDone, run_reclaim
 
@@ -70,13 +79,27 @@ DoneFn = Callable[[Status], None]
 RELEASE_LOGS_PENDING_MAX = 100_000
 """Logs whose release pointer may wait for the writer; past it a pointer is only kept in
 memory (it is re-learned from the sequencer's periodic RELEASE after a restart)."""
+INLINE_COMMIT_BYTES_MAX = 32 * 1024
+"""Batches up to this many (estimated) bytes are committed inline on the event loop when the
+writer thread is idle; bigger ones go to the writer thread."""
+INLINE_COMMIT_US_MAX = 1_000
+"""Inline commits stop while small commits (write and fsync) take longer than this on
+average: a slow disk must not stall the event loop. The writer thread's small commits keep the
+average up to date, so inline commits resume when the disk is fast again."""
+_COMMIT_US_WEIGHT = 0.125
+"""Weight of the newest small commit in that running average."""
 RELEASE_FLUSH_INTERVAL_MS = 5
 """Release pointers alone are written at most this often: they ride along with STORE batches
 under load, and a lost one is re-learned from the sequencer's broadcast after a restart."""
 READ_THREADS_COUNT = 4
+READ_INLINE_BYTES_MAX = 64 * 1024
+"""Reads of at most this many entry bytes, all in the segment being written, are served on
+the event loop (``read_now``)."""
 _FAILPOINT_BEFORE_FSYNC = "storage.after_write_before_fsync"
 COUNTERS = (
-    "stores", "store_records", "commit_batches", "fsyncs", "bytes_written", "overloaded",
+    "stores", "store_records", "commit_batches", "inline_commits", "writer_handoffs",
+    "inline_reads",
+    "fsyncs", "bytes_written", "overloaded",
     "release_entries", "releases_dropped", "reads", "read_records", "read_checksum_failures",
     "torn_tail_bytes", "corrupt_segments", "reclaim_passes", "reclaim_failures",
     "checkpoint_entries", "segments_deleted", "bytes_deleted", "segments_compacted",
@@ -157,6 +180,11 @@ class RecordStore:
         """A batch or background sync is in the writer thread; the next one starts when it
         is done."""
         self._start_scheduled = False
+        self._thread_jobs = 0
+        """Jobs handed to the writer thread and not finished: an inline commit needs none (the
+        segment writer is used by one thread at a time)."""
+        self._small_commit_us = 0.0
+        """Running average of small commits' duration (see ``INLINE_COMMIT_US_MAX``)."""
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle = asyncio.Event()
         """Set while nothing is queued or being written (``close`` waits for it)."""
@@ -199,7 +227,10 @@ class RecordStore:
         fsync mode (OK) or failed (NOSPC, DISABLED, SHUTDOWN, INTERNAL). Returns OK when
         queued, else the reason it was not (OVERLOADED, SHUTDOWN, NOTREADY, DISABLED) and
         ``done`` is never called."""
-        estimate = sum(map(len, store.payloads)) + _ENTRY_OVERHEAD_BYTES * len(store.payloads)
+        wire_fields = store.wire_fields
+        estimate = (len(wire_fields) if wire_fields is not None
+                    else sum(map(len, store.payloads))) + _ENTRY_OVERHEAD_BYTES * len(
+                        store.payloads)
         return self._enqueue(_Pending(store, done, store.records_count, estimate))
 
     def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
@@ -260,6 +291,32 @@ class RecordStore:
                             read_checksum_failures=int(corrupt))
         return result
 
+    def read_now(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
+                 bytes_max: int) -> ReadResult | None:
+        """``read`` done at once on the loop when it is small (``READ_INLINE_BYTES_MAX``) and
+        all in the segment being written; None when it is not (then use ``read``)."""
+        assert until_lsn < 2**64 - 1 and records_max >= 1
+        if not self._opened or self._closing:
+            return None
+        locations = self._index.locate(log_id, from_lsn, until_lsn, records_max)
+        if not locations:
+            return ReadResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
+        newest = self._newest_segment_id
+        total_bytes = 0
+        for location in locations:
+            total_bytes += location.length
+            if location.segment_id != newest or total_bytes > READ_INLINE_BYTES_MAX:
+                return None
+        # No ticket needed: nothing can retire a descriptor before this call returns. A
+        # compressed batch the read covers whole goes out as its blob; only a read starting
+        # inside one (rare for a tailing reader: a batch is released whole) expands it here.
+        result, corrupt = read_locations(self._reader, log_id, locations, from_lsn, until_lsn,
+                                         records_max, bytes_max, True)
+        self._counts.update(reads=1, inline_reads=1, read_records=len(result.copies) + sum(
+                                block[4] for block in result.blocks),
+                            read_checksum_failures=int(corrupt))
+        return ReadResult.of(result)
+
     def last_older_lsn(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
         """The last LSN held up to the first record not older than ``timestamp_ms`` (index
         lookup; see ``LogIndex.last_before_time``)."""
@@ -306,7 +363,8 @@ class RecordStore:
                       write_calls=self._writer.write_calls_count,
                       disk_low=int(self._writer.disk_low), broken=int(self._broken),
                       producers=self._durable.producers.producers_count,
-                      producers_forgotten=self._durable.producers.forgotten_count)
+                      producers_forgotten=self._durable.producers.forgotten_count,
+                      small_commit_us=round(self._small_commit_us))
         return counts
 
     async def close(self) -> None:
@@ -394,12 +452,15 @@ class RecordStore:
                 live == 0 or live < size * self._config.compaction_live_fraction_max):
             return
         loop = asyncio.get_running_loop()
+        self._thread_jobs += 1
         try:
             segment_id, fsyncs = await loop.run_in_executor(self._writer_thread,
                                                             self._writer.roll)
         except OSError as error:
             log.error("reclaim: cannot close segment %d: %s", newest, error)
             return
+        finally:
+            self._thread_jobs -= 1
         self._counts.update(fsyncs=fsyncs, segments_rolled=1)
         self._segment_bytes.setdefault(segment_id, 0)
         self._newest_segment_id = max(self._newest_segment_id, segment_id)
@@ -547,6 +608,8 @@ class RecordStore:
         loop = self._loop
         assert loop is not None and not self._writing
         self._writing = True
+        self._thread_jobs += 1
+        self._counts["writer_handoffs"] += 1
 
         def run() -> None:
             outcome: object | BaseException
@@ -556,7 +619,11 @@ class RecordStore:
                 outcome = error
             # RuntimeError: the loop is closed, nobody is waiting any more.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(finish, outcome)
+                loop.call_soon_threadsafe(finished, outcome)
+
+        def finished(outcome: object | BaseException) -> None:
+            self._thread_jobs -= 1
+            finish(outcome)
 
         self._writer_thread.submit(run)
 
@@ -602,7 +669,7 @@ class RecordStore:
         self._run_in_writer(lambda: self._sync_sync(fsync), finish)
 
     def _start_batch(self) -> None:
-        batch = self._take_batch()
+        batch, batch_bytes = self._take_batch()
         releases = list(self._releases.items())
         self._releases = {}
         self._releases_written_ms = _now_ms()
@@ -615,6 +682,7 @@ class RecordStore:
             mode == "interval" and self._interval_sync_due_ms() <= 0) or any(
             isinstance(p.chunk_source, CheckpointEntry) for p in batch)
         self._inflight = batch
+        small = batch_bytes + _ENTRY_OVERHEAD_BYTES * len(releases) <= INLINE_COMMIT_BYTES_MAX
 
         def finish(outcome: object | BaseException) -> None:
             self._writing = False
@@ -622,16 +690,47 @@ class RecordStore:
                 if isinstance(outcome, BaseException):
                     raise outcome
                 assert isinstance(outcome, tuple)
-                self._batch_written(batch, releases, *outcome)
+                self._batch_written(batch, releases, small, *outcome)
             except BaseException as error:  # from the writer thread or the fold: stop writing
                 self._writer_failed(error)
+
+        # Rolling to a new segment (fsync, create, directory sync) is left to the thread.
+        fits = (self._segment_bytes.get(self._newest_segment_id, 0) + batch_bytes
+                + _ENTRY_OVERHEAD_BYTES * len(releases) <= self._config.segment_bytes_max)
+        if (small and fits and not self._thread_jobs and not self._closing
+                and self._small_commit_us <= INLINE_COMMIT_US_MAX):
+            # Inline: the writer thread is idle, so the segment writer is ours right now.
+            self._writing = True
+            self._counts["inline_commits"] += 1
+            outcome: object | BaseException
+            try:
+                outcome = self._append_sync(batch, releases, fsync)
+            except Exception as error:  # handled like a failure in the writer thread
+                outcome = error
+            finish(outcome)
+            # The waiters just answered may have queued more: that is the next batch, started
+            # in the next iteration (with whatever else arrives meanwhile), never recursively.
+            self._schedule_next()
+            return
+
+        def finish_in_thread(outcome: object | BaseException) -> None:
+            finish(outcome)
             self._start_next()
 
-        self._run_in_writer(lambda: self._append_sync(batch, releases, fsync), finish)
+        self._run_in_writer(lambda: self._append_sync(batch, releases, fsync), finish_in_thread)
+
+    def _schedule_next(self) -> None:
+        if not self._start_scheduled and self._loop is not None:
+            self._start_scheduled = True
+            self._loop.call_soon(self._start_next)
 
     def _batch_written(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
-                       result: AppendResult, lengths: list[int]) -> None:
+                       small: bool, result: AppendResult, lengths: list[int],
+                       elapsed_ns: int) -> None:
         self._inflight = []
+        if small:
+            self._small_commit_us += (elapsed_ns / 1000 - self._small_commit_us) * (
+                _COMMIT_US_WEIGHT)
         self._queued_records_count -= sum(p.records_count for p in batch)
         self._counts.update(commit_batches=1, fsyncs=result.fsyncs_count,
                             bytes_written=sum(lengths) if result.status == Status.OK else 0)
@@ -645,17 +744,27 @@ class RecordStore:
         offset = result.offset
         segment_id = result.segment_id
         durable = self._durable
-        stores_count = records_count = 0
-        # The same fold as a restart's scan: index, per-log state, logs per segment.
+        stores_count = 0
+        records_count = 0
+        # The same fold as a restart's scan: index, per-log state, logs per segment. Runs of
+        # STOREs are folded in one call each (the common case: the whole batch).
+        stores: list[tuple[int, int, Store]] = []
         for pending, length in zip(batch, lengths, strict=False):
             source = pending.chunk_source
-            if isinstance(source, Store):
-                durable.on_store(segment_id, offset, length, source)
-                stores_count += 1
+            if type(source) is Store:
+                stores.append((offset, length, source))
                 records_count += pending.records_count
             else:
+                if stores:
+                    durable.on_stores(segment_id, stores)
+                    stores_count += len(stores)
+                    stores = []
+                assert not isinstance(source, Store)
                 durable.on_entry(segment_id, ScannedEntry(offset, length, source))
             offset += length
+        if stores:
+            durable.on_stores(segment_id, stores)
+            stores_count += len(stores)
         for (log_id, release_lsn), length in zip(releases, lengths[len(batch):], strict=True):
             durable.on_release(segment_id, log_id, release_lsn)
             offset += length
@@ -665,7 +774,8 @@ class RecordStore:
                             release_entries=len(releases))
         self._complete(batch, Status.OK)
 
-    def _take_batch(self) -> list[_Pending]:
+    def _take_batch(self) -> tuple[list[_Pending], int]:
+        """The next batch and its estimated bytes."""
         bytes_cap = min(self._config.commit_batch_bytes_max, self._config.segment_bytes_max)
         batch: list[_Pending] = []
         total_bytes = 0
@@ -675,7 +785,7 @@ class RecordStore:
                 break
             batch.append(self._queue.popleft())
             total_bytes += pending.bytes_estimate
-        return batch
+        return batch, total_bytes
 
     def _complete(self, batch: list[_Pending], status: Status) -> None:
         for pending in batch:
@@ -712,10 +822,33 @@ class RecordStore:
         return self._durable.states(), report
 
     def _append_sync(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
-                     fsync: bool) -> tuple[AppendResult, list[int]]:
-        """Lengths of every chunk written (the batch's, then the release pointers')."""
-        chunks = [_encode(p.chunk_source) for p in batch]
-        chunks += [encode_release(log_id, lsn) for log_id, lsn in releases]
+                     fsync: bool) -> tuple[AppendResult, list[int], int]:
+        """The result, the length of every entry written (the batch's, then the release
+        pointers') and how long it took (ns). Runs in the writer thread, or inline on the loop
+        while the thread is idle."""
+        started_ns = time.perf_counter_ns()
+        result, lengths = self._append_entries(batch, releases, fsync)
+        return result, lengths, time.perf_counter_ns() - started_ns
+
+    def _append_entries(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
+                        fsync: bool) -> tuple[AppendResult, list[int]]:
+        chunks: list[bytes] = []
+        lengths: list[int] = []
+        for pending in batch:
+            source = pending.chunk_source
+            if type(source) is Store:
+                # The received bytes go out as they came: a header, then the STORE's fields.
+                header, body = store_entry_parts(source)
+                chunks += (header, body)
+                lengths.append(len(header) + len(body))
+            else:
+                chunk = _encode(source)
+                chunks.append(chunk)
+                lengths.append(len(chunk))
+        for log_id, lsn in releases:
+            chunk = encode_release(log_id, lsn)
+            chunks.append(chunk)
+            lengths.append(len(chunk))
         if fsync and failpoints.armed(_FAILPOINT_BEFORE_FSYNC):
             # Fault-injection runs only: split the write from its fsync so that the process
             # can die between them (with SIGKILL the written bytes stay in the page cache).
@@ -728,12 +861,11 @@ class RecordStore:
                     # Like a failed fsync inside append(): the store can no longer be trusted.
                     result = AppendResult(Status.DISABLED, result.segment_id, result.offset,
                                           result.fsyncs_count, True)
-                    return result, [len(c) for c in chunks]
+                    return result, lengths
                 result = AppendResult(Status.OK, result.segment_id, result.offset,
                                       result.fsyncs_count + synced, False)
-            return result, [len(c) for c in chunks]
-        result = self._writer.append(chunks, fsync=fsync)
-        return result, [len(c) for c in chunks]
+            return result, lengths
+        return self._writer.append(chunks, fsync=fsync), lengths
 
     def _sync_sync(self, fsync: bool) -> int:
         if not fsync:

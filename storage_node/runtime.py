@@ -57,6 +57,7 @@ from storage_node.core.store_machine import (
     recovery_hole_stores,
     stored_reply,
 )
+from storage_node.record_reads import ReadResult
 from storage_node.record_store import ReclaimReport, RecordStore
 from storage_node.segment_format import SealEntry, TrimEntry
 
@@ -91,6 +92,12 @@ class RetentionReport:
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _read_answer(read: Read, result: ReadResult, release_lsn: Lsn, trim_lsn: Lsn) -> ReadReply:
+    return ReadReply(status=result.status, log_id=read.log_id, release_lsn=release_lsn,
+                     records=result.records, next_lsn=Lsn(max(result.next_lsn, read.from_lsn)),
+                     markers=result.markers, trim_lsn=trim_lsn, blocks=result.blocks)
 
 
 class _Waiter:
@@ -306,6 +313,8 @@ class StorageNode:
         self._start_read(read, reply)
 
     def _start_read(self, read: Read, reply: ReplyFn) -> None:
+        if self._read_now(read, reply):
+            return
         task = asyncio.get_running_loop().create_task(self._serve_read(read, reply))
         self._reads.add(task)
         task.add_done_callback(self._reads.discard)
@@ -344,6 +353,24 @@ class StorageNode:
             for waiter in [w for w in held if self._readable(w.read)]:
                 self._wake(waiter)
 
+    def _read_now(self, read: Read, reply: ReplyFn) -> bool:
+        """Serve ``read`` at once if the record store can (a small read of what was just
+        written: a tailing reader, often one just woken by a release); False if not."""
+        until_lsn = self._machine.readable_until(read)
+        trim_lsn = self._machine.trim_lsn(read.log_id)
+        from_lsn = Lsn(max(read.from_lsn, trim_lsn + 1))
+        try:
+            result = self._store.read_now(read.log_id, from_lsn, until_lsn, read.records_max,
+                                          read.bytes_max)
+        except Exception:
+            log.exception("storage node %s: read of log %d failed", self.node_id, read.log_id)
+            return False  # the read thread tries again and answers INTERNAL if it fails too
+        if result is None:
+            return False
+        release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
+        reply(_read_answer(read, result, release_lsn, trim_lsn))
+        return True
+
     async def _serve_read(self, read: Read, reply: ReplyFn) -> None:
         until_lsn = self._machine.readable_until(read)
         release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
@@ -353,11 +380,7 @@ class StorageNode:
             from_lsn = Lsn(max(read.from_lsn, trim_lsn + 1))
             result = await self._store.read(read.log_id, from_lsn, until_lsn,
                                             read.records_max, read.bytes_max)
-            answer = ReadReply(status=result.status, log_id=read.log_id,
-                               release_lsn=release_lsn, records=result.records,
-                               next_lsn=Lsn(max(result.next_lsn, read.from_lsn)),
-                               markers=result.markers, trim_lsn=trim_lsn,
-                               blocks=result.blocks)
+            answer = _read_answer(read, result, release_lsn, trim_lsn)
         except Exception:
             log.exception("storage node %s: read of log %d failed", self.node_id, read.log_id)
             answer = ReadReply(status=Status.INTERNAL, log_id=read.log_id,

@@ -1,9 +1,10 @@
 """Blocking file I/O on the segment files: recovery scan, appends with fsync, rolling, preads.
 
-``SegmentWriter`` is confined to the record store's single writer thread (every method runs
-there, one at a time), so it needs no locks. ``SegmentReader`` is used from the read threads
-(and by reclaim) and keeps read-only descriptors per segment file version behind a lock.
-Nothing here runs on the event loop.
+``SegmentWriter`` is used by one thread at a time, so it needs no locks: the record store's
+single writer thread, or the event loop for an inline commit while that thread has nothing to
+do (the record store tracks the jobs it handed the thread). ``SegmentReader`` is used from
+the read threads (and by reclaim) and keeps read-only descriptors per segment file version
+behind a lock. Only small inline commits (``SegmentWriter.append``) run on the event loop.
 
 Layout: ``<segments_dir>/000000001.seg``, ``000000002.seg``, ...; only the newest segment is
 ever written to. Reclaim (``segment_reclaim``) deletes older segments and replaces others by
@@ -64,7 +65,7 @@ class AppendResult:
 
 
 class SegmentWriter:
-    """Appends to the newest segment; thread-confined (see the module docstring)."""
+    """Appends to the newest segment; one thread at a time (see the module docstring)."""
 
     def __init__(self, segments_dir: str, *, segment_bytes_max: int, fsync: FsyncMode,
                  disk_free_bytes_min: int) -> None:

@@ -5,18 +5,26 @@ A segment is a sequence of entries, each ``header | body``. The 12-byte header i
 first 8 header bytes and the body, so a flipped type or length byte is caught as well. The
 body is a msgpack array:
 
-* STORE: ``[log_id, first_lsn, record_count, sequencer_node, timestamp_ms, last_known_good,
-  wave, copyset, key, payloads, flags, producers]`` (one entry per STORE message, a batch has
-  consecutive LSNs; ``flags`` are ``RecordFlags``, absent in entries written before they
-  existed, and with WRITTEN_BY_RECOVERY ``wave`` is recovery's seal epoch; ``producers`` are
-  the STORE's producer tags ``[producer_id, producer_seq, first_lsn, last_lsn]``, absent in
-  older entries);
-* compressed STORE: the same 12 fields with ``payloads == [blob]`` (the batch exactly as the
-  writer compressed it, ``shared.compression``) and ``record_count`` its records, then a 13th,
-  ``compression`` (the ``Codec`` id). The entry's CRC covers the blob; the index knows its LSN
-  range from ``first_lsn`` and ``record_count`` without expanding it. Reads send the blob
-  whole when they cover the entry, else expand it and slice (``record_reads``); digests and
-  recovery see its records one by one;
+* STORE_FIELDS (type 6, what every STORE is written as): the STORE message's packed field
+  array exactly as it came over the wire (``Store.wire_fields``; ``shared.wire.codec``'s
+  ``encode_fields`` for a STORE built locally), so the writer packs nothing again: ``[log_id,
+  lsn, wave, sequencer_node, copyset, timestamp_ms, last_known_good, release_lsn, timeout_ms,
+  key, payloads, checksum, flags, producers, compression, records]`` (the field order of
+  ``Store``; one entry per STORE message, a batch has consecutive LSNs; with
+  WRITTEN_BY_RECOVERY in ``flags`` ``wave`` is recovery's seal epoch; ``release_lsn`` and
+  ``timeout_ms`` are not used on read). A compressed batch (``compression`` != 0) has
+  ``payloads == [blob]`` (the batch exactly as the writer compressed it,
+  ``shared.compression``) holding ``records`` records; the entry's CRC covers the blob, the
+  index knows its LSN range without expanding it, reads send the blob whole when they cover
+  the entry, else expand it and slice (``record_reads``), digests and recovery see its records
+  one by one. Trailing fields that hold their default may be absent (the codec leaves them
+  out): a field added to ``Store`` later must go at the end with a default, so older entries
+  stay readable.
+* STORE (type 1, written before STORE_FIELDS existed, still read): ``[log_id, first_lsn,
+  record_count, sequencer_node, timestamp_ms, last_known_good, wave, copyset, key, payloads,
+  flags, producers]`` (``flags`` absent in entries written before they existed, ``producers``
+  absent in older entries); a compressed one has ``payloads == [blob]``, ``record_count`` its
+  records, then a 13th field, ``compression`` (the ``Codec`` id).
 * RELEASE: ``[log_id, release_lsn]``;
 * SEAL: ``[log_id, epoch, sealed_by]``;
 * TRIM: ``[log_id, trim_lsn]``;
@@ -26,11 +34,16 @@ body is a msgpack array:
   are deleted or compacted, so that dropping their RELEASE, SEAL, TRIM and STORE entries loses
   no state.
 
+Versioning: the entry type is the format version of an entry. A new layout gets a new type
+and readers keep every old one, so segments written by older versions stay readable (a
+downgrade cannot read the newer types: it would treat them as corruption).
+
 Everything here is pure functions on bytes; the record store does the file I/O.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 from dataclasses import dataclass
@@ -43,6 +56,7 @@ from shared.compression import expand_stored
 from shared.limits import FRAME_BYTES_MAX
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.wire.codec import encode_fields, wire_field_names
 from shared.wire.read import WireRecord
 from shared.wire.store import COMPRESSION_CODECS, ProducerTag, Store, producer_tag_valid
 
@@ -61,6 +75,7 @@ class EntryType(IntEnum):
     SEAL = 3
     TRIM = 4
     CHECKPOINT = 5
+    STORE_FIELDS = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +156,10 @@ class SegmentScan:
 _packer = msgpack.Packer(use_bin_type=True)
 
 
+_PREFIX = struct.Struct("<HBBI")
+_CRC = struct.Struct("<I")
+
+
 def _frame(entry_type: EntryType, body: bytes) -> bytes:
     assert len(body) <= ENTRY_BODY_BYTES_MAX, len(body)
     prefix = struct.pack("<HBBI", MAGIC, entry_type, 0, len(body))
@@ -148,7 +167,25 @@ def _frame(entry_type: EntryType, body: bytes) -> bytes:
     return prefix + struct.pack("<I", crc) + body
 
 
+def store_entry_parts(store: Store) -> tuple[bytes, bytes]:
+    """A STORE_FIELDS entry as (header, body): the body is the STORE's received bytes when it
+    has them (no packing, no copy), so the writer joins both with its other chunks once."""
+    body = store.wire_fields
+    if body is None:
+        body = encode_fields(store)
+    assert len(body) <= ENTRY_BODY_BYTES_MAX, len(body)
+    prefix = _PREFIX.pack(MAGIC, EntryType.STORE_FIELDS, 0, len(body))
+    return prefix + _CRC.pack(zlib.crc32(body, zlib.crc32(prefix))), body
+
+
 def encode_store(store: Store) -> bytes:
+    """A STORE_FIELDS entry (see ``store_entry_parts``)."""
+    return b"".join(store_entry_parts(store))
+
+
+def encode_legacy_store(store: Store) -> bytes:
+    """A STORE entry of the layout before STORE_FIELDS (only tests write it: old segments must
+    stay readable)."""
     fields = [
         store.log_id, store.lsn, len(store.payloads), store.sequencer_node, store.timestamp_ms,
         store.last_known_good, store.wave, list(store.copyset), store.key, list(store.payloads),
@@ -207,6 +244,17 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
     """The indexable part of a CRC-checked body; None if it is not what its type promises
     (which a CRC match makes a bug or a hostile file, never a torn write)."""
     try:
+        if entry_type == EntryType.STORE_FIELDS:
+            fields = _store_fields(body)
+            if fields is None:
+                return None
+            tags = _producer_tags(fields[_PRODUCERS])
+            if tags is None:
+                return None
+            count = fields[_RECORDS] if fields[_COMPRESSION] else len(fields[_PAYLOADS])
+            return StoreMeta(LogId(fields[_LOG_ID]), Lsn(fields[_LSN]), count,
+                             NodeId(fields[_NODE]), fields[_LNG], fields[_FLAGS],
+                             fields[_TIMESTAMP], tags)
         if entry_type == EntryType.STORE:
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(body)
@@ -267,9 +315,11 @@ def _decode_checkpoint(fields: Any) -> CheckpointEntry | None:
 
 
 def _producer_tags(value: Any) -> tuple[ProducerTag, ...] | None:
-    if not isinstance(value, list):
+    if not value and isinstance(value, list | tuple):
+        return ()
+    if not isinstance(value, list | tuple):
         return None
-    tags = tuple(tuple(tag) for tag in value if isinstance(tag, list))
+    tags = tuple(tuple(tag) for tag in value if isinstance(tag, list | tuple))
     if len(tags) != len(value) or not all(producer_tag_valid(tag) for tag in tags):
         return None
     return tags  # each checked by producer_tag_valid
@@ -314,10 +364,76 @@ class StoredCopies:
         return None
 
 
-def decode_store_records(body: bytes | memoryview, *,
+_STORE_FIELD_NAMES = wire_field_names(Store)
+_STORE_FIELD_DEFAULTS = tuple(
+    f.default for f in dataclasses.fields(Store) if f.metadata.get("wire", True))
+_STORE_FIELDS_COUNT_MIN = len(_STORE_FIELD_DEFAULTS) - next(
+    (i for i, default in enumerate(reversed(_STORE_FIELD_DEFAULTS))
+     if default is dataclasses.MISSING), len(_STORE_FIELD_DEFAULTS))
+"""The fields before the trailing ones that have defaults: a body may leave out any of those
+(an entry written before a field was added, or a sender that leaves trailing defaults out)."""
+(_LOG_ID, _LSN, _WAVE, _NODE, _TIMESTAMP, _LNG, _KEY, _PAYLOADS, _FLAGS, _PRODUCERS,
+ _COMPRESSION, _RECORDS) = (
+    _STORE_FIELD_NAMES.index(name) for name in (
+        "log_id", "lsn", "wave", "sequencer_node", "timestamp_ms", "last_known_good", "key",
+        "payloads", "flags", "producers", "compression", "records"))
+
+
+def _store_fields(body: bytes | memoryview) -> tuple[Any, ...] | None:
+    """The field tuple of a STORE_FIELDS body (positions as in ``Store``), the defaults of
+    fields added after it was written filled in, its top-level types checked; None if it is
+    malformed. Positional on purpose: no ``Store`` is built on the read path."""
+    try:
+        fields = msgpack.unpackb(body, raw=False, use_list=False)
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    if type(fields) is not tuple:
+        return None
+    count = len(fields)
+    if count != len(_STORE_FIELD_NAMES):
+        if not _STORE_FIELDS_COUNT_MIN <= count < len(_STORE_FIELD_NAMES):
+            return None
+        fields = fields + _STORE_FIELD_DEFAULTS[count:]
+        if dataclasses.MISSING in fields:
+            return None
+    payloads, key, compression = fields[_PAYLOADS], fields[_KEY], fields[_COMPRESSION]
+    if not (_ints(fields[_LOG_ID], fields[_LSN], fields[_WAVE], fields[_TIMESTAMP],
+                  fields[_LNG], fields[_FLAGS], compression, fields[_RECORDS])
+            and type(payloads) is tuple and payloads and type(fields[_NODE]) is str
+            and (key is None or type(key) is str)
+            and all(type(payload) is bytes for payload in payloads)):
+        return None
+    if compression and (compression not in COMPRESSION_CODECS or len(payloads) != 1
+                        or fields[_RECORDS] < 1):
+        return None
+    result: tuple[Any, ...] = fields
+    return result
+
+
+def decode_store_records(entry_type: EntryType, body: bytes | memoryview, *,
                          expand: bool = True) -> StoredCopies | None:
-    """The records of a CRC-checked STORE body; None if malformed. A compressed batch is
-    expanded unless ``expand`` is False (then see ``StoredCopies.compression``)."""
+    """The records of a CRC-checked STORE or STORE_FIELDS body; None if malformed. A
+    compressed batch is expanded unless ``expand`` is False (then see
+    ``StoredCopies.compression``)."""
+    if entry_type == EntryType.STORE_FIELDS:
+        packed = _store_fields(body)
+        if packed is None:
+            return None
+        tags = _producer_tags(packed[_PRODUCERS])
+        if tags is None:
+            return None
+        first_lsn, timestamp_ms, key = packed[_LSN], packed[_TIMESTAMP], packed[_KEY]
+        compression = packed[_COMPRESSION]
+        if compression:
+            block = StoredCopies(LogId(packed[_LOG_ID]), Lsn(first_lsn), packed[_FLAGS],
+                                 packed[_WAVE], [], tags, compression, packed[_RECORDS],
+                                 packed[_PAYLOADS][0], timestamp_ms, key)
+            return block.expanded() if expand else block
+        return StoredCopies(LogId(packed[_LOG_ID]), Lsn(first_lsn), packed[_FLAGS],
+                            packed[_WAVE], _records(first_lsn, timestamp_ms, key,
+                                                    packed[_PAYLOADS]), tags)
+    if entry_type != EntryType.STORE:
+        return None
     try:
         fields: Any = msgpack.unpackb(body, raw=False)
         flags = fields[10] if len(fields) >= 11 else 0

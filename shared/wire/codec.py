@@ -112,11 +112,22 @@ def _field_check(name: str, hint: Any) -> str:
     return f"    if {none_ok}type({name}) is not {hint.__name__}: raise _Invalid\n"
 
 
+def _wire_fields(cls: type[Any]) -> list[dataclasses.Field[Any]]:
+    """The fields of message class ``cls`` that travel, in wire order (a field with
+    ``metadata={"wire": False}`` is local only, such as ``Store.wire_fields``)."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("wire", True)]
+
+
+def wire_field_names(cls: type[Any]) -> tuple[str, ...]:
+    """The names of ``cls``'s fields that travel, in wire order."""
+    return tuple(f.name for f in _wire_fields(cls))
+
+
 def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
     """A function that checks a field tuple and builds ``cls`` from it: generated source, so
     that decoding costs no per-field function calls (it runs for every frame)."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = list(wire_field_names(cls))
     source = "def decode_fields(fields):\n"
     tail = _EXTENSION_TAILS[cls]
     if tail:
@@ -136,7 +147,7 @@ def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
 
 def _extension_count(cls: type[Any]) -> int:
     """How many trailing fields of ``cls`` are extensions (``shared.wire.extension``)."""
-    fields = dataclasses.fields(cls)
+    fields = _wire_fields(cls)
     count = 0
     while count < len(fields) and fields[len(fields) - 1 - count].metadata.get("extension"):
         count += 1
@@ -146,10 +157,10 @@ def _extension_count(cls: type[Any]) -> int:
 
 
 _FIELDS: dict[type[Any], tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_CLASSES.values()
+    cls: wire_field_names(cls) for cls in MESSAGE_CLASSES.values()
 }
 _EXTENSION_TAILS: dict[type[Any], tuple[Any, ...]] = {
-    cls: tuple(f.default for f in dataclasses.fields(cls)[
+    cls: tuple(f.default for f in _wire_fields(cls)[
         len(_FIELDS[cls]) - _extension_count(cls):]) for cls in MESSAGE_CLASSES.values()
 }
 """The defaults of each class's trailing extension fields: only these are left off the wire
@@ -217,13 +228,40 @@ def encode_parts(
 
 
 def decode(body: bytes) -> tuple[int, Message] | Status:
-    """``(correlation_id, message)`` from a frame body, or ``Status.BADMSG``."""
+    """``(correlation_id, message)`` from a frame body, or ``Status.BADMSG``. A STORE keeps
+    its packed fields (``Store.wire_fields``) when they can be cut out of the body."""
     try:
         unpacked = msgpack.unpackb(body, raw=False, use_list=False, strict_map_key=True)
         type_id, correlation_id, fields = unpacked
         decoder = _DECODERS.get(type_id)
         if decoder is None or type(correlation_id) is not int or type(fields) is not tuple:
             return Status.BADMSG
-        return correlation_id, decoder(fields)
+        message = decoder(fields)
+        # Kept only when it holds no field this node does not know (the storage node writes
+        # these bytes and reads them back with its own field list).
+        if type_id == _STORE_TYPE_ID and len(fields) <= _STORE_FIELDS_COUNT:
+            offset = _fields_offset(body)
+            if offset is not None:
+                object.__setattr__(message, "wire_fields", body[offset:])
+        return correlation_id, message
     except (ValueError, TypeError, KeyError, _Invalid, msgpack.UnpackException):
         return Status.BADMSG
+
+
+_STORE_TYPE_ID = int(MessageType.STORE)
+_STORE_FIELDS_COUNT = len(_FIELDS[Store])
+_UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+"""msgpack's uint8/16/32/64 markers and how many bytes follow them."""
+
+
+def _fields_offset(body: bytes) -> int | None:
+    """Where the field array starts in a decoded frame body shaped as ``encode_parts`` makes
+    it (fixarray of 3, fixint type, unsigned correlation id); None for any other shape (legal,
+    but then the fields are not cut out)."""
+    if len(body) < 3 or body[0] != 0x93 or body[1] >= 0x80:
+        return None
+    marker = body[2]
+    if marker < 0x80:
+        return 3
+    size = _UINT_BYTES.get(marker)
+    return None if size is None else 3 + size

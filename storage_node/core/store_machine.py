@@ -90,9 +90,10 @@ class LogStorageState:
 _EMPTY = LogStorageState()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class StoreDecision:
-    """What to do with one STORE.
+    """What to do with one STORE (never changed once built; not frozen because one is built
+    per STORE, and a frozen dataclass's ``__init__`` costs about four times as much).
 
     ``status`` OK: persist the STORE, then reply ``Stored(OK)``. Any other status: send
     ``reply`` at once. ``release_lsn``, when set, is a release pointer that advanced and must be

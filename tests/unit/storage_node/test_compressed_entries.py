@@ -18,6 +18,7 @@ from shared.compression import Codec, compress_batch
 from shared.read_merge import NodeAnswer, expand_blocks, merge
 from shared.status import Status
 from shared.types import Epoch, Esn, Lsn
+from shared.wire import codec as wire_codec
 from shared.wire.read import ReadReply
 from shared.wire.recovery import Digest, GetDigest
 from shared.wire.store import RecordFlags, Store, payloads_checksum, recovery_wave
@@ -208,9 +209,10 @@ def test_entry_round_trips_and_the_scan_indexes_its_range() -> None:
     meta = scan.entries[0].entry
     assert isinstance(meta, StoreMeta)
     assert (meta.first_lsn, meta.last_lsn) == (lsn(1, 2), lsn(1, 101))
-    copies = decode_store_records(memoryview(entry)[HEADER_BYTES:])
+    copies = decode_store_records(EntryType.STORE_FIELDS, memoryview(entry)[HEADER_BYTES:])
     assert copies is not None and [r[3] for r in copies.records] == LINES
-    block = decode_store_records(memoryview(entry)[HEADER_BYTES:], expand=False)
+    block = decode_store_records(EntryType.STORE_FIELDS, memoryview(entry)[HEADER_BYTES:],
+                                 expand=False)
     assert block is not None and block.records == [] and block.count == 100
 
 
@@ -220,10 +222,11 @@ def test_entry_round_trips_and_the_scan_indexes_its_range() -> None:
                 min_size=10, max_size=14))
 def test_fuzz_store_bodies_never_raise(fields: list[object]) -> None:
     body = msgpack.packb(fields, use_bin_type=True)
-    decode_meta(EntryType.STORE, body)
-    copies = decode_store_records(body)
-    assert copies is None or isinstance(copies.records, list)
-    decode_store_records(body, expand=False)
+    for entry_type in (EntryType.STORE, EntryType.STORE_FIELDS):
+        decode_meta(entry_type, body)
+        copies = decode_store_records(entry_type, body)
+        assert copies is None or isinstance(copies.records, list)
+        decode_store_records(entry_type, body, expand=False)
 
 
 @settings(max_examples=100, deadline=None)
@@ -233,6 +236,21 @@ def test_fuzz_compressed_fields_of_a_valid_entry(codec: int, count: int, blob: b
     body = msgpack.packb(fields, use_bin_type=True)
     meta = decode_meta(EntryType.STORE, body)
     assert meta is None or codec in (1, 2)
-    copies = decode_store_records(body)
+    copies = decode_store_records(EntryType.STORE, body)
     # Random bytes never expand to a batch; a bad codec or count is refused before trying.
     assert copies is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 3), st.integers(-1, 200), st.binary(max_size=300))
+def test_fuzz_compressed_fields_of_a_store_fields_entry(codec: int, count: int,
+                                                        blob: bytes) -> None:
+    """The same for the STORE_FIELDS layout (the STORE's own fields, as received)."""
+    store = dataclasses.replace(make_store(lsn(1, 1), (blob,)), compression=codec,
+                                records=max(count, 0))
+    body = wire_codec.encode_fields(store)
+    meta = decode_meta(EntryType.STORE_FIELDS, body)
+    assert meta is None or codec in (1, 2) or codec == 0
+    copies = decode_store_records(EntryType.STORE_FIELDS, body)
+    if codec:
+        assert copies is None

@@ -4,6 +4,7 @@ rebuilding exactly the same state, reads racing with compaction, retention by ag
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 from collections.abc import AsyncIterator
@@ -57,7 +58,7 @@ def big(log_id: LogId, esn: int, *, timestamp_ms: int = T0_MS, release_esn: int 
 
 
 def _fields(message: Store) -> dict[str, Any]:
-    return {name: getattr(message, name) for name in message.__dataclass_fields__}
+    return {f.name: getattr(message, f.name) for f in dataclasses.fields(message) if f.init}
 
 
 def reclaim_config(**overrides: Any) -> StorageConfig:
