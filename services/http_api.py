@@ -68,7 +68,7 @@ BodyParser = Callable[[dict[str, Any], MediaType, ApiConfig], T | Rejection]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Edge:
+class Edge:
     """Everything a handler needs besides the service."""
 
     api: ApiConfig
@@ -79,7 +79,9 @@ class _Edge:
 
 
 SERVICE_KEY = web.AppKey[LogService]("log_service")
-_EDGE_KEY = web.AppKey("http_edge", _Edge)
+EDGE_KEY = web.AppKey("http_edge", Edge)
+"""The edge settings and metrics of an API app, which the lean edge (``services.http_edge``)
+shares."""
 
 
 _MEDIA_CACHED_MAX = 256
@@ -90,7 +92,12 @@ header values over and over, and negotiating costs more than a dictionary lookup
 
 def _media(request: web.Request) -> MediaType:
     headers = request.headers
-    key = (headers.get("Accept"), headers.get("Content-Type"))
+    return answer_media(headers.get("Accept"), headers.get("Content-Type"))
+
+
+def answer_media(accept: str | None, content_type: str | None) -> MediaType:
+    """``response_media_type``, remembered for the header values clients repeat."""
+    key = (accept, content_type)
     media = _media_cache.get(key)
     if media is None:
         media = response_media_type(*key)
@@ -122,7 +129,7 @@ def _error(
     body = {"status": status.name, "message": message or status.description}
     response = _answer(request, body, code=code or http_code(status), sequencer=sequencer)
     if wants_retry_after(status):
-        response.headers["Retry-After"] = str(request.app[_EDGE_KEY].api.retry_after_s)
+        response.headers["Retry-After"] = str(request.app[EDGE_KEY].api.retry_after_s)
     return response
 
 
@@ -130,7 +137,7 @@ def _rejected(request: web.Request, rejection: Rejection) -> web.Response:
     return _error(request, rejection.status, rejection.message)
 
 
-async def _read_body(request: web.Request, edge: _Edge) -> bytes | Rejection:
+async def _read_body(request: web.Request, edge: Edge) -> bytes | Rejection:
     size_max = edge.api.request_bytes_max
     too_big = Rejection(Status.TOOBIG, f"request body over request_bytes_max={size_max}")
     if request.content_length is not None and request.content_length > size_max:
@@ -153,7 +160,7 @@ async def _read_body(request: web.Request, edge: _Edge) -> bytes | Rejection:
 async def _body_request(
     request: web.Request, parse: BodyParser[T]
 ) -> tuple[LogId, T] | web.Response:
-    edge = request.app[_EDGE_KEY]
+    edge = request.app[EDGE_KEY]
     log_id = parse_log_id(request.match_info["log_id"])
     if isinstance(log_id, Rejection):
         return _rejected(request, log_id)
@@ -236,7 +243,7 @@ async def on_append_batch(request: web.Request) -> web.StreamResponse:
     return _answer(request, doc, sequencer=outcome.sequencer_node)
 
 
-def _read_doc(outcome: ReadOutcome) -> dict[str, Any]:
+def read_doc(outcome: ReadOutcome) -> dict[str, Any]:
     return {
         "records": [
             {"lsn": r.lsn, "timestamp_ms": r.timestamp_ms, "payload": r.payload, "key": r.key}
@@ -249,7 +256,7 @@ def _read_doc(outcome: ReadOutcome) -> dict[str, Any]:
 
 
 async def on_records(request: web.Request) -> web.StreamResponse:
-    edge = request.app[_EDGE_KEY]
+    edge = request.app[EDGE_KEY]
     log_id = parse_log_id(request.match_info["log_id"])
     if isinstance(log_id, Rejection):
         return _rejected(request, log_id)
@@ -262,10 +269,10 @@ async def on_records(request: web.Request) -> web.StreamResponse:
     if outcome.status is not Status.OK:
         return _error(request, outcome.status, outcome.message)
     assert outcome.next_lsn >= params.from_lsn, outcome
-    return _answer(request, _read_doc(outcome))
+    return _answer(request, read_doc(outcome))
 
 
-def _tail_doc(outcome: TailOutcome) -> dict[str, Any]:
+def tail_doc(outcome: TailOutcome) -> dict[str, Any]:
     return {
         "release_lsn": outcome.release_lsn,
         "trim_lsn": outcome.trim_lsn,
@@ -281,7 +288,7 @@ async def on_tail(request: web.Request) -> web.StreamResponse:
     outcome = await request.app[SERVICE_KEY].tail(log_id)
     if outcome.status is not Status.OK:
         return _error(request, outcome.status, outcome.message, sequencer=outcome.sequencer_node)
-    return _answer(request, _tail_doc(outcome), sequencer=outcome.sequencer_node)
+    return _answer(request, tail_doc(outcome), sequencer=outcome.sequencer_node)
 
 
 async def on_find_time(request: web.Request) -> web.StreamResponse:
@@ -353,12 +360,12 @@ async def on_readyz(request: web.Request) -> web.StreamResponse:
 
 
 async def on_metrics(request: web.Request) -> web.StreamResponse:
-    text = generate_latest(request.app[_EDGE_KEY].registry)
+    text = generate_latest(request.app[EDGE_KEY].registry)
     return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def on_openapi(request: web.Request) -> web.StreamResponse:
-    body = request.app[_EDGE_KEY].openapi_json
+    body = request.app[EDGE_KEY].openapi_json
     return web.Response(body=body, content_type="application/json")
 
 
@@ -387,7 +394,7 @@ async def _edge_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Counts and times every request, turns router errors (404, 405) into JSON error bodies
     and any unexpected exception into a logged 500 ``INTERNAL``. One middleware, not two: each
     layer costs a coroutine frame per request."""
-    edge = request.app[_EDGE_KEY]
+    edge = request.app[EDGE_KEY]
     metrics = edge.metrics
     started_s = time.perf_counter()
     code = 500
@@ -430,7 +437,7 @@ def create_api_app(
         client_max_size=api.request_bytes_max,
     )
     app[SERVICE_KEY] = service
-    app[_EDGE_KEY] = _Edge(
+    app[EDGE_KEY] = Edge(
         api=api,
         registry=registry,
         metrics=HttpMetrics(registry),
