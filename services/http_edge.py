@@ -163,6 +163,25 @@ def _message_end(raw: bytes, count: int) -> int:
     return lo
 
 
+ROUTES_CACHED_MAX = 4096
+_routes_cache: dict[tuple[bytes, bytes], tuple[str | None, LogId | Rejection]] = {}
+"""``_route_of`` answers by (method, path): clients send to the same few logs over and over."""
+
+
+def _route_of(method: bytes, path: bytes) -> tuple[str | None, LogId | Rejection]:
+    """The hot route of a request and its parsed log id, or ``(None, ...)`` for aiohttp's."""
+    if not path.startswith(_LOGS_PREFIX) or b"%" in path:
+        return None, _NO_LOG
+    log_part, _, action = path[len(_LOGS_PREFIX):].partition(b"/")
+    route = _HOT_ROUTES.get((method, action)) if log_part else None
+    if route is None:
+        return None, _NO_LOG
+    return route, parse_log_id(log_part.decode("latin-1"))
+
+
+_NO_LOG = Rejection(Status.INVALID_PARAM, "no log id")
+
+
 class _Request:
     """One parsed request of a connection, from dispatch until its answer is written."""
 
@@ -318,7 +337,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._headers_count = 0
         self._route: str | None = None
-        self._log_part = b""
+        self._log_id: LogId | Rejection = _NO_LOG
         self._method = b""
         self._content_type: bytes | None = None
         self._accept: bytes | None = None
@@ -424,16 +443,18 @@ class _Connection(asyncio.Protocol):
     def _pick_route(self) -> None:
         """Which hot route the request is for; anything else goes to aiohttp."""
         method = self.parser.get_method()
-        url = self._url
-        path, _, _ = url.partition(b"?")
-        route = None
-        if path.startswith(_LOGS_PREFIX) and b"%" not in path:
-            log_part, _, action = path[len(_LOGS_PREFIX):].partition(b"/")
-            route = _HOT_ROUTES.get((method, action)) if log_part else None
-            self._log_part = log_part
+        path, _, _ = self._url.partition(b"?")
+        key = (method, path)
+        found = _routes_cache.get(key)
+        if found is None:
+            found = _route_of(method, path)
+            if len(_routes_cache) < ROUTES_CACHED_MAX:
+                _routes_cache[key] = found
+        route, log_id = found
         if route is None:
             self._hand_over()
         self._route = route
+        self._log_id = log_id
         self._method = method
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -510,7 +531,7 @@ class _Connection(asyncio.Protocol):
 
     def _dispatch(self, request: _Request) -> None:
         edge = self.edge
-        log_id = parse_log_id(self._log_part.decode("latin-1"))
+        log_id = self._log_id
         if isinstance(log_id, Rejection):
             request.rejected(log_id)
             return
