@@ -217,7 +217,7 @@ class _Request:
             b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
                 code, reason, media.encode("ascii"), len(body)),
             _date(), headers, b"Connection: close\r\n\r\n" if self.close else b"\r\n", body))
-        conn.flush()
+        conn.answered()
 
     def dropped(self) -> None:
         """The request was cancelled (its client went away, or the node shuts down)."""
@@ -332,6 +332,7 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._read_paused = False
+        self._flush_scheduled = False
         # The request being parsed.
         self._url = b""
         self._head_bytes = 0
@@ -592,8 +593,22 @@ class _Connection(asyncio.Protocol):
 
     # ---- answers, refusals, handover -----------------------------------------------------
 
+    def answered(self) -> None:
+        """An answer is ready. The only one queued is written at once; with more queued
+        (pipelining), the write waits for the end of this loop iteration, so that answers
+        completed together (one storage ack ends many appends) leave in one write."""
+        queue = self.queue
+        if not queue or queue[0].data is None:
+            return
+        if len(queue) == 1:
+            self.flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.edge.loop.call_soon(self.flush)
+
     def flush(self) -> None:
         """Write every answer at the head of the queue that is ready, in request order."""
+        self._flush_scheduled = False
         queue = self.queue
         if not queue or queue[0].data is None:
             return

@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 import httptools
 import orjson
 import pytest
+from aiohttp import web
 from http_fakes import API, BATCH, DEADLINE_S, FIRST_LSN, ApiClient, FakeLogService, serve
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from frontend.outcomes import AppendOutcome
-from services.http_edge import REQUEST_HEAD_BYTES_MAX
+from services import http_edge
+from services.http_api import create_api_app
+from services.http_edge import REQUEST_HEAD_BYTES_MAX, EdgeRunner
 from shared.status import Status
 from shared.types import LogId, Lsn
 
@@ -320,3 +324,82 @@ async def test_fuzzed_requests_never_get_5xx_and_leave_the_node_healthy(
         assert all(a.code < 500 for a in answers.done), (data, answers.done)
         async with client.get("/healthz") as resp:
             assert resp.status == 200
+
+
+@pytest.mark.parametrize("anchor_bytes_max", [http_edge.ANCHOR_BYTES_MAX, 100])
+async def test_handover_finds_the_request_boundary_in_trickled_pipelines(
+    client: ApiClient, fake: FakeLogService, monkeypatch: pytest.MonkeyPatch,
+    anchor_bytes_max: int,
+) -> None:
+    # Bytes arrive in small pieces, so reads end inside requests; with a small anchor bound
+    # the edge re-finds request boundaries as it goes. The handover must still start aiohttp
+    # exactly at the /healthz request.
+    monkeypatch.setattr(http_edge, "ANCHOR_BYTES_MAX", anchor_bytes_max)
+    data = b"".join(append(f"t{i}".encode()) for i in range(12)) + get("/healthz") + append(
+        b"last", extra="Connection: close\r\n")
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    answers = _Answers()
+    try:
+        for at in range(0, len(data), 13):
+            writer.write(data[at:at + 13])
+            await writer.drain()
+        async with asyncio.timeout(DEADLINE_S):
+            while chunk := await reader.read(65536):
+                answers.parser.feed_data(chunk)
+    finally:
+        writer.close()
+    assert [a.code for a in answers.done] == [200] * 14
+    assert answers.done[12].json() == {"status": "OK"}
+    assert [c.payloads[0] for c in fake.appends] == [
+        *(f"t{i}".encode() for i in range(12)), b"last"]
+
+
+def test_message_end_counts_whole_requests() -> None:
+    one, two = append(b"a"), get("/healthz")
+    raw = one + two + one[:10]
+    assert http_edge._message_end(raw, 0) == 0
+    assert http_edge._message_end(raw, 1) == len(one)
+    assert http_edge._message_end(raw, 2) == len(one) + len(two)
+
+
+async def test_idle_keep_alive_connections_are_closed(
+    client: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http_edge, "KEEPALIVE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(http_edge, "SWEEP_INTERVAL_S", 0.05)
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+
+
+async def test_graceful_shutdown_answers_in_flight_requests_and_closes_the_rest() -> None:
+    fake = FakeLogService()
+    app = create_api_app(fake, API, CollectorRegistry())
+    runner = EdgeRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site.port
+    loop = asyncio.get_running_loop()
+    idle = await asyncio.open_connection("127.0.0.1", port)
+    short = await asyncio.open_connection("127.0.0.1", port)
+    long = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        # Ends within the shutdown timeout: answered. Longer than it: cut.
+        short[1].write(get("/v1/logs/7/records?from=1&wait_ms=200"))
+        long[1].write(get("/v1/logs/7/records?from=1&wait_ms=1900"))
+        async with asyncio.timeout(DEADLINE_S):
+            while fake.waiters_count < 2:
+                await asyncio.sleep(0.01)
+            started_s = loop.time()
+            await runner.cleanup()
+            assert loop.time() - started_s < 1.5
+            assert await idle[0].read() == b""
+            assert (await short[0].read()).startswith(b"HTTP/1.1 200 OK")
+            assert await long[0].read() == b""
+    finally:
+        for _, writer in (idle, short, long):
+            writer.close()
