@@ -393,6 +393,7 @@ async def test_graceful_shutdown_answers_in_flight_requests_and_closes_the_rest(
         long[1].write(get("/v1/logs/7/records?from=1&wait_ms=1900"))
         async with asyncio.timeout(DEADLINE_S):
             while fake.waiters_count < 2:
+                assert short[1].transport is not None  # poll for the state, bounded above
                 await asyncio.sleep(0.01)
             started_s = loop.time()
             await runner.cleanup()
