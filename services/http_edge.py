@@ -359,7 +359,7 @@ class _Connection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.idle_since_s = self.edge.loop.time()
-        self.edge.lean_connections.add(self)
+        self.edge.track(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -387,8 +387,12 @@ class _Connection(asyncio.Protocol):
         self._chunks_bytes += len(data)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserCallbackError:
-            pass  # a callback stopped parsing and said why (a handover, a refusal, a close)
+        except httptools.HttpParserCallbackError as exc:
+            # A callback stopped parsing and said why (a handover, a refusal, a close), or
+            # failed: a bug, answered like any other unexpected error.
+            if not self._closing and self._handover is None:
+                logger.error("unhandled error parsing a request", exc_info=exc.__context__)
+                self._refuse(Status.INTERNAL, "internal error; the outcome is unknown")
         except httptools.HttpParserError as exc:
             self._refuse(Status.BADMSG, f"malformed HTTP request: {exc}"[:300], code=400)
         if self._closing or self._handover is not None:
@@ -474,7 +478,7 @@ class _Connection(asyncio.Protocol):
             self._no_forward = value.strip().lower() in _TRUE_VALUES
         elif name == b"content-length":
             # llhttp has checked the digits; an absurd length is refused like any too big one.
-            self._content_length = int(value) if len(value) <= 20 else 2**64
+            self._content_length = int(value) if len(value) <= 20 and value.isdigit() else 2**64
         elif name == b"expect":
             self._expect = value.strip().lower() == b"100-continue"
 
@@ -781,10 +785,13 @@ class EdgeServer(web.Server):
         self._shutting_down = False
 
     def __call__(self) -> _Connection:  # type: ignore[override]
-        self._all_closed.clear()
         if self._sweeper is None and not self._shutting_down:
             self._sweeper = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
         return _Connection(self)
+
+    def track(self, conn: _Connection) -> None:
+        self.lean_connections.add(conn)
+        self._all_closed.clear()
 
     def forget(self, conn: _Connection) -> None:
         self.lean_connections.discard(conn)

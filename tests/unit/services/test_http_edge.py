@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -404,3 +405,16 @@ async def test_graceful_shutdown_answers_in_flight_requests_and_closes_the_rest(
     finally:
         for _, writer in (idle, short, long):
             writer.close()
+
+
+async def test_a_failing_parser_callback_is_a_logged_500_not_a_stuck_connection(
+    client: ApiClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(self: object, body: bytes) -> None:
+        raise RuntimeError("bug in on_body")
+
+    monkeypatch.setattr(http_edge._Connection, "on_body", broken)
+    with caplog.at_level(logging.ERROR, logger="services.http_edge"):
+        answers = await exchange(client.port, append(b"x"), 1, expect_close=True)
+    assert (answers[0].code, answers[0].json()["status"]) == (500, "INTERNAL")  # type: ignore[index]
+    assert "bug in on_body" in caplog.text
