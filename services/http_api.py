@@ -10,8 +10,10 @@ refused before reading, and a chunked body is refused as soon as it grows past t
 that does not arrive within ``body_read_timeout_ms`` is refused too, so a stalled client
 cannot hold a handler forever. Either way the connection is closed after the answer.
 
-Lifecycle: ``create_api_app`` builds the app; the caller runs it (``AppRunner``) and owns the
-service's lifetime.
+Lifecycle: ``create_api_app`` builds the app; the caller runs it and owns the service's
+lifetime. A node runs it behind the lean edge (``services.http_edge.EdgeRunner``), which
+serves the hot routes itself and hands every other connection to this app; the app still
+serves every route, so it also answers hot routes on connections handed to it.
 """
 
 from __future__ import annotations
