@@ -15,8 +15,9 @@ there. The answers, headers, metrics (``HttpMetrics``, same route labels), size 
 timeout are the same on both paths; both read the settings of the API app (``EDGE_KEY``).
 
 Bounds: request head (URL and headers) ``REQUEST_HEAD_BYTES_MAX`` and ``HEADERS_COUNT_MAX``
-(431), body ``ApiConfig.request_bytes_max`` (413, Content-Length checked before reading,
-chunked bodies as they grow), a request not complete within ``body_read_timeout_ms`` (400),
+(400 ``BADMSG``, as aiohttp answers over-long header lines), body
+``ApiConfig.request_bytes_max`` (413, Content-Length checked before reading, chunked bodies
+as they grow), a request not complete within ``body_read_timeout_ms`` (400),
 ``PIPELINED_MAX`` parsed requests waiting for their answers per connection (reading pauses
 past it), idle keep-alive connections closed after ``KEEPALIVE_TIMEOUT_S``. A malformed
 request is answered 400 and its connection closed after the earlier answers.
@@ -77,7 +78,7 @@ from shared.types import LogId
 logger = logging.getLogger(__name__)
 
 REQUEST_HEAD_BYTES_MAX = 16 * 1024
-"""Longest request line plus headers the lean path parses (431 past it)."""
+"""Longest request line plus headers the lean path parses (400 past it)."""
 HEADERS_COUNT_MAX = 128
 PIPELINED_MAX = 256
 """Requests of one connection parsed and not yet answered; reading pauses past it."""
@@ -104,7 +105,7 @@ _TRUE_VALUES = frozenset({b"1", b"true", b"yes"})
 _REASONS: dict[int, bytes] = {
     200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 404: b"Not Found",
     409: b"Conflict", 413: b"Payload Too Large", 429: b"Too Many Requests",
-    431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
+    500: b"Internal Server Error",
     503: b"Service Unavailable", 504: b"Gateway Timeout",
 }
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -669,8 +670,8 @@ class _Connection(asyncio.Protocol):
             return "OTHER"
 
     def _head_too_big(self) -> None:
-        self._refuse(Status.TOOBIG, f"request head over {REQUEST_HEAD_BYTES_MAX} bytes or "
-                     f"{HEADERS_COUNT_MAX} headers", code=431, route=self._route)
+        self._refuse(Status.BADMSG, f"request head over {REQUEST_HEAD_BYTES_MAX} bytes or "
+                     f"{HEADERS_COUNT_MAX} headers", route=self._route)
         raise _Stop
 
     def _timed_out(self) -> None:
