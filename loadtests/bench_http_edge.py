@@ -74,7 +74,7 @@ async def bench(args: argparse.Namespace, edge: str) -> dict[str, object]:
     site = web.TCPSite(runner, "127.0.0.1", args.port)
     await site.start()
     env = dict(os.environ, SEQLOG_LOG="1", SEQLOG_SIZE=str(args.size),
-               SEQLOG_BATCH=str(args.batch))
+               SEQLOG_BATCH=str(args.batch), SEQLOG_PIPELINE=str(args.pipeline))
     try:
         cpu0_s, t0_s = _cpu_s(), time.perf_counter()
         wrk = await asyncio.create_subprocess_exec(
@@ -91,7 +91,7 @@ async def bench(args: argparse.Namespace, edge: str) -> dict[str, object]:
     requests = int(lines[0].split()[0])
     return {"bench": "seqlog_http_edge", "edge": edge, "connections": args.connections,
             "size": args.size,
-            "batch": args.batch, "requests": requests,
+            "batch": args.batch, "pipeline": args.pipeline, "requests": requests,
             "requests_per_s": round(requests / elapsed_s),
             "server_cpu_us_per_request": round(cpu_s / max(requests, 1) * 1e6, 1),
             "server_cpu_util": round(cpu_s / elapsed_s, 2)}
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--port", type=int, default=17999)
+    p.add_argument("--pipeline", type=int, default=1,
+                   help="requests each wrk connection writes back to back")
     p.add_argument("--edge", choices=("lean", "aiohttp", "both"), default="both")
     args = p.parse_args(argv)
     if shutil.which("wrk") is None:

@@ -334,6 +334,8 @@ class _Connection(asyncio.Protocol):
         self._write_paused = False
         self._read_paused = False
         self._flush_scheduled = False
+        self._feeding = False
+        """Inside ``feed_data``: answers made now are written once it returns."""
         # The request being parsed.
         self._url = b""
         self._head_bytes = 0
@@ -386,6 +388,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since_s = None
         self._chunks.append(data)
         self._chunks_bytes += len(data)
+        self._feeding = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -396,6 +399,11 @@ class _Connection(asyncio.Protocol):
                 self._refuse(Status.INTERNAL, "internal error; the outcome is unknown")
         except httptools.HttpParserError as exc:
             self._refuse(Status.BADMSG, f"malformed HTTP request: {exc}"[:300], code=400)
+        finally:
+            self._feeding = False
+        # Answers made while parsing (refusals, instant outcomes) leave in one write.
+        if self.queue and self.queue[0].data is not None:
+            self.flush()
         if self._closing or self._handover is not None:
             return
         if not self._in_message:
@@ -599,11 +607,12 @@ class _Connection(asyncio.Protocol):
     # ---- answers, refusals, handover -----------------------------------------------------
 
     def answered(self) -> None:
-        """An answer is ready. The only one queued is written at once; with more queued
-        (pipelining), the write waits for the end of this loop iteration, so that answers
-        completed together (one storage ack ends many appends) leave in one write."""
+        """An answer is ready. The only one queued is written at once (or, while parsing,
+        once the bytes read are parsed); with more queued (pipelining), the write waits for the
+        end of this loop iteration, so that answers completed together (one storage ack ends
+        many appends) leave in one write."""
         queue = self.queue
-        if not queue or queue[0].data is None:
+        if self._feeding or not queue or queue[0].data is None:
             return
         if len(queue) == 1:
             self.flush()
