@@ -135,6 +135,54 @@ def _date() -> bytes:
     return _date_line
 
 
+_media_cache: dict[tuple[bytes | None, bytes | None], MediaType] = {}
+_body_media_cache: dict[bytes | None, MediaType | Rejection] = {}
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+def _answer_media(accept: bytes | None, content_type: bytes | None) -> MediaType:
+    """``answer_media`` by the raw header values (clients repeat the same few)."""
+    key = (accept, content_type)
+    media = _media_cache.get(key)
+    if media is None:
+        media = answer_media(_text(accept), _text(content_type))
+        if len(_media_cache) < ROUTES_CACHED_MAX and all(
+                v is None or len(v) <= 200 for v in key):
+            _media_cache[key] = media
+    return media
+
+
+def _body_media(content_type: bytes | None) -> MediaType | Rejection:
+    """``body_media_type`` by the raw Content-Type value."""
+    media = _body_media_cache.get(content_type)
+    if media is None:
+        media = body_media_type(_text(content_type))
+        if len(_body_media_cache) < ROUTES_CACHED_MAX and (
+                content_type is None or len(content_type) <= 200):
+            _body_media_cache[content_type] = media
+    return media
+
+
+_heads: dict[tuple[int, str], bytes] = {}
+"""Status line and Content-Type of each (code, media type) answered so far (a handful)."""
+_sequencer_headers: dict[str, bytes] = {}
+
+
+def _sequencer_header(node: str | None) -> bytes:
+    """The ``X-Seqlog-Sequencer`` header line naming ``node`` (one per node of the cluster)."""
+    if node is None:
+        return b""
+    line = _sequencer_headers.get(node)
+    if line is None:
+        line = b"%s: %s\r\n" % (SEQUENCER_HEADER.encode(), node.encode("latin-1", "replace"))
+        if len(_sequencer_headers) < ROUTES_CACHED_MAX:
+            _sequencer_headers[node] = line
+    return line
+
+
 def _message_end(raw: bytes, count: int) -> int:
     """Where the ``count``-th complete request in ``raw`` ends (``raw`` starts at a request
     boundary): the shortest prefix a fresh parser completes ``count`` requests in. Only a
@@ -213,11 +261,13 @@ class _Request:
         edge.metrics.observe(self.route, self.method,
                              code if not conn.lost else CLIENT_CLOSED_CODE,
                              time.perf_counter() - self.started_s)
-        reason = _REASONS.get(code, b"Unknown")
+        head = _heads.get((code, media))
+        if head is None:
+            head = _heads[(code, media)] = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n" % (
+                code, _REASONS.get(code, b"Unknown"), media.encode("ascii"))
         self.data = b"".join((
-            b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n" % (
-                code, reason, media.encode("ascii"), len(body)),
-            _date(), headers, b"Connection: close\r\n\r\n" if self.close else b"\r\n", body))
+            head, b"Content-Length: %d\r\n" % len(body), _date(), headers,
+            b"Connection: close\r\n\r\n" if self.close else b"\r\n", body))
         conn.answered()
 
     def dropped(self) -> None:
@@ -248,9 +298,7 @@ class _Request:
 
     def on_appended(self, outcome: AppendOutcome) -> None:
         try:
-            sequencer = (b"" if outcome.sequencer_node is None else
-                         b"%s: %s\r\n" % (SEQUENCER_HEADER.encode(),
-                                          outcome.sequencer_node.encode("latin-1", "replace")))
+            sequencer = _sequencer_header(outcome.sequencer_node)
             if outcome.status is not Status.OK:
                 self._append_failed(outcome, sequencer)
             elif self.route is ROUTE_APPEND:
@@ -300,9 +348,7 @@ class _Request:
             return
         try:
             outcome = task.result()
-            sequencer = (b"" if outcome.sequencer_node is None else
-                         b"%s: %s\r\n" % (SEQUENCER_HEADER.encode(),
-                                          outcome.sequencer_node.encode("latin-1", "replace")))
+            sequencer = _sequencer_header(outcome.sequencer_node)
             if outcome.status is not Status.OK:
                 self.error(outcome.status, outcome.message, headers=sequencer)
             else:
@@ -523,9 +569,7 @@ class _Connection(asyncio.Protocol):
             self._timer = None
         route = self._route
         assert route is not None
-        media = answer_media(
-            None if self._accept is None else self._accept.decode("latin-1"),
-            None if self._content_type is None else self._content_type.decode("latin-1"))
+        media = _answer_media(self._accept, self._content_type)
         request = _Request(self, route, self._method.decode("ascii"), media, self._url,
                            self._started_s, not self._keep_alive)
         self.edge.metrics.in_flight += 1
@@ -551,9 +595,7 @@ class _Connection(asyncio.Protocol):
             return
         route = request.route
         if route is ROUTE_APPEND or route is ROUTE_APPEND_BATCH:
-            content_type = (None if self._content_type is None
-                            else self._content_type.decode("latin-1"))
-            body_media = body_media_type(content_type)
+            body_media = _body_media(self._content_type)
             if isinstance(body_media, Rejection):
                 request.rejected(body_media)
                 return

@@ -418,3 +418,17 @@ async def test_a_failing_parser_callback_is_a_logged_500_not_a_stuck_connection(
         answers = await exchange(client.port, append(b"x"), 1, expect_close=True)
     assert (answers[0].code, answers[0].json()["status"]) == (500, "INTERNAL")  # type: ignore[index]
     assert "bug in on_body" in caplog.text
+
+
+async def test_lean_routes_are_counted_in_the_same_metrics(client: ApiClient) -> None:
+    data = (append(b"m") + get("/v1/logs/7/tail") + get("/v1/logs/7/records?from=1")
+            + get("/v1/logs/x/records") + get("/metrics", "Connection: close\r\n"))
+    answers = await exchange(client.port, data, 5, expect_close=True)
+    assert [a.code for a in answers] == [200, 200, 200, 400, 200]
+    text = answers[4].body.decode()
+    for route, code in (("append", 200), ("tail", 200), ("records", 200), ("records", 400)):
+        method = "POST" if route == "append" else "GET"
+        line = (f'seqlog_http_requests_total{{code="{code}",method="{method}",'
+                f'route="/v1/logs/{{log_id}}/{route}"}} 1.0')
+        assert line in text, line
+    assert "seqlog_http_requests_in_flight 1.0" in text
