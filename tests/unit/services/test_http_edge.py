@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -432,3 +433,36 @@ async def test_lean_routes_are_counted_in_the_same_metrics(client: ApiClient) ->
                 f'route="/v1/logs/{{log_id}}/{route}"}} 1.0')
         assert line in text, line
     assert "seqlog_http_requests_in_flight 1.0" in text
+
+
+_PIPELINE = [
+    (append(b"a"), 200), (get("/healthz"), 200), (get("/v1/logs/7/tail"), 200),
+    (append(b"b"), 200), (get("/v1/logs/x/tail"), 400), (get("/v1/nope"), 404),
+    (get("/v1/logs/7/records?from=1"), 200),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    order=st.lists(st.integers(0, len(_PIPELINE) - 1), min_size=1, max_size=8),
+    cuts=st.lists(st.integers(1, 2000), max_size=12),
+)
+async def test_any_split_of_a_pipeline_gets_the_same_answers_in_order(
+    order: list[int], cuts: list[int],
+) -> None:
+    requests = [_PIPELINE[i] for i in order]
+    data = b"".join(r for r, _ in requests) + get("/healthz", "Connection: close\r\n")
+    points = sorted({c % len(data) for c in cuts} | {0, len(data)})
+    async with serve(FakeLogService()) as client:
+        reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+        answers = _Answers()
+        try:
+            for lo, hi in itertools.pairwise(points):
+                writer.write(data[lo:hi])
+                await writer.drain()
+            async with asyncio.timeout(DEADLINE_S):
+                while chunk := await reader.read(65536):
+                    answers.parser.feed_data(chunk)
+        finally:
+            writer.close()
+    assert [a.code for a in answers.done] == [code for _, code in requests] + [200]
