@@ -122,12 +122,15 @@ class LogService(Protocol):
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
         producer: tuple[str, int] | None = None, no_forward: bool = False,
+        compression: int = 0, records: int = 0,
     ) -> AppendOutcome:
         """Append one record (one payload) or an atomic batch (several payloads, consecutive
         LSNs in one epoch, request order). With ``no_forward`` a node that does not sequence
         the log answers with ``redirect_http`` instead of forwarding. ``producer``
         (``(producer_id, producer_seq)``) makes it idempotent: a retry gets the original
-        LSNs (``sequencer.core.producers``)."""
+        LSNs (``sequencer.core.producers``). ``compression``: ``payloads`` is ``(blob,)``, a
+        compressed batch of ``records`` records (``shared.compression``) that the caller
+        validated (``shared.compression.decompress_batch``); one LSN per record."""
         ...
 
     async def read(

@@ -29,7 +29,8 @@ class AppendAnswer(Protocol):
 
 class LocalSequencer(Protocol):
     async def append(self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-                     producer: tuple[str, int] | None = None) -> AppendAnswer: ...
+                     producer: tuple[str, int] | None = None, *, compression: int = 0,
+                     records: int = 0) -> AppendAnswer: ...
 
     def is_active(self, log_id: LogId) -> bool: ...
 

@@ -34,6 +34,7 @@ from frontend.outcomes import (
     TailOutcome,
 )
 from frontend.ports import LocalSequencer, MembershipView
+from shared.compression import check_batch, check_batch_header
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.limits import (
@@ -136,8 +137,10 @@ class FrontEnd:
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
         producer: tuple[str, int] | None = None, no_forward: bool = False,
+        compression: int = 0, records: int = 0,
     ) -> AppendOutcome:
-        """``producer``: ``(producer_id, producer_seq)`` of an idempotent append."""
+        """``producer``: ``(producer_id, producer_seq)`` of an idempotent append.
+        ``compression``/``records``: a validated compressed batch (``LogService.append``)."""
         if no_forward:
             owner = self.owner(log_id)
             if owner is not None and owner != self.node_id:
@@ -148,11 +151,12 @@ class FrontEnd:
                     redirect_http=node.http_address,
                     message=f"node {self.node_id} does not sequence log {log_id}; "
                             f"its sequencer is {owner} ({node.http_address})")
-        return await self._append(log_id, payloads, key, producer, hops=0)
+        return await self._append(log_id, payloads, key, producer, hops=0,
+                                  compression=compression, records=records)
 
     async def _append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        producer: tuple[str, int] | None, hops: int,
+        producer: tuple[str, int] | None, hops: int, compression: int = 0, records: int = 0,
     ) -> AppendOutcome:
         owner = self.owner(log_id)
         if owner is None:
@@ -166,21 +170,27 @@ class FrontEnd:
             if self.sequencer is None:
                 return AppendOutcome(status=Status.NOSEQUENCER,
                                      message=f"node {self.node_id} has no sequencer role")
-            r = await self.sequencer.append(log_id, payloads, key, producer)
+            if compression:
+                r = await self.sequencer.append(log_id, payloads, key, producer,
+                                                compression=compression, records=records)
+            else:
+                r = await self.sequencer.append(log_id, payloads, key, producer)
             return AppendOutcome(status=r.status, first_lsn=r.first_lsn, last_lsn=r.last_lsn,
                                  timestamp_ms=r.timestamp_ms, sequencer_node=self.node_id,
                                  message=r.message)
-        return await self._forward(owner, log_id, payloads, key, producer, hops)
+        return await self._forward(owner, log_id, payloads, key, producer, hops,
+                                   compression, records)
 
     async def _forward(
         self, owner: NodeId, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        producer: tuple[str, int] | None, hops: int,
+        producer: tuple[str, int] | None, hops: int, compression: int = 0, records: int = 0,
     ) -> AppendOutcome:
         timeout_ms = self.config.sequencer.append_timeout_ms + 1_000
         producer_id, producer_seq = producer if producer is not None else (None, 0)
         reply = await self.pool.call(
             owner, Append(log_id=log_id, payloads=payloads, key=key, hops=hops + 1,
-                          producer_id=producer_id, producer_seq=producer_seq), timeout_ms)
+                          producer_id=producer_id, producer_seq=producer_seq,
+                          compression=compression, records=records), timeout_ms)
         if type(reply) is Appended:
             return AppendOutcome(status=reply.status, first_lsn=reply.first_lsn,
                                  last_lsn=reply.last_lsn, timestamp_ms=reply.timestamp_ms,
@@ -203,11 +213,27 @@ class FrontEnd:
         payloads, key = message.payloads, message.key
         if not log_id_valid(message.log_id) or not payloads:
             return Status.BADMSG
-        if len(payloads) > api.batch_records_max:
+        if message.compression or message.records:
+            if len(payloads) != 1 or type(payloads[0]) is not bytes:
+                return Status.BADMSG
+            if message.hops == 0:
+                # It enters the cluster here (a client's APPEND): expanded once, in full.
+                status = check_batch(payloads[0], message.compression, message.records,
+                                     records_max=api.batch_records_max,
+                                     payload_bytes_max=api.payload_bytes_max,
+                                     bytes_max=api.request_bytes_max)
+            else:
+                # A peer forwards what its edge expanded: the cheap header check suffices.
+                status = check_batch_header(payloads[0], message.compression,
+                                            message.records, records_max=api.batch_records_max,
+                                            bytes_max=api.request_bytes_max)
+            if status is not Status.OK:
+                return status
+        elif len(payloads) > api.batch_records_max:
             return Status.TOOBIG
-        if any(type(p) is not bytes for p in payloads):
+        elif any(type(p) is not bytes for p in payloads):
             return Status.BADMSG
-        if any(len(p) > api.payload_bytes_max for p in payloads):
+        elif any(len(p) > api.payload_bytes_max for p in payloads):
             return Status.TOOBIG
         if key is not None and len(key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
             return Status.BADMSG
@@ -229,7 +255,7 @@ class FrontEnd:
             producer = (None if message.producer_id is None
                         else (message.producer_id, message.producer_seq))
             r = await self._append(message.log_id, message.payloads, message.key, producer,
-                                   message.hops)
+                                   message.hops, message.compression, message.records)
             reply(Appended(status=r.status, log_id=message.log_id, first_lsn=r.first_lsn,
                            last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
                            sequencer_node=r.sequencer_node, message=r.message))

@@ -133,10 +133,12 @@ class SequencerRuntime:
 
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        producer: tuple[str, int] | None = None,
+        producer: tuple[str, int] | None = None, *, compression: int = 0, records: int = 0,
     ) -> AppendResult:
         """Statuses: OK, SEQNOBUFS, NOSEQUENCER, NOTFOUND, TOOBIG, TIMEDOUT, SHUTDOWN; with
-        ``producer`` (``(producer_id, producer_seq)``) also STALE and NOTREADY."""
+        ``producer`` (``(producer_id, producer_seq)``) also STALE and NOTREADY.
+        ``compression``/``records``: ``payloads`` is one validated compressed batch
+        (``shared.compression``) of ``records`` records."""
         if self._closing:
             return AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
         request_id = self._next_request_id
@@ -146,7 +148,7 @@ class SequencerRuntime:
         self._waiters[request_id] = future
         self._expiries.append((loop.time() + self.config.append_timeout_ms / 1000, request_id))
         self._stage(log_id, PendingAppend(request_id, payloads, key, self.clock.wall_ms(),
-                                          producer))
+                                          producer, compression, records))
         try:
             reply = await future
         finally:
@@ -156,7 +158,8 @@ class SequencerRuntime:
 
     def _stage(self, log_id: LogId, pending: PendingAppend) -> None:
         group_key = (log_id, pending.key)
-        records, size = len(pending.payloads), sum(len(p) for p in pending.payloads)
+        # A compressed batch counts its records, and its blob's bytes (what a STORE carries).
+        records, size = pending.records_count, sum(len(p) for p in pending.payloads)
         staged_records, staged_size = self._staged_size.get(group_key, (0, 0))
         if staged_records and (
             staged_records + records > self.config.append_group_records_max

@@ -196,6 +196,10 @@ async def _run_append(request: web.Request, log_id: LogId, append: AppendRequest
     service = request.app[SERVICE_KEY]
     producer = (None if append.producer_id is None or append.producer_seq is None
                 else (append.producer_id, append.producer_seq))
+    if append.compression:
+        return await service.append(log_id, append.payloads, append.key, producer=producer,
+                                    no_forward=_no_forward(request),
+                                    compression=append.compression, records=append.records)
     if _no_forward(request):
         return await service.append(log_id, append.payloads, append.key, producer=producer,
                                     no_forward=True)
@@ -234,7 +238,7 @@ async def on_append_batch(request: web.Request) -> web.StreamResponse:
     outcome = await _run_append(request, log_id, append)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
-    count = len(append.payloads)
+    count = append.records_count
     assert outcome.first_lsn > 0 and outcome.last_lsn - outcome.first_lsn + 1 == count, outcome
     doc = {
         "first_lsn": outcome.first_lsn,

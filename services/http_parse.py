@@ -16,12 +16,13 @@ import base64
 import binascii
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
 import orjson
 
+from shared.compression import CODEC_NAMES, check_batch
 from shared.config import ApiConfig
 from shared.http_contract import JSON, MEDIA_TYPE_ALIASES, MSGPACK, MediaType
 from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX
@@ -53,6 +54,14 @@ class AppendRequest:
     key: str | None
     producer_id: str | None
     producer_seq: int | None
+    compression: int = 0
+    """A compressed batch (``shared.compression.Codec``): ``payloads`` is ``(blob,)``."""
+    records: int = 0
+    """With ``compression``: the batch's record count (checked by expanding it)."""
+
+    @property
+    def records_count(self) -> int:
+        return self.records if self.compression else len(self.payloads)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,7 +231,10 @@ def parse_append(
 def parse_append_batch(
     doc: dict[str, Any], media: MediaType, api: ApiConfig
 ) -> AppendRequest | Rejection:
-    """``{"payloads": [bytes, ...], ...}``: 1..``batch_records_max`` payloads."""
+    """``{"payloads": [bytes, ...], ...}``: 1..``batch_records_max`` payloads; or a compressed
+    batch (``parse_compressed_batch``)."""
+    if "compressed_payloads" in doc or "compression" in doc:
+        return parse_compressed_batch(doc, media, api)
     items = doc.get("payloads")
     if not isinstance(items, list):
         return Rejection(Status.BADMSG, "payloads must be a list")
@@ -240,6 +252,48 @@ def parse_append_batch(
             return payload
         payloads.append(payload)
     return _append_options(doc, tuple(payloads))
+
+
+def parse_compressed_batch(
+    doc: dict[str, Any], media: MediaType, api: ApiConfig
+) -> AppendRequest | Rejection:
+    """``{"compression": "lz4"|"zstd", "records": int, "compressed_payloads": bytes, ...}``
+    (docs/API-EXTENSIONS.md): the batch is expanded here, once, and must hold exactly
+    ``records`` payloads (1..``batch_records_max``, each within ``payload_bytes_max``, at
+    most ``request_bytes_max`` in all); it is passed on, and stored, compressed."""
+    name = doc.get("compression")
+    if not isinstance(name, str):
+        return Rejection(Status.BADMSG, 'compression must be "lz4" or "zstd"')
+    codec = CODEC_NAMES.get(name)
+    if codec is None:
+        return Rejection(Status.BADMSG,
+                         f'unknown compression {name[:40]!r}: send "lz4" or "zstd"')
+    records = doc.get("records")
+    if type(records) is not int:
+        return Rejection(Status.BADMSG, "records must be an integer")
+    if records < 1:
+        return Rejection(Status.INVALID_PARAM, "records must be at least 1")
+    if records > api.batch_records_max:
+        return Rejection(Status.TOOBIG,
+                         f"{records} records, over batch_records_max={api.batch_records_max}")
+    if "compressed_payloads" not in doc:
+        return Rejection(Status.BADMSG, "compressed_payloads is missing")
+    blob = _bytes_field(doc["compressed_payloads"], "compressed_payloads", media)
+    if isinstance(blob, Rejection):
+        return blob
+    status = check_batch(blob, codec, records, records_max=api.batch_records_max,
+                         payload_bytes_max=api.payload_bytes_max,
+                         bytes_max=api.request_bytes_max)
+    if status is Status.TOOBIG:
+        return Rejection(status, "a record of the batch is over "
+                                 f"payload_bytes_max={api.payload_bytes_max}")
+    if status is not Status.OK:
+        return Rejection(status, f"compressed_payloads is not a {name} batch of {records} "
+                                 f"payloads within request_bytes_max={api.request_bytes_max}")
+    options = _append_options(doc, (blob,))
+    if isinstance(options, Rejection):
+        return options
+    return replace(options, compression=int(codec), records=records)
 
 
 def parse_trim(doc: dict[str, Any], media: MediaType, api: ApiConfig) -> Lsn | Rejection:

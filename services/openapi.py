@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.http_parse import READ_LIMIT_DEFAULT
+from shared.compression import CODEC_NAMES
 from shared.config import ApiConfig
 from shared.http_contract import JSON, MSGPACK
 from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX
@@ -77,8 +78,24 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
                     "type": "array", "items": _ref("Bytes"),
                     "minItems": 1, "maxItems": api.batch_records_max,
                 },
+                "compression": {"type": "string", "enum": sorted(CODEC_NAMES)},
+                "records": _uint(api.batch_records_max, 1),
+                "compressed_payloads": _ref("Bytes"),
             },
-            "required": ["payloads"],
+            "oneOf": [
+                {"required": ["payloads"],
+                 "not": {"anyOf": [{"required": ["compression"]},
+                                   {"required": ["compressed_payloads"]}]}},
+                {"required": ["compression", "records", "compressed_payloads"]},
+            ],
+            "description": "Plain payloads, or a compressed batch (docs/API-EXTENSIONS.md): "
+                           "compressed_payloads is the msgpack array of the records' payloads "
+                           "compressed by one lz4 or zstd frame (with its content size), "
+                           f"holding exactly `records` payloads of at most "
+                           f"{api.payload_bytes_max} bytes each and at most "
+                           f"{api.request_bytes_max} bytes in all; it is stored compressed "
+                           "and read back as plain records, one LSN each. A blob that is not "
+                           "such a batch is 400 BADMSG, nothing written.",
         },
         "AppendResponse": _object({"lsn": _ref("Lsn"), "timestamp_ms": _uint()}),
         "AppendBatchResponse": _object({

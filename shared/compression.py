@@ -20,6 +20,7 @@ import lz4.frame
 import msgpack
 import zstandard
 
+from shared.limits import BATCH_RECORDS_MAX, COMPRESSED_BATCH_PLAIN_BYTES_MAX
 from shared.status import Status
 
 
@@ -99,3 +100,51 @@ def decompress_batch(blob: bytes, codec: int, records: int, *,
             or any(type(p) is not bytes for p in payloads)):
         return Status.BADMSG
     return payloads
+
+
+def check_batch(blob: bytes, codec: int, records: int, *, records_max: int,
+                payload_bytes_max: int, bytes_max: int) -> Status:
+    """The check where a compressed batch enters the cluster (an HTTP append-batch, a
+    client's APPEND): it is expanded once, so that everything downstream (sequencer, storage
+    nodes, readers) can take it as valid. TOOBIG for more than ``records_max`` records or a
+    record over ``payload_bytes_max``; BADMSG for anything that is not exactly ``records``
+    payloads within ``bytes_max`` plain bytes."""
+    if not 1 <= records <= min(records_max, BATCH_RECORDS_MAX):
+        return Status.TOOBIG if records > records_max else Status.BADMSG
+    payloads = decompress_batch(blob, codec, records,
+                                bytes_max=min(bytes_max, COMPRESSED_BATCH_PLAIN_BYTES_MAX))
+    if isinstance(payloads, Status):
+        return payloads
+    if max(map(len, payloads)) > payload_bytes_max:
+        return Status.TOOBIG
+    return Status.OK
+
+
+def check_batch_header(blob: bytes, codec: int, records: int, *, records_max: int,
+                       bytes_max: int) -> Status:
+    """The cheap check of a batch another node already expanded (``check_batch``): a known
+    codec, a record count in range, and a frame header announcing a plain size that fits."""
+    if codec not in (Codec.LZ4, Codec.ZSTD) or records < 1:
+        return Status.BADMSG
+    if records > min(records_max, BATCH_RECORDS_MAX):
+        return Status.TOOBIG
+    size = _content_size(blob, Codec(codec))
+    limit = min(bytes_max, COMPRESSED_BATCH_PLAIN_BYTES_MAX)
+    # Each payload takes at least one msgpack byte; the array adds at most 5 per record + 5.
+    if size is None or not records < size <= limit + 5 * records + 5:
+        return Status.BADMSG
+    return Status.OK
+
+
+def expand_stored(blob: bytes, codec: int, records: int) -> tuple[bytes, ...] | Status:
+    """The payloads of a batch a storage node holds (it was checked where it entered the
+    cluster; a stored blob that fails here is corruption, ``BADMSG``)."""
+    return decompress_batch(blob, codec, records, bytes_max=COMPRESSED_BATCH_PLAIN_BYTES_MAX)
+
+
+def plain_bytes(blob: bytes, codec: int) -> int:
+    """About how many payload bytes a batch holds (its frame header's content size, which
+    counts the msgpack framing too; the blob's own size if the header says nothing): what
+    limits on read bytes count, without expanding it."""
+    size = _content_size(blob, Codec(codec)) if codec in (Codec.LZ4, Codec.ZSTD) else None
+    return size if size is not None else len(blob)

@@ -11,6 +11,10 @@ PAYLOAD_BYTES_MAX_LIMIT = 32 * 1024 * 1024
 BATCH_RECORDS_MAX = 100_000
 """Most records one append-batch may carry."""
 
+COMPRESSED_BATCH_PLAIN_BYTES_MAX = 2 * PAYLOAD_BYTES_MAX_LIMIT
+"""Most payload bytes one compressed batch may expand to (the largest request body a plain
+batch may have): storage nodes and readers expand stored batches within this bound."""
+
 COPYSET_SIZE_MAX = 127
 NODESET_SIZE_MAX = 127
 KEY_BYTES_MAX = 4096

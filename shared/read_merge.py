@@ -19,8 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.compression import expand_stored
+from shared.status import Status
 from shared.types import ESN_MAX, Lsn, compose_lsn, lsn_to_epoch, lsn_to_esn
-from shared.wire.read import Marker, WireRecord
+from shared.wire.read import Block, Marker, WireRecord
 from shared.wire.store import RecordFlags, copy_precedence
 
 GapKind = Literal["HOLE", "BRIDGE", "TRIM", "DATALOSS"]
@@ -47,6 +49,34 @@ class Merged:
     records: list[WireRecord]
     gaps: list[Gap]
     next_lsn: Lsn
+
+
+BlockCache = dict[Block, tuple[WireRecord, ...]]
+"""Expanded blocks by the block itself: the copies of one batch that several nodes send are
+expanded once."""
+
+
+def expand_blocks(blocks: tuple[Block, ...], records: tuple[WireRecord, ...],
+                  cache: BlockCache | None = None) -> tuple[WireRecord, ...] | None:
+    """A node's records with its compressed blocks (``shared.wire.read.Block``) expanded into
+    per-LSN records, so that the merge sees plain records only; None when a block does not
+    expand to its records (the answer is then not used)."""
+    if not blocks:
+        return records
+    expanded = list(records)
+    for block in blocks:
+        first_lsn, timestamp_ms, key, codec, count, blob = block
+        block_records = cache.get(block) if cache is not None else None
+        if block_records is None:
+            payloads = expand_stored(blob, codec, count)
+            if isinstance(payloads, Status):
+                return None
+            block_records = tuple((first_lsn + i, timestamp_ms, key, payload)
+                                  for i, payload in enumerate(payloads))
+            if cache is not None:
+                cache[block] = block_records
+        expanded.extend(block_records)
+    return tuple(expanded)
 
 
 def f_majority(nodeset_size: int, replication: int) -> int:

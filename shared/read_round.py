@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shared.epoch_metadata import LogMetadata
-from shared.read_merge import Merged, NodeAnswer, f_majority, merge
+from shared.read_merge import BlockCache, Merged, NodeAnswer, expand_blocks, f_majority, merge
 from shared.status import Status
 from shared.types import (
     EPOCH_MAX,
@@ -92,7 +92,8 @@ class RoundResult:
 
 
 class ReadRound:
-    __slots__ = ("_answers", "_asked", "_bytes_max", "_failed", "_order", "_quorum_ms",
+    __slots__ = ("_answers", "_asked", "_blocks", "_bytes_max", "_failed", "_order",
+                 "_quorum_ms",
                  "_records_max", "_speculative_delay_ms", "_started_ms", "request", "span")
 
     def __init__(self, *, log_id: LogId, span: NodesetSpan, from_lsn: Lsn, release_lsn: Lsn,
@@ -114,6 +115,7 @@ class ReadRound:
         self._answers: dict[NodeId, NodeAnswer] = {}
         self._failed: dict[NodeId, Status] = {}
         self._quorum_ms: int | None = None
+        self._blocks: BlockCache = {}
 
     @property
     def needed(self) -> int:
@@ -146,8 +148,13 @@ class ReadRound:
         if node in self._answers or node in self._failed or node not in self._asked:
             return
         if type(reply) is ReadReply and reply.status is Status.OK:
+            # Compressed batches are expanded here: readers see plain per-LSN records.
+            records = expand_blocks(reply.blocks, reply.records, self._blocks)
+            if records is None:
+                self._failed[node] = Status.BADMSG
+                return
             self._answers[node] = NodeAnswer(
-                records=reply.records, next_lsn=reply.next_lsn, release_lsn=reply.release_lsn,
+                records=records, next_lsn=reply.next_lsn, release_lsn=reply.release_lsn,
                 markers=reply.markers, trim_lsn=reply.trim_lsn)
             if self._quorum_ms is None and len(self._answers) >= self.needed:
                 self._quorum_ms = now_ms

@@ -200,7 +200,7 @@ class RecordStore:
         queued, else the reason it was not (OVERLOADED, SHUTDOWN, NOTREADY, DISABLED) and
         ``done`` is never called."""
         estimate = sum(map(len, store.payloads)) + _ENTRY_OVERHEAD_BYTES * len(store.payloads)
-        return self._enqueue(_Pending(store, done, len(store.payloads), estimate))
+        return self._enqueue(_Pending(store, done, store.records_count, estimate))
 
     def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
         """Queue a durable seal; same contract as ``submit_store``."""
@@ -228,11 +228,14 @@ class RecordStore:
         its records and may be entered in the middle. Copies written by recovery also come
         as markers (holes and bridges only as markers)."""
         return ReadResult.of(await self.read_copies(log_id, from_lsn, until_lsn, records_max,
-                                                    bytes_max))
+                                                    bytes_max, blocks_ok=True))
 
     async def read_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn,
-                          records_max: int, bytes_max: int) -> CopiesResult:
-        """Like ``read``, with every copy's flags and wave (recovery's digest needs them)."""
+                          records_max: int, bytes_max: int, *,
+                          blocks_ok: bool = False) -> CopiesResult:
+        """Like ``read``, with every copy's flags and wave (recovery's digest needs them);
+        compressed batches are expanded into their records unless ``blocks_ok``
+        (``record_reads``)."""
         assert until_lsn < 2**64 - 1 and records_max >= 1
         if not self._opened or self._closing:
             status = Status.SHUTDOWN if self._closing else Status.NOTREADY
@@ -247,12 +250,13 @@ class RecordStore:
         try:
             result, corrupt = await loop.run_in_executor(
                 self._read_threads, read_locations, self._reader, log_id, locations, from_lsn,
-                until_lsn, records_max, bytes_max)
+                until_lsn, records_max, bytes_max, blocks_ok)
         finally:
             self._reads_active.discard(ticket)
             if self._retired:
                 self._release_retired()
-        self._counts.update(reads=1, read_records=len(result.copies),
+        self._counts.update(reads=1, read_records=len(result.copies) + sum(
+                                b[4] for b in result.blocks),
                             read_checksum_failures=int(corrupt))
         return result
 

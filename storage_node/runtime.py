@@ -356,7 +356,8 @@ class StorageNode:
             answer = ReadReply(status=result.status, log_id=read.log_id,
                                release_lsn=release_lsn, records=result.records,
                                next_lsn=Lsn(max(result.next_lsn, read.from_lsn)),
-                               markers=result.markers, trim_lsn=trim_lsn)
+                               markers=result.markers, trim_lsn=trim_lsn,
+                               blocks=result.blocks)
         except Exception:
             log.exception("storage node %s: read of log %d failed", self.node_id, read.log_id)
             answer = ReadReply(status=Status.INTERNAL, log_id=read.log_id,
@@ -474,7 +475,7 @@ class StorageNode:
             if decision.status is not Status.OK:
                 persisted(decision.status)
                 continue
-            self._counts["purged_records"] += len(store.payloads)
+            self._counts["purged_records"] += store.records_count
 
             def done(status: Status, store: Store = store) -> None:
                 if status is Status.OK:

@@ -11,6 +11,12 @@ body is a msgpack array:
   existed, and with WRITTEN_BY_RECOVERY ``wave`` is recovery's seal epoch; ``producers`` are
   the STORE's producer tags ``[producer_id, producer_seq, first_lsn, last_lsn]``, absent in
   older entries);
+* compressed STORE: the same 12 fields with ``payloads == [blob]`` (the batch exactly as the
+  writer compressed it, ``shared.compression``) and ``record_count`` its records, then a 13th,
+  ``compression`` (the ``Codec`` id). The entry's CRC covers the blob; the index knows its LSN
+  range from ``first_lsn`` and ``record_count`` without expanding it. Reads send the blob
+  whole when they cover the entry, else expand it and slice (``record_reads``); digests and
+  recovery see its records one by one;
 * RELEASE: ``[log_id, release_lsn]``;
 * SEAL: ``[log_id, epoch, sealed_by]``;
 * TRIM: ``[log_id, trim_lsn]``;
@@ -33,10 +39,12 @@ from typing import Any
 
 import msgpack
 
+from shared.compression import expand_stored
 from shared.limits import FRAME_BYTES_MAX
+from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.read import WireRecord
-from shared.wire.store import ProducerTag, Store, producer_tag_valid
+from shared.wire.store import COMPRESSION_CODECS, ProducerTag, Store, producer_tag_valid
 
 MAGIC = 0x5153  # b"SQ" little endian
 _HEADER = struct.Struct("<HBBII")
@@ -141,12 +149,15 @@ def _frame(entry_type: EntryType, body: bytes) -> bytes:
 
 
 def encode_store(store: Store) -> bytes:
-    body = _packer.pack([
+    fields = [
         store.log_id, store.lsn, len(store.payloads), store.sequencer_node, store.timestamp_ms,
         store.last_known_good, store.wave, list(store.copyset), store.key, list(store.payloads),
         store.flags, [list(tag) for tag in store.producers],
-    ])
-    return _frame(EntryType.STORE, body)
+    ]
+    if store.compression:
+        fields[2] = store.records
+        fields.append(store.compression)
+    return _frame(EntryType.STORE, _packer.pack(fields))
 
 
 def encode_release(log_id: LogId, release_lsn: Lsn) -> bytes:
@@ -200,7 +211,7 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
             unpacker = msgpack.Unpacker(raw=False)
             unpacker.feed(body)
             fields_count = unpacker.read_array_header()
-            if fields_count not in (10, 11, 12):
+            if fields_count not in (10, 11, 12, 13):
                 return None
             log_id, first_lsn, count, node, timestamp_ms, lng = (
                 unpacker.unpack() for _ in range(6))
@@ -215,11 +226,13 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
                 flags = unpacker.unpack()
                 if not _ints(flags):
                     return None
-            if fields_count == 12:
+            if fields_count >= 12:
                 tags = _producer_tags(unpacker.unpack())
                 if tags is None:
                     return None
                 producers = tags
+            if fields_count == 13 and not _codec(unpacker.unpack()):
+                return None
             return StoreMeta(LogId(log_id), Lsn(first_lsn), count, NodeId(node), lng, flags,
                              timestamp_ms, producers)
         fields = msgpack.unpackb(body, raw=False)
@@ -273,6 +286,26 @@ class StoredCopies:
     records: list[WireRecord]
     producers: tuple[ProducerTag, ...] = ()
 
+    compression: int = 0
+    """A compressed batch not expanded yet (``decode_store_records(expand=False)``):
+    ``records`` is empty, ``blob`` holds its ``count`` records."""
+    count: int = 0
+    blob: bytes = b""
+    timestamp_ms: int = 0
+    key: str | None = None
+
+    def expanded(self) -> StoredCopies | None:
+        """The same copies with a compressed batch split into its records (None if the blob
+        does not expand to ``count`` payloads: corruption)."""
+        if not self.compression:
+            return self
+        payloads = expand_stored(self.blob, self.compression, self.count)
+        if isinstance(payloads, Status):
+            return None
+        return StoredCopies(self.log_id, self.first_lsn, self.flags, self.wave,
+                            _records(self.first_lsn, self.timestamp_ms, self.key, payloads),
+                            self.producers)
+
     def producer_of(self, lsn: int) -> ProducerTag | None:
         """The tag of the append the record at ``lsn`` came from, if it had one."""
         for tag in self.producers:
@@ -281,24 +314,38 @@ class StoredCopies:
         return None
 
 
-def decode_store_records(body: bytes | memoryview) -> StoredCopies | None:
-    """The records of a CRC-checked STORE body; None if malformed."""
+def decode_store_records(body: bytes | memoryview, *,
+                         expand: bool = True) -> StoredCopies | None:
+    """The records of a CRC-checked STORE body; None if malformed. A compressed batch is
+    expanded unless ``expand`` is False (then see ``StoredCopies.compression``)."""
     try:
         fields: Any = msgpack.unpackb(body, raw=False)
         flags = fields[10] if len(fields) >= 11 else 0
-        producers = _producer_tags(fields[11]) if len(fields) == 12 else ()
+        producers = _producer_tags(fields[11]) if len(fields) >= 12 else ()
+        compression = fields[12] if len(fields) == 13 else 0
         log_id, first_lsn, count, _node, timestamp_ms, _lng, wave, _cs, key, payloads = (
             fields[:10])
     except (ValueError, TypeError, IndexError, msgpack.UnpackException):
         return None
-    if not _ints(log_id, first_lsn, count, timestamp_ms, wave, flags) or len(payloads) != count:
+    if (not _ints(log_id, first_lsn, count, timestamp_ms, wave, flags, compression)
+            or producers is None or type(payloads) is not list):
         return None
-    if producers is None:
+    if compression:
+        if (compression not in COMPRESSION_CODECS or len(payloads) != 1 or count < 1
+                or type(payloads[0]) is not bytes):
+            return None
+        block = StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave, [], producers,
+                             compression, count, payloads[0], timestamp_ms, key)
+        return block.expanded() if expand else block
+    if len(payloads) != count:
         return None
-    records: list[WireRecord] = [
-        (first_lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(payloads)
-    ]
-    return StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave, records, producers)
+    return StoredCopies(LogId(log_id), Lsn(first_lsn), flags, wave,
+                        _records(first_lsn, timestamp_ms, key, payloads), producers)
+
+
+def _records(first_lsn: int, timestamp_ms: int, key: str | None,
+             payloads: list[bytes] | tuple[bytes, ...]) -> list[WireRecord]:
+    return [(first_lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(payloads)]
 
 
 def scan_segment(data: bytes) -> SegmentScan:
@@ -330,6 +377,10 @@ def find_entry_after(data: bytes, start: int) -> int | None:
             return position
         position = data.find(_MAGIC_BYTES, position + 1)
     return None
+
+
+def _codec(value: object) -> bool:
+    return type(value) is int and value in COMPRESSION_CODECS
 
 
 def _ints(*values: object) -> bool:

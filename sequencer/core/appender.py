@@ -35,9 +35,9 @@ class AppenderResult(Enum):
 
 class Appender:
     __slots__ = (
-        "checksum", "deadline_ms", "first_esn", "key", "log_id", "lsn", "payloads",
-        "producers", "recipients", "replication", "requests", "stored_nodes", "timestamp_ms",
-        "wave",
+        "checksum", "compression", "deadline_ms", "first_esn", "key", "log_id", "lsn",
+        "payloads", "producers", "recipients", "records", "replication", "requests",
+        "stored_nodes", "timestamp_ms", "wave",
     )
 
     def __init__(
@@ -52,6 +52,8 @@ class Appender:
         requests: tuple[tuple[int, int], ...],
         replication: int,
         producers: tuple[ProducerTag, ...] = (),
+        compression: int = 0,
+        records: int = 0,
     ) -> None:
         self.log_id = log_id
         self.lsn = lsn
@@ -62,7 +64,12 @@ class Appender:
         self.requests = requests
         """(request id, record count) of each client append sharing this appender, in LSN
         order."""
-        assert sum(count for _, count in requests) == len(payloads)
+        self.compression = compression
+        """A compressed batch (``shared.wire.store``): ``payloads`` is its one blob of
+        ``records`` records, stored as is; it never shares an appender."""
+        self.records = records if compression else len(payloads)
+        assert sum(count for _, count in requests) == self.records
+        assert not compression or (len(payloads) == 1 and len(requests) == 1)
         self.producers = producers
         """Producer tags of the idempotent appends among ``requests``: every copy carries
         them (``sequencer.core.producers``)."""
@@ -77,7 +84,7 @@ class Appender:
 
     @property
     def last_lsn(self) -> Lsn:
-        return Lsn(self.lsn + len(self.payloads) - 1)
+        return Lsn(self.lsn + self.records - 1)
 
     def store_timeout_ms(self, config: SequencerConfig) -> int:
         shift = min(self.wave - 1, 20)
@@ -109,6 +116,7 @@ class Appender:
             copyset=copyset, timestamp_ms=self.timestamp_ms, last_known_good=last_known_good,
             release_lsn=release_lsn, timeout_ms=timeout_ms, key=self.key,
             payloads=self.payloads, checksum=self.checksum, producers=self.producers,
+            compression=self.compression, records=self.records if self.compression else 0,
         )
         return [Send(node, store) for node in copyset if node not in stored]
 

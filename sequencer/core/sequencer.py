@@ -76,6 +76,15 @@ class PendingAppend:
     timestamp_ms: int
     producer: tuple[str, int] | None = None
     """``(producer_id, producer_seq)`` of an idempotent append."""
+    compression: int = 0
+    """A compressed batch (``shared.compression``): ``payloads`` is ``(blob,)`` holding
+    ``records`` records, validated where it entered the cluster. It gets one LSN per record
+    and goes to storage as one blob, alone in its appender (blobs are never merged)."""
+    records: int = 0
+
+    @property
+    def records_count(self) -> int:
+        return self.records if self.compression else len(self.payloads)
 
 
 class Sequencer:
@@ -145,6 +154,8 @@ class Sequencer:
         one STORE per copyset node carries all of them, with consecutive LSNs in group order.
         Each append still gets its own LSNs and its own answer."""
         assert group and all(p.payloads and p.key == group[0].key for p in group)
+        if len(group) > 1 and any(p.compression for p in group):
+            return self._split_compressed(group, now_ms)
         if self.state is SequencerState.ACTIVE and self._drain_until_ms is None:
             for pending in group:
                 if pending.producer is not None:
@@ -164,6 +175,23 @@ class Sequencer:
         if self._pending and self.state is not SequencerState.ACTIVATING and (
                 self._drain_until_ms is None):
             effects.extend(self._begin_activation(now_ms))
+        return effects
+
+    def _split_compressed(self, group: list[PendingAppend], now_ms: int) -> list[Effect]:
+        """A compressed batch is its own appender (one STORE per blob): the plain appends
+        between them still share theirs, in group order."""
+        effects: list[Effect] = []
+        run: list[PendingAppend] = []
+        for pending in group:
+            if pending.compression:
+                if run:
+                    effects.extend(self.on_append_group(run, now_ms))
+                    run = []
+                effects.extend(self.on_append_group([pending], now_ms))
+            else:
+                run.append(pending)
+        if run:
+            effects.extend(self.on_append_group(run, now_ms))
         return effects
 
     def _admit_producers(self, group: list[PendingAppend],
@@ -242,7 +270,8 @@ class Sequencer:
         assert window is not None and nodeset is not None and metadata is not None
         payloads = group[0].payloads if len(group) == 1 else tuple(
             payload for pending in group for payload in pending.payloads)
-        esn_count = len(payloads)
+        compression = group[0].compression
+        esn_count = group[0].records if compression else len(payloads)
         if esn_count > window.esns_left():
             # The epoch ran out of ESNs: continue in a new one. Drain this one first (its
             # appends finish; up to epoch_drain_timeout_ms), so that the new epoch's recovery
@@ -270,8 +299,9 @@ class Sequencer:
         appender = Appender(
             log_id=self.log_id, lsn=lsn, first_esn=first_esn,
             payloads=payloads, key=group[0].key, timestamp_ms=group[0].timestamp_ms,
-            requests=tuple((p.request_id, len(p.payloads)) for p in group),
+            requests=tuple((p.request_id, p.records_count) for p in group),
             replication=metadata.replication_factor, producers=producers,
+            compression=compression, records=esn_count,
         )
         self.appenders[first_esn] = appender
         return self._send_wave(appender, now_ms)
@@ -610,7 +640,7 @@ def _producer_tags(group: list[PendingAppend], first_lsn: Lsn) -> tuple[Producer
     tags: list[ProducerTag] = []
     lsn = first_lsn
     for pending in group:
-        count = len(pending.payloads)
+        count = pending.records_count
         if pending.producer is not None:
             tags.append((*pending.producer, lsn, lsn + count - 1))
         lsn = Lsn(lsn + count)

@@ -21,6 +21,11 @@ class Append:
     producer_id: str | None = None
     producer_seq: int = 0
     """With ``producer_id``: the append is idempotent (``sequencer.core.producers``)."""
+    compression: int = 0
+    """``shared.compression.Codec`` of a compressed batch: then ``payloads`` is ``(blob,)``,
+    the batch of ``records`` records as ``shared.compression`` packs it; 0: plain payloads."""
+    records: int = 0
+    """With ``compression``: how many records the blob holds (each gets its own LSN)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,6 +4,11 @@ A frame body is the msgpack array ``[message_type, correlation_id, [field, ...]]
 fields in dataclass order. Correlation id 0 marks a one-way message. Decoding checks every
 field's type, so a malformed frame becomes ``Status.BADMSG`` instead of an exception deep in a
 handler.
+
+Compatibility between node versions: a message gains fields only at its end, with defaults.
+Trailing fields that hold their default are not sent, and a decoder fills fields missing at
+the end with their defaults, so a node that does not use a new field talks to one that does
+not know it, byte for byte as before.
 """
 
 from __future__ import annotations
@@ -108,17 +113,40 @@ def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
     that decoding costs no per-field function calls (it runs for every frame)."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
-    source = f"def decode_fields(fields):\n    ({', '.join(names)},) = fields\n"
+    source = "def decode_fields(fields):\n"
+    if _DEFAULT_TAILS[cls]:
+        # An older sender (or one leaving defaults out) sends fewer fields: fill them in.
+        source += (f"    if len(fields) < {len(names)}: fields = fields + "
+                   f"_tail[len(fields) - {len(names)}:]\n")
+    source += f"    ({', '.join(names)},) = fields\n"
     source += "".join(_field_check(name, hints[name]) for name in names)
     source += f"    return cls({', '.join(f'{n}={n}' for n in names)})\n"
-    namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid}
+    namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid,
+                                 "_tail": _DEFAULT_TAILS[cls] or ()}
     exec(source, namespace)
     decoder: Callable[[Any], Any] = namespace["decode_fields"]
     return decoder
 
 
+def _default_tail(cls: type[Any]) -> tuple[Any, ...]:
+    """The defaults of ``cls``'s trailing fields that have one (a field without a default
+    after them would end the tail)."""
+    tail: list[Any] = []
+    for f in reversed(dataclasses.fields(cls)):
+        if f.default is dataclasses.MISSING:
+            break
+        tail.append(f.default)
+    return tuple(reversed(tail))
+
+
 _FIELDS: dict[type[Any], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_CLASSES.values()
+}
+_DEFAULT_TAILS: dict[type[Any], tuple[Any, ...]] = {
+    cls: _default_tail(cls) for cls in MESSAGE_CLASSES.values()
+}
+_REQUIRED_COUNTS: dict[type[Any], int] = {
+    cls: len(_FIELDS[cls]) - len(_DEFAULT_TAILS[cls]) for cls in MESSAGE_CLASSES.values()
 }
 _DECODERS: dict[int, Callable[[Any], Any]] = {
     int(t): _make_decoder(cls) for t, cls in MESSAGE_CLASSES.items()
@@ -132,10 +160,39 @@ def encode(message: Message, correlation_id: int = 0) -> bytes:
     return b"".join(encode_parts(message, encode_fields(message), correlation_id))
 
 
+def _make_field_lister(cls: type[Any]) -> Callable[[Any], list[Any]]:
+    """A function that lists ``cls``'s field values, leaving out trailing fields that hold
+    their default (see the module docstring): generated source, as for decoding, because it
+    runs for every message sent."""
+    names = _FIELDS[cls]
+    tail = _DEFAULT_TAILS[cls]
+    required = _REQUIRED_COUNTS[cls]
+    source = "def list_fields(m):\n"
+    source += f"    values = [{', '.join(f'm.{n}' for n in names)}]\n"
+    if tail:
+        indent = "    "
+        for index in range(len(names) - 1, required - 1, -1):
+            source += f"{indent}if values[{index}] == _tail[{index - required}]:\n"
+            indent += "    "
+            source += f"{indent}end = {index}\n"
+        source = source.replace("    if values", "    end = -1\n    if values", 1)
+        source += "    if end >= 0: del values[end:]\n"
+    source += "    return values\n"
+    namespace: dict[str, Any] = {"_tail": tail}
+    exec(source, namespace)
+    lister: Callable[[Any], list[Any]] = namespace["list_fields"]
+    return lister
+
+
+_LISTERS: dict[type[Any], Callable[[Any], list[Any]]] = {
+    cls: _make_field_lister(cls) for cls in MESSAGE_CLASSES.values()
+}
+
+
 def encode_fields(message: Message) -> bytes:
     """The packed field array of ``message``: the bulk of a frame, the same for every peer it
     goes to, so a message sent to R nodes is packed once."""
-    packed: bytes = _packer.pack([getattr(message, name) for name in _FIELDS[type(message)]])
+    packed: bytes = _packer.pack(_LISTERS[type(message)](message))
     return packed
 
 

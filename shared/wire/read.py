@@ -15,6 +15,10 @@ from shared.types import Epoch, LogId, Lsn
 
 WireRecord = tuple[int, int, str | None, bytes]
 """(lsn, timestamp_ms, key, payload): one record as it crosses the wire."""
+Block = tuple[int, int, str | None, int, int, bytes]
+"""(first_lsn, timestamp_ms, key, codec, records, blob): the records ``first_lsn ..
+first_lsn + records - 1`` as the compressed batch they were appended as
+(``shared.compression``); the reader expands it."""
 Marker = tuple[int, int, int, int]
 """(first_lsn, last_lsn, flags, seal_epoch) of copies written by epoch recovery: a plugged
 hole or bridge (not in ``records``), or a record recovery re-replicated (in ``records``)."""
@@ -45,6 +49,9 @@ class ReadReply:
     markers: tuple[Marker, ...] = ()
     trim_lsn: Lsn = Lsn(0)
     """The node's trim point: nothing at or below it is served."""
+    blocks: tuple[Block, ...] = ()
+    """Records sent as compressed batches, beside ``records`` (never the same LSN in
+    both): a node sends a stored compressed batch whole when the read covers it."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,6 +3,10 @@
 One STORE carries the records ``lsn .. lsn + len(payloads) - 1`` of one append: a single
 record, or an atomic batch with consecutive LSNs. ``checksum`` covers the payloads so that a
 storage node can refuse a corrupted copy with ``CHECKSUM_MISMATCH``.
+
+A compressed batch (``compression`` != 0, ``shared.compression``) travels as one blob:
+``payloads == (blob,)`` holds the ``records`` records ``lsn .. lsn + records - 1``, and the
+checksum covers the blob. Only the sequencer sends them (recovery re-replicates plain records).
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ import zlib
 from dataclasses import dataclass
 from enum import IntFlag
 
-from shared.limits import PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
+from shared.compression import Codec
+from shared.limits import BATCH_RECORDS_MAX, PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId
 
@@ -30,6 +35,9 @@ def producer_tag_valid(tag: object) -> bool:
             and type(seq) is int and 0 <= seq <= PRODUCER_SEQ_MAX
             and type(first_lsn) is int and type(last_lsn) is int
             and 0 < first_lsn <= last_lsn)
+
+
+COMPRESSION_CODECS = frozenset(int(c) for c in Codec if c is not Codec.NONE)
 
 
 def payloads_checksum(payloads: tuple[bytes, ...]) -> int:
@@ -97,20 +105,32 @@ class Store:
     producers: tuple[ProducerTag, ...] = ()
     """The producer tags of the appends whose records this STORE carries (each overlaps
     ``lsn..last_lsn``; a recovery STORE of one record carries its append's whole range)."""
+    compression: int = 0
+    """``shared.compression.Codec`` of a compressed batch (see the module docstring)."""
+    records: int = 0
+    """With ``compression``: how many records the blob holds."""
+
+    @property
+    def records_count(self) -> int:
+        return self.records if self.compression else len(self.payloads)
 
     @property
     def last_lsn(self) -> Lsn:
-        return Lsn(self.lsn + len(self.payloads) - 1)
+        return Lsn(self.lsn + self.records_count - 1)
 
     def validate(self) -> Status:
         if not self.payloads or self.wave < 1 or self.timeout_ms < 0:
+            return Status.BADMSG
+        if self.compression and (
+                self.compression not in COMPRESSION_CODECS or len(self.payloads) != 1
+                or not 1 <= self.records <= BATCH_RECORDS_MAX or self.flags):
             return Status.BADMSG
         if self.flags & ~FLAGS_ALL or (
                 self.flags and not self.flags & RecordFlags.WRITTEN_BY_RECOVERY):
             return Status.BADMSG
         if self.flags & RecordFlags.HOLE and any(self.payloads):
             return Status.BADMSG
-        if self.producers and (len(self.producers) > len(self.payloads) or not all(
+        if self.producers and (len(self.producers) > self.records_count or not all(
                 producer_tag_valid(tag) and tag[2] <= self.last_lsn and tag[3] >= self.lsn
                 for tag in self.producers)):
             return Status.BADMSG

@@ -108,7 +108,7 @@ def store_fields_status(store: Store, node_id_ok: Callable[[str], bool] = node_i
     """BADMSG when a STORE's fields are out of range. The codec checks the top-level types but
     not the elements of tuples, so those are checked here before anything hashes them."""
     first_esn = lsn_to_esn(store.lsn)
-    records_count = len(store.payloads)
+    records_count = store.records_count
     if not log_id_valid(store.log_id) or not lsn_valid(store.release_lsn):
         return Status.BADMSG
     if not epoch_valid(lsn_to_epoch(store.lsn)) or first_esn < 1:

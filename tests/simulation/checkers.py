@@ -41,7 +41,7 @@ from shared.types import (
     lsn_to_esn,
 )
 from shared.wire.store import RecordFlags, Store
-from tests.simulation.sim_client import ClientAppend
+from tests.simulation.sim_client import ClientAppend, store_payloads
 from tests.simulation.sim_storage import DiskRecord, SimStorageNode
 
 CHECKER_NAMES = {
@@ -104,7 +104,7 @@ class SafetyChecker:
     def on_store_sent(self, store: Store) -> None:
         if store.flags & RecordFlags.HOLE:
             return
-        for index, payload in enumerate(store.payloads):
+        for index, payload in enumerate(store_payloads(store)):
             key = (store.log_id, Lsn(store.lsn + index))
             known = self.assigned.setdefault(key, payload)
             if known != payload:

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import lz4.frame
+import msgpack
+
 from sequencer.core.effects import AppendReply
+from shared.compression import expand_stored
 from shared.status import Status
 from shared.types import LogId, Lsn, NodeId
+from shared.wire.store import Store
 
 NOTHING_WRITTEN = frozenset({Status.SEQNOBUFS, Status.NOSEQUENCER, Status.NOTFOUND})
 """Core answers that promise the append wrote nothing anywhere."""
@@ -48,3 +53,21 @@ class ClientAppend:
         if self.outcome is None:
             self.outcome = status
             self.outcome_ms = now_ms
+
+
+def sim_blob(payloads: tuple[bytes, ...]) -> bytes:
+    """A compressed batch (``shared.compression``'s format, lz4) even where compressing does
+    not pay, as the simulation's payloads are too short for that."""
+    blob: bytes = lz4.frame.compress(msgpack.packb(payloads, use_bin_type=True),
+                                     store_size=True)
+    return blob
+
+
+def store_payloads(store: Store) -> tuple[bytes, ...]:
+    """A STORE's records' payloads, a compressed batch expanded (as storage nodes' reads and
+    digests see them)."""
+    if not store.compression:
+        return store.payloads
+    payloads = expand_stored(store.payloads[0], store.compression, store.records)
+    assert isinstance(payloads, tuple), payloads
+    return payloads

@@ -32,6 +32,7 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer
+from shared.compression import Codec
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import ProvisionSpec
@@ -41,7 +42,7 @@ from shared.wire.read import GetLogState, LogState
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
 from tests.simulation.checkers import SafetyChecker, fail
-from tests.simulation.sim_client import ClientAppend
+from tests.simulation.sim_client import ClientAppend, sim_blob
 from tests.simulation.sim_clock import EventQueue
 from tests.simulation.sim_epoch_store import SimEpochStore
 from tests.simulation.sim_network import ReplyFn, SimNetwork
@@ -124,9 +125,15 @@ class SimSequencerNode:
         append.reached_core = True
         self.inflight[append.request_id] = append
         group = self._staged.setdefault(append.log_id, [])
-        group.append(PendingAppend(append.request_id, append.payloads, None,
-                                   self.env.queue.clock.wall_ms()))
-        if sum(len(p.payloads) for p in group) >= self.config.append_group_records_max:
+        payloads, compression = append.payloads, 0
+        if len(payloads) > 1 and append.request_id % 3 == 0:
+            # Every third batch travels compressed, as a buffered writer's would: one blob,
+            # its own STORE, one LSN per record (no RNG draw: seeds keep their schedules).
+            payloads, compression = (sim_blob(payloads),), int(Codec.LZ4)
+        group.append(PendingAppend(append.request_id, payloads, None,
+                                   self.env.queue.clock.wall_ms(), None, compression,
+                                   len(append.payloads) if compression else 0))
+        if sum(p.records_count for p in group) >= self.config.append_group_records_max:
             self._flush_group(append.log_id)
         elif not self._flush_scheduled:
             self._flush_scheduled = True

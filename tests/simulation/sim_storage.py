@@ -38,6 +38,7 @@ from storage_node.core.store_machine import (
     purge_ranges,
     recovery_hole_stores,
 )
+from tests.simulation.sim_client import store_payloads
 from tests.simulation.sim_clock import EventQueue
 from tests.simulation.sim_network import ReplyFn, SimNetwork
 from tests.simulation.sim_trace import Trace
@@ -186,7 +187,7 @@ class SimStorageNode:
         self._queue.after(self._rng.randint(0, self._disk_delay_ms_max), persisted)
 
     def _write(self, store: Store) -> None:
-        for index, payload in enumerate(store.payloads):
+        for index, payload in enumerate(store_payloads(store)):
             key = (store.log_id, Lsn(store.lsn + index))
             previous = self.disk.records.get(key)
             record = DiskRecord(payload, store.sequencer_node, store.flags, store.wave,

@@ -4,6 +4,7 @@ TCP servers, a PeerPool and a file epoch store in a temporary directory."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -144,3 +145,40 @@ async def test_grouped_appends_never_exceed_the_group_limits(stack: Stack) -> No
     # 3 records each, at most 4 per group: every append is its own STORE (R=2 copies each).
     assert stores == 2 * (1 + 5)
     assert runtime.epoch(LogId(5)) == Epoch(1)
+
+
+@pytest.mark.timeout(30)
+async def test_compressed_batch_is_staged_by_its_records_and_stored_as_one_blob(
+    stack: Stack,
+) -> None:
+    from shared.compression import Codec, compress_batch
+    from shared.read_merge import expand_blocks
+
+    runtime = stack.runtime
+    runtime.config = SequencerConfig(append_group_records_max=4, store_timeout_ms_min=5_000)
+    log = LogId(6)
+    assert (await runtime.append(log, (b"warm",), None)).status is Status.OK
+    stores_before = sum(n.stats()["stores"] for n in stack.nodes)
+    payloads = [b"compressible line %d ........................" % i for i in range(10)]
+    blob = compress_batch(payloads, Codec.ZSTD)
+    assert blob is not None
+    results = await asyncio.gather(
+        *(runtime.append(log, (b"a%d" % i,), None) for i in range(3)),
+        runtime.append(log, (blob,), None, compression=int(Codec.ZSTD), records=10),
+        *(runtime.append(log, (b"b%d" % i,), None) for i in range(2)))
+    assert all(r.status is Status.OK for r in results)
+    compressed = results[3]
+    assert compressed.last_lsn - compressed.first_lsn == 9
+    spans = sorted((r.first_lsn, r.last_lsn) for r in results)
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans))
+    # 3 plain records (one group), the batch (never merged with another append), 2 plain
+    # records: 3 STOREs, 2 copies each.
+    assert sum(n.stats()["stores"] for n in stack.nodes) - stores_before == 2 * 3
+    holders = [n for n in stack.nodes if n.store.held_ranges(log, compressed.first_lsn,
+                                                             compressed.last_lsn)]
+    assert len(holders) == 2
+    result = await holders[0].store.read(log, compressed.first_lsn, compressed.last_lsn,
+                                         100, 1 << 20)
+    assert [b[5] for b in result.blocks] == [blob] and not result.records
+    records = expand_blocks(result.blocks, result.records)
+    assert records is not None and [r[3] for r in records] == payloads

@@ -260,3 +260,32 @@ def test_preemption_while_draining_sends_the_waiting_appends_to_a_new_epoch() ->
     assert [(r.request_id, r.status) for r in replies(effects)] == [(2, Status.TIMEDOUT)]
     assert ActivateEpoch(LogId(1)) in effects  # request 3 is not stranded
     assert sequencer.state is SequencerState.ACTIVATING
+
+
+def test_compressed_batch_gets_one_lsn_per_record_in_its_own_store() -> None:
+    from sequencer.core.sequencer import PendingAppend
+
+    sequencer = active_sequencer(replication=2)
+    group = [PendingAppend(7, (b"a",), None, 1),
+             PendingAppend(8, (b"blob",), None, 1, compression=1, records=50),
+             PendingAppend(9, (b"b",), None, 1), PendingAppend(10, (b"c",), None, 1),
+             PendingAppend(11, (b"blob2",), None, 1, producer=("p", 1), compression=2,
+                           records=3)]
+    effects = sequencer.on_append_group(group, 0)
+    sends = stores(effects)
+    # Blobs are never merged: plain run, blob, plain run, blob; each to 2 nodes.
+    messages = [s.message for s in sends[::2]]
+    assert [(m.payloads, m.compression, m.records) for m in messages] == [
+        ((b"a",), 0, 0), ((b"blob",), 1, 50), ((b"b", b"c"), 0, 0), ((b"blob2",), 2, 3)]
+    first = messages[0].lsn
+    assert [m.lsn - first for m in messages] == [0, 1, 51, 53]
+    assert [m.last_lsn - first for m in messages] == [0, 50, 52, 55]
+    assert messages[3].producers == (("p", 1, first + 53, first + 55),)
+    answers = []
+    for send in sends:
+        answers += replies(sequencer.on_stored(send.node, send.message.lsn, 1, Status.OK,
+                                               Epoch(0), None, 1))
+    assert sorted((r.request_id, r.first_lsn - first, r.last_lsn - first)
+                  for r in answers) == [(7, 0, 0), (8, 1, 50), (9, 51, 51), (10, 52, 52),
+                                        (11, 53, 55)]
+    assert sequencer.release_lsn == first + 55

@@ -33,6 +33,7 @@ from frontend.outcomes import (
 )
 from services.http_api import create_api_app
 from services.http_edge import EdgeRunner
+from shared.compression import decompress_batch
 from shared.config import ApiConfig
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
@@ -144,7 +145,13 @@ class FakeLogService:
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
         producer: tuple[str, int] | None = None, no_forward: bool = False,
+        compression: int = 0, records: int = 0,
     ) -> AppendOutcome:
+        if compression:
+            # The edge checked the batch; the fake stores it plain, as readers see it.
+            expanded = decompress_batch(payloads[0], compression, records, bytes_max=1 << 26)
+            assert isinstance(expanded, tuple), expanded
+            payloads = expanded
         failed = self._check()
         if failed is not None:
             return AppendOutcome(status=failed, sequencer_node=self.node_id, message="forced")

@@ -11,6 +11,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from shared.compression import Codec, compress_batch
 from shared.status import Status
 from shared.types import LogId
 
@@ -85,6 +86,18 @@ async def test_real_answers_validate_against_the_document(
     batch_body = {"json": {"payloads": [b64(b"a"), b64(b"b")]}}
     assert await checker.check(client, "POST", batch, "/v1/logs/3/append-batch",
                                **batch_body) == 200
+    blob = compress_batch([b"line line line %d" % i for i in range(8)], Codec.ZSTD)
+    assert blob is not None
+    compressed_body = {"compression": "zstd", "records": 8, "compressed_payloads": b64(blob)}
+    Draft202012Validator({"$ref": DOC_URI + "#/components/schemas/AppendBatchRequest"},
+                         registry=checker.registry).validate(compressed_body)
+    Draft202012Validator({"$ref": DOC_URI + "#/components/schemas/AppendBatchRequest"},
+                         registry=checker.registry).validate(batch_body["json"])
+    assert await checker.check(client, "POST", batch, "/v1/logs/3/append-batch",
+                               json=compressed_body) == 200
+    bad = {**compressed_body, "records": 7}
+    assert await checker.check(client, "POST", batch, "/v1/logs/3/append-batch",
+                               json=bad) == 400
     fake.add_gap(LogId(3), "HOLE", 2)
     await checker.check(client, "POST", append, "/v1/logs/3/append", json={"payload": ""})
     assert await checker.check(client, "GET", records, "/v1/logs/3/records?from=1") == 200

@@ -77,3 +77,39 @@ def test_lsn_text_round_trips() -> None:
     assert parse_lsn("e5n8") == lsn
     assert parse_lsn(str(lsn)) == lsn
     assert parse_lsn("e5") is None and parse_lsn("-1") is None
+
+
+def test_new_trailing_fields_are_left_out_at_their_defaults_and_filled_in() -> None:
+    from shared.wire.append import Append
+
+    plain = Append(log_id=1, payloads=(b"x",), key=None, hops=0)
+    fields = msgpack.unpackb(codec.encode_fields(plain))
+    # Byte for byte what a node without producer ids or compression sends: 4 fields.
+    assert fields == [1, [b"x"], None, 0]
+    assert codec.decode(msgpack.packb([int(MessageType.APPEND), 3, fields])) == (3, plain)
+    compressed = Append(log_id=1, payloads=(b"blob",), key="k", hops=1, compression=2,
+                        records=9)
+    assert codec.decode(FrameDecoder().feed(codec.encode(compressed, 4))[0]) == (4, compressed)
+    # An older node's STORE (no producers, no compression) decodes with the defaults.
+    payloads = (b"a", b"b")
+    store = Store(log_id=1, lsn=2, wave=1, sequencer_node="s", copyset=("n",), timestamp_ms=5,
+                  last_known_good=0, release_lsn=0, timeout_ms=9, key=None, payloads=payloads,
+                  checksum=payloads_checksum(payloads))
+    old = [1, 2, 1, "s", ["n"], 5, 0, 0, 9, None, [b"a", b"b"], store.checksum, 0]
+    assert codec.decode(msgpack.packb([int(MessageType.STORE), 1, old])) == (1, store)
+    assert len(msgpack.unpackb(codec.encode_fields(store))) == 12
+    # Too few fields (a required one missing) stays BADMSG.
+    assert codec.decode(msgpack.packb([int(MessageType.STORE), 1, old[:11]])) is Status.BADMSG
+
+
+@settings(max_examples=100, deadline=None)
+@given(stores(), st.integers(1, 2), st.integers(1, 1000))
+def test_compressed_store_round_trips(store: Store, compression: int, records: int) -> None:
+    import dataclasses
+
+    compressed = dataclasses.replace(store, payloads=store.payloads[:1], compression=compression,
+                                     records=records,
+                                     checksum=payloads_checksum(store.payloads[:1]))
+    frames = FrameDecoder().feed(codec.encode(compressed, 1))
+    assert codec.decode(frames[0]) == (1, compressed)
+    assert compressed.last_lsn == compressed.lsn + records - 1

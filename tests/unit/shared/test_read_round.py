@@ -166,3 +166,35 @@ def test_metadata_has_one_span_for_every_epoch() -> None:
                            replication_factor=2, last_writer=None, version=1)
     (span,) = metadata_spans(metadata)
     assert (span.first_epoch, span.last_epoch, span.nodeset) == (1, EPOCH_MAX, NODES[:3])
+
+
+def test_compressed_blocks_merge_as_plain_records_and_bad_ones_fail_the_node() -> None:
+    import dataclasses
+
+    from shared.compression import Codec, compress_batch
+
+    payloads = [b"line %d of a compressible batch" % i for i in range(10)]
+    blob = compress_batch(payloads, Codec.LZ4)
+    assert blob is not None
+    block = (lsn(1, 2), 1002, "k", int(Codec.LZ4), 10, blob)
+    release = lsn(1, 12)
+    r = new_round(release=release)
+    # n1 sends the batch as a block, n2 the same LSNs as records (sliced), n3 a bad block.
+    r.on_reply(NodeId("n1"), dataclasses.replace(reply(1, 12, release=release),
+                                                 blocks=(block,)), 1)
+    sliced = tuple((lsn(1, 2 + i), 1002, "k", p) for i, p in enumerate(payloads))
+    r.on_reply(NodeId("n2"), dataclasses.replace(reply(1, 12, release=release),
+                                                 records=reply(1, 12).records[:1] + sliced
+                                                 + reply(1, 12).records[1:]), 1)
+    bad = (lsn(1, 2), 1002, "k", int(Codec.ZSTD), 10, blob)
+    r.on_reply(NodeId("n3"), dataclasses.replace(reply(release=release), blocks=(bad,)), 1)
+    r.on_reply(NodeId("n4"), dataclasses.replace(reply(1, 12, release=release),
+                                                 blocks=(block,)), 1)
+    assert r.stragglers() == ["n3", "n5"]  # the bad block counts as a failed answer
+    r.on_reply(NodeId("n5"), Status.TIMEDOUT, 2)
+    result = r.result(2)
+    assert result is not None and result.merged is not None
+    records = result.merged.records
+    assert [rec[0] for rec in records] == [lsn(1, e) for e in range(1, 13)]
+    assert [rec[3] for rec in records[1:11]] == payloads and not result.merged.gaps
+    assert len(r._blocks) == 1  # n1's and n4's copies of the batch expanded once
