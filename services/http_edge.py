@@ -315,6 +315,18 @@ class _Request:
         except Exception:
             self.internal()
 
+    def on_append_task(self, task: asyncio.Task[AppendOutcome]) -> None:
+        self.conn.edge.append_tasks.discard(task)
+        if task.cancelled():
+            self.dropped()
+            return
+        try:
+            outcome = task.result()
+        except Exception:
+            self.internal()
+            return
+        self.on_appended(outcome)
+
     def _append_failed(self, outcome: AppendOutcome, sequencer: bytes) -> None:
         if outcome.redirect_http is not None:
             # 307 keeps the method and body; the client re-sends to the log's sequencer node.
@@ -632,9 +644,24 @@ class _Connection(asyncio.Protocol):
         if not no_forward and b"?" in self._url:
             value = next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
             no_forward = value is not None and value.strip().lower().encode() in _TRUE_VALUES
-        request.count = len(append.payloads)
+        request.count = append.records_count
+        if append.compression:
+            # A compressed batch (docs/API-EXTENSIONS.md) carries many records per request:
+            # the async entry, which takes its codec and record count, costs little per record.
+            task = self.edge.loop.create_task(self._compressed_append(
+                log_id, append, producer, no_forward))
+            self.edge.append_tasks.add(task)
+            task.add_done_callback(request.on_append_task)
+            return
         self.edge.append_nowait(log_id, append.payloads, append.key, producer=producer,
                                 no_forward=no_forward, done=request.on_appended)
+
+    async def _compressed_append(self, log_id: LogId, append: AppendRequest,
+                                 producer: tuple[str, int] | None,
+                                 no_forward: bool) -> AppendOutcome:
+        return await self.edge.service.append(
+            log_id, append.payloads, append.key, producer=producer, no_forward=no_forward,
+            compression=append.compression, records=append.records)
 
     async def _read(self, log_id: LogId, params: ReadParams) -> ReadOutcome:
         return await self.edge.service.read(log_id, params.from_lsn, params.records_max,
@@ -831,6 +858,8 @@ class EdgeServer(web.Server):
         self.append_nowait: AppendNowait = (
             nowait if nowait is not None else _task_append(self.service))
         self.lean_connections: set[_Connection] = set()
+        self.append_tasks: set[asyncio.Task[AppendOutcome]] = set()
+        """Appends of compressed batches in flight (not cancelled when their client goes)."""
         self._all_closed = asyncio.Event()
         self._all_closed.set()
         self._sweeper: asyncio.TimerHandle | None = None

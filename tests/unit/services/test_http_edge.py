@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httptools
+import msgpack
 import orjson
 import pytest
 from aiohttp import web
@@ -24,6 +25,7 @@ from frontend.outcomes import AppendOutcome
 from services import http_edge
 from services.http_api import create_api_app
 from services.http_edge import REQUEST_HEAD_BYTES_MAX, EdgeRunner
+from shared.compression import Codec, compress_batch
 from shared.status import Status
 from shared.types import LogId, Lsn
 
@@ -466,3 +468,22 @@ async def test_any_split_of_a_pipeline_gets_the_same_answers_in_order(
         finally:
             writer.close()
     assert [a.code for a in answers.done] == [code for _, code in requests] + [200]
+
+
+async def test_a_compressed_batch_on_the_lean_path_gets_one_lsn_per_record(
+    client: ApiClient, fake: FakeLogService
+) -> None:
+    records = [b"line %d " % i * 20 for i in range(8)]
+    blob = compress_batch(records, Codec.LZ4)
+    assert blob is not None
+    body = msgpack.packb({"compression": "lz4", "records": len(records),
+                          "compressed_payloads": blob}, use_bin_type=True)
+    request = (b"POST /v1/logs/7/append-batch HTTP/1.1\r\nContent-Type: application/msgpack\r\n"
+               b"Accept: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    answers = await exchange(client.port, append(b"before") + request + append(b"after"), 3)
+    assert [a.code for a in answers] == [200, 200, 200]
+    batch = answers[1].json()
+    assert batch == {"first_lsn": FIRST_LSN + 1, "last_lsn": FIRST_LSN + 8, "count": 8,  # type: ignore[comparison-overlap]
+                     "timestamp_ms": batch["timestamp_ms"]}  # type: ignore[index]
+    assert answers[2].json()["lsn"] == FIRST_LSN + 9  # type: ignore[index]
+    assert [c.payloads for c in fake.appends][1] == tuple(records)
