@@ -26,6 +26,9 @@ class AppendOutcome:
     redirect_http: str | None = None
     """Set (with ``NOSEQUENCER``) when the append asked ``no_forward`` and another node,
     ``sequencer_node`` at this HTTP address, sequences the log: nothing was written."""
+    redirect_data: str | None = None
+    """With ``redirect_http``: the ``host:port`` of that node's data port, for binary
+    clients."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,6 +83,8 @@ class NodeOut:
     state: Literal["ALIVE", "SUSPECT", "DEAD"]
     sequencer_weight: float
     storage_capacity: float
+    data: str = ""
+    """``host:port`` of the node's data port (node-to-node and binary client protocol)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +123,8 @@ class LogService(Protocol):
 
     node_id: NodeId
     cluster_name: str
+    cluster_fingerprint: str
+    """What a binary client's HELLO must carry (docs/PROTOCOL.md)."""
 
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,

@@ -28,6 +28,14 @@ class AppendAnswer(Protocol):
 
 
 class LocalSequencer(Protocol):
+    def append_nowait(self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
+                      producer: tuple[str, int] | None,
+                      done: Callable[[AppendAnswer], None], *, compression: int = 0,
+                      records: int = 0) -> None:
+        """Stage an append; ``done`` gets its answer exactly once, later or (shutting down)
+        at once. No Task and no future per append."""
+        ...
+
     async def append(self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
                      producer: tuple[str, int] | None = None, *, compression: int = 0,
                      records: int = 0) -> AppendAnswer: ...

@@ -33,16 +33,12 @@ from frontend.outcomes import (
     RecordOut,
     TailOutcome,
 )
-from frontend.ports import LocalSequencer, MembershipView
-from shared.compression import check_batch, check_batch_header
+from frontend.ports import AppendAnswer, LocalSequencer, MembershipView
+from shared.append_validation import check_append, check_compressed_append
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
-from shared.limits import (
-    KEY_BYTES_MAX,
-    PRODUCER_ID_BYTES_MAX,
-    PRODUCER_SEQ_MAX,
-    READ_WAIT_MS_MAX,
-)
+from shared.http_contract import wants_retry_after
+from shared.limits import READ_WAIT_MS_MAX
 from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
@@ -52,8 +48,9 @@ from shared.read_merge import f_majority
 from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId, log_id_valid
+from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
+from shared.wire.codec import Message
 from shared.wire.hello import PROTOCOL_VERSION
 from shared.wire.read import GetLogState, LogState
 from shared.wire.trim import FindTime, FoundTime, Trim, Trimmed
@@ -86,6 +83,7 @@ class FrontEnd:
         self.config = config
         self.node_id = config.node_id
         self.cluster_name = config.cluster.cluster_name
+        self.cluster_fingerprint = pool.cluster_fingerprint
         self.pool = pool
         self.sequencer = sequencer
         self.epoch_store = epoch_store
@@ -134,6 +132,24 @@ class FrontEnd:
 
     # ---- appends -------------------------------------------------------------------------
 
+    def append_nowait(
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
+        producer: tuple[str, int] | None = None, no_forward: bool = False,
+        done: Callable[[AppendOutcome], None], compression: int = 0, records: int = 0,
+    ) -> None:
+        """``append`` with a callback instead of a coroutine: no Task and no future per
+        append. ``done`` gets the outcome exactly once; answers known at once (a redirect, no
+        sequencer node, shutting down) call it before this returns. The caller has validated
+        the append (``shared.append_validation``). ``compression``/``records``: ``payloads``
+        is one compressed batch (``shared.compression``) of ``records`` records."""
+        if no_forward:
+            redirect = self._redirect(log_id)
+            if redirect is not None:
+                done(redirect)
+                return
+        self._append_nowait(log_id, payloads, key, producer, 0, done,
+                            compression=compression, records=records)
+
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
         producer: tuple[str, int] | None = None, no_forward: bool = False,
@@ -141,128 +157,136 @@ class FrontEnd:
     ) -> AppendOutcome:
         """``producer``: ``(producer_id, producer_seq)`` of an idempotent append.
         ``compression``/``records``: a validated compressed batch (``LogService.append``)."""
-        if no_forward:
-            owner = self.owner(log_id)
-            if owner is not None and owner != self.node_id:
-                node = self.config.cluster.node(owner)
-                assert node is not None
-                return AppendOutcome(
-                    status=Status.NOSEQUENCER, sequencer_node=owner,
-                    redirect_http=node.http_address,
-                    message=f"node {self.node_id} does not sequence log {log_id}; "
-                            f"its sequencer is {owner} ({node.http_address})")
-        return await self._append(log_id, payloads, key, producer, hops=0,
-                                  compression=compression, records=records)
+        future: asyncio.Future[AppendOutcome] = asyncio.get_running_loop().create_future()
 
-    async def _append(
+        def done(outcome: AppendOutcome) -> None:
+            if not future.done():
+                future.set_result(outcome)
+
+        self.append_nowait(log_id, payloads, key, producer=producer, no_forward=no_forward,
+                           done=done, compression=compression, records=records)
+        return await future
+
+    def _redirect(self, log_id: LogId) -> AppendOutcome | None:
+        """The NOSEQUENCER answer naming the log's owner, unless this node is the owner (or
+        no sequencer node is alive: then ``_append_nowait`` answers)."""
+        owner = self.owner(log_id)
+        if owner is None or owner == self.node_id:
+            return None
+        node = self.config.cluster.node(owner)
+        assert node is not None
+        return AppendOutcome(
+            status=Status.NOSEQUENCER, sequencer_node=owner, redirect_http=node.http_address,
+            redirect_data=f"{node.host}:{node.data_port}",
+            message=f"node {self.node_id} does not sequence log {log_id}; "
+                    f"its sequencer is {owner} ({node.http_address})")
+
+    def _append_nowait(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        producer: tuple[str, int] | None, hops: int, compression: int = 0, records: int = 0,
-    ) -> AppendOutcome:
+        producer: tuple[str, int] | None, hops: int, done: Callable[[AppendOutcome], None],
+        local_done: Callable[[AppendAnswer], None] | None = None, *, compression: int = 0,
+        records: int = 0,
+    ) -> None:
+        """``local_done``: takes the local sequencer's answer as it is (no ``AppendOutcome``
+        in between), when the append runs here; ``done`` gets every other outcome."""
         owner = self.owner(log_id)
         if owner is None:
-            return AppendOutcome(status=Status.NOSEQUENCER,
-                                 message="no sequencer node is alive")
+            done(AppendOutcome(status=Status.NOSEQUENCER, message="no sequencer node is alive"))
+            return
+        sequencer = self.sequencer
         # A node whose sequencer of the log is active takes appends forwarded to it even if
         # its view of the owner differs: that breaks redirect loops between views.
-        forwarded_to_active = (hops > 0 and self.sequencer is not None
-                               and self.sequencer.is_active(log_id))
-        if owner == self.node_id or hops >= FORWARD_HOPS_MAX or forwarded_to_active:
-            if self.sequencer is None:
-                return AppendOutcome(status=Status.NOSEQUENCER,
-                                     message=f"node {self.node_id} has no sequencer role")
-            if compression:
-                r = await self.sequencer.append(log_id, payloads, key, producer,
-                                                compression=compression, records=records)
-            else:
-                r = await self.sequencer.append(log_id, payloads, key, producer)
-            return AppendOutcome(status=r.status, first_lsn=r.first_lsn, last_lsn=r.last_lsn,
-                                 timestamp_ms=r.timestamp_ms, sequencer_node=self.node_id,
-                                 message=r.message)
-        return await self._forward(owner, log_id, payloads, key, producer, hops,
-                                   compression, records)
+        if (owner == self.node_id or hops >= FORWARD_HOPS_MAX
+                or (hops > 0 and sequencer is not None and sequencer.is_active(log_id))):
+            if sequencer is None:
+                done(AppendOutcome(status=Status.NOSEQUENCER,
+                                   message=f"node {self.node_id} has no sequencer role"))
+                return
+            if local_done is not None:
+                sequencer.append_nowait(log_id, payloads, key, producer, local_done,
+                                        compression=compression, records=records)
+                return
+            node_id = self.node_id
 
-    async def _forward(
+            def on_result(r: AppendAnswer) -> None:
+                done(AppendOutcome(status=r.status, first_lsn=r.first_lsn,
+                                   last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
+                                   sequencer_node=node_id, message=r.message))
+
+            sequencer.append_nowait(log_id, payloads, key, producer, on_result,
+                                    compression=compression, records=records)
+            return
+        self._forward(owner, log_id, payloads, key, producer, hops, done, compression, records)
+
+    def _forward(
         self, owner: NodeId, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        producer: tuple[str, int] | None, hops: int, compression: int = 0, records: int = 0,
-    ) -> AppendOutcome:
-        timeout_ms = self.config.sequencer.append_timeout_ms + 1_000
+        producer: tuple[str, int] | None, hops: int, done: Callable[[AppendOutcome], None],
+        compression: int = 0, records: int = 0,
+    ) -> None:
         producer_id, producer_seq = producer if producer is not None else (None, 0)
-        reply = await self.pool.call(
+
+        def on_reply(reply: Message | Status) -> None:
+            done(_forward_outcome(owner, reply))
+
+        self.pool.request(
             owner, Append(log_id=log_id, payloads=payloads, key=key, hops=hops + 1,
                           producer_id=producer_id, producer_seq=producer_seq,
-                          compression=compression, records=records), timeout_ms)
-        if type(reply) is Appended:
-            return AppendOutcome(status=reply.status, first_lsn=reply.first_lsn,
-                                 last_lsn=reply.last_lsn, timestamp_ms=reply.timestamp_ms,
-                                 sequencer_node=reply.sequencer_node, message=reply.message)
-        status = reply if isinstance(reply, Status) else Status.BADMSG
-        if status is Status.CONNFAILED:
-            # The pool never handed it to a connection: nothing was written.
-            return AppendOutcome(status=Status.NOSEQUENCER, sequencer_node=owner,
-                                 message=f"sequencer node {owner} is unreachable")
-        if status is Status.OVERLOADED:
-            return AppendOutcome(status=status, sequencer_node=owner,
-                                 message=f"too many appends in flight to {owner}")
-        return AppendOutcome(status=Status.TIMEDOUT, sequencer_node=owner,
-                             message=f"forwarding to {owner} failed ({status.name}); "
-                                     "outcome unknown")
+                          compression=compression, records=records),
+            on_reply, timeout_ms=self.config.sequencer.append_timeout_ms + 1_000)
 
-    def _forwarded_append_status(self, message: Append) -> Status:
-        """Peers are checked like HTTP clients: a bad APPEND must not reach the core."""
-        api = self.config.api
-        payloads, key = message.payloads, message.key
-        if not log_id_valid(message.log_id) or not payloads:
-            return Status.BADMSG
-        if message.compression or message.records:
-            if len(payloads) != 1 or type(payloads[0]) is not bytes:
-                return Status.BADMSG
-            if message.hops == 0:
-                # It enters the cluster here (a client's APPEND): expanded once, in full.
-                status = check_batch(payloads[0], message.compression, message.records,
-                                     records_max=api.batch_records_max,
-                                     payload_bytes_max=api.payload_bytes_max,
-                                     bytes_max=api.request_bytes_max)
-            else:
-                # A peer forwards what its edge expanded: the cheap header check suffices.
-                status = check_batch_header(payloads[0], message.compression,
-                                            message.records, records_max=api.batch_records_max,
-                                            bytes_max=api.request_bytes_max)
-            if status is not Status.OK:
-                return status
-        elif len(payloads) > api.batch_records_max:
-            return Status.TOOBIG
-        elif any(type(p) is not bytes for p in payloads):
-            return Status.BADMSG
-        elif any(len(p) > api.payload_bytes_max for p in payloads):
-            return Status.TOOBIG
-        if key is not None and len(key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
-            return Status.BADMSG
-        if message.producer_id is not None and not (
-                0 < len(message.producer_id.encode("utf-8", "replace")) <= PRODUCER_ID_BYTES_MAX
-                and 0 <= message.producer_seq <= PRODUCER_SEQ_MAX):
-            return Status.BADMSG
-        return Status.OK
-
-    def on_forwarded_append(self, message: Append, reply: ReplyFn) -> None:
-        status = self._forwarded_append_status(message)
-        if status is not Status.OK:
-            reply(Appended(status=status, log_id=message.log_id, first_lsn=Lsn(0),
+    def on_append_message(self, message: Append, reply: ReplyFn) -> None:
+        """An APPEND from a binary client (``hops`` 0, which the transport enforces) or
+        forwarded by another node. Both are checked like HTTP appends: a bad APPEND must not
+        reach the core. A client's ``no_forward`` is honoured; nodes never redirect nodes."""
+        producer_id = message.producer_id
+        producer_seq = None if producer_id is None else message.producer_seq
+        compression, records = message.compression, message.records
+        if compression or records:
+            invalid = check_compressed_append(
+                message.log_id, message.payloads, compression, records, message.key,
+                producer_id, producer_seq, self.config.api, entering=message.hops == 0)
+        else:
+            invalid = check_append(message.log_id, message.payloads, message.key, producer_id,
+                                   producer_seq, self.config.api)
+        log_id = message.log_id
+        if invalid is not None:
+            reply(Appended(status=invalid.status, log_id=log_id, first_lsn=Lsn(0),
                            last_lsn=Lsn(0), timestamp_ms=0, sequencer_node=None,
-                           message="malformed forwarded append; nothing written"))
+                           message=f"{invalid.message}; nothing written"))
             return
 
-        async def run() -> None:
-            producer = (None if message.producer_id is None
-                        else (message.producer_id, message.producer_seq))
-            r = await self._append(message.log_id, message.payloads, message.key, producer,
-                                   message.hops, message.compression, message.records)
-            reply(Appended(status=r.status, log_id=message.log_id, first_lsn=r.first_lsn,
-                           last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
-                           sequencer_node=r.sequencer_node, message=r.message))
+        # Clients are told when to retry, as HTTP's Retry-After does; nodes relay statuses
+        # (and get version-1 frames: no extension fields).
+        retry_after_ms = self.config.api.retry_after_s * 1000 if message.hops == 0 else 0
 
-        task = asyncio.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        def done(r: AppendOutcome) -> None:
+            reply(Appended(status=r.status, log_id=log_id, first_lsn=r.first_lsn,
+                           last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
+                           sequencer_node=r.sequencer_node, message=r.message,
+                           redirect_data=r.redirect_data,
+                           retry_after_ms=retry_after_ms if r.status is not Status.OK and (
+                               wants_retry_after(r.status)) and r.redirect_data is None
+                           else 0))
+
+        node_id = self.node_id
+
+        def local_done(r: AppendAnswer) -> None:
+            # The hot path: straight from the local sequencer's answer to the reply.
+            status = r.status
+            reply(Appended(status=status, log_id=log_id, first_lsn=r.first_lsn,
+                           last_lsn=r.last_lsn, timestamp_ms=r.timestamp_ms,
+                           sequencer_node=node_id, message=r.message,
+                           retry_after_ms=retry_after_ms if status is not Status.OK and (
+                               wants_retry_after(status)) else 0))
+
+        if message.no_forward and message.hops == 0:
+            redirect = self._redirect(log_id)
+            if redirect is not None:
+                done(redirect)
+                return
+        producer = None if producer_id is None else (producer_id, message.producer_seq)
+        self._append_nowait(log_id, message.payloads, message.key, producer, message.hops,
+                            done, local_done, compression=compression, records=records)
 
     # ---- reads ---------------------------------------------------------------------------
 
@@ -494,7 +518,7 @@ class FrontEnd:
             NodeOut(node_id=n.node_id, roles=tuple(n.roles), http=n.http_address,
                     state=_STATE_NAMES[view.get(n.node_id, "ALIVE")],
                     sequencer_weight=n.sequencer_weight,
-                    storage_capacity=n.storage_capacity)
+                    storage_capacity=n.storage_capacity, data=f"{n.host}:{n.data_port}")
             for n in self.config.cluster.nodes
         ]
 
@@ -506,24 +530,21 @@ class FrontEnd:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    # TEMPORARY shim until binproto lands
-    def append_nowait(
-        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
-        producer: tuple[str, int] | None = None, no_forward: bool = False,
-        done: Callable[[AppendOutcome], None],
-    ) -> None:
-        """``append`` with its outcome handed to ``done`` (called exactly once)."""
 
-        async def run() -> None:
-            try:
-                outcome = await self.append(log_id, payloads, key, producer=producer,
-                                            no_forward=no_forward)
-            except Exception:
-                log.exception("append to log %d failed", log_id)
-                outcome = AppendOutcome(status=Status.INTERNAL,
-                                        message="internal error; the outcome is unknown")
-            done(outcome)
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+def _forward_outcome(owner: NodeId, reply: Message | Status) -> AppendOutcome:
+    """The outcome of an append forwarded to ``owner``, from its answer or the transport's."""
+    if type(reply) is Appended:
+        return AppendOutcome(status=reply.status, first_lsn=reply.first_lsn,
+                             last_lsn=reply.last_lsn, timestamp_ms=reply.timestamp_ms,
+                             sequencer_node=reply.sequencer_node, message=reply.message)
+    status = reply if isinstance(reply, Status) else Status.BADMSG
+    if status is Status.CONNFAILED:
+        # The pool never handed it to a connection: nothing was written.
+        return AppendOutcome(status=Status.NOSEQUENCER, sequencer_node=owner,
+                             message=f"sequencer node {owner} is unreachable")
+    if status is Status.OVERLOADED:
+        return AppendOutcome(status=status, sequencer_node=owner,
+                             message=f"too many appends in flight to {owner}")
+    return AppendOutcome(status=Status.TIMEDOUT, sequencer_node=owner,
+                         message=f"forwarding to {owner} failed ({status.name}); "
+                                 "outcome unknown")

@@ -1,5 +1,11 @@
-"""Closed-loop append benchmark for Seqlog over HTTP/msgpack, same semantics as the peer
-benchmarks (shared/peers/common.py) so the numbers can be put side by side.
+"""Closed-loop append benchmark for Seqlog, same semantics as the peer benchmarks
+(shared/peers/common.py) so the numbers can be put side by side.
+
+``--client seqlog`` is the public ``seqlog.Client`` over the binary protocol (its default),
+``seqlog-http`` the same client over HTTP/msgpack, ``raw`` a minimal HTTP/1.1 client. With
+``--dir`` the output also gives the CPU the sequencer nodes' processes spent per record over
+the measured phase (``sequencer_cpu_us_per_record``, from /proc/PID/stat), and every run the
+client's own (``client_cpu_us_per_record``).
 
 At most ``--inflight`` requests are outstanding; each carries ``--batch`` records (one
 append, or one append-batch when B > 1). Latency is per request, from just before it is
@@ -23,7 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from loadtests.raw_append_client import RawAppender
 from seqlog import Client, LogError
@@ -46,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=5, help="client retries on 429/503")
     p.add_argument("--timeout-ms", type=int, default=30_000, help="client request timeout")
     p.add_argument("--label", default="", help="free text copied into the JSON output")
-    p.add_argument("--client", choices=["seqlog", "raw"], default="seqlog",
-                   help="seqlog: the public seqlog.Client (aiohttp); raw: a minimal keep-alive "
+    p.add_argument("--client", choices=["seqlog", "seqlog-http", "raw"], default="seqlog",
+                   help="seqlog: the public seqlog.Client (binary protocol); seqlog-http: the "
+                        "same client with protocol='http' (aiohttp); raw: a minimal keep-alive "
                         "HTTP/1.1 client that costs far less CPU per request "
                         "(loadtests.raw_append_client), to measure the servers")
     return p
@@ -74,6 +81,15 @@ def loadavg() -> str | None:
         return None
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds of process ``pid`` so far (Linux), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Phase:
     """Latencies, errors and CPU of one closed-loop run."""
 
@@ -83,10 +99,13 @@ class Phase:
         self.records_ok = 0
         self.elapsed_s = 0.0
         self.cpu_s = 0.0
+        self.server_cpu_s: dict[str, float] = {}
+        """CPU seconds each sequencer node's process spent during the phase."""
 
 
 async def closed_loop(
-    op: Callable[[int], Awaitable[int]], requests: int, inflight: int, start_index: int = 0
+    op: Callable[[int], Awaitable[int]], requests: int, inflight: int, start_index: int = 0,
+    server_pids: dict[str, int] | None = None,
 ) -> Phase:
     """Run ``await op(i)`` (returns records written) for ``requests`` indices with
     ``inflight`` workers sharing one iterator."""
@@ -105,11 +124,17 @@ async def closed_loop(
             phase.latencies_s.append(pc() - t0)
             phase.records_ok += written
 
+    pids = server_pids or {}
+    s0 = {node: process_cpu_s(pid) for node, pid in pids.items()}
     c0 = cpu_s()
     t0 = pc()
     await asyncio.gather(*(worker() for _ in range(max(1, inflight))))
     phase.elapsed_s = pc() - t0
     phase.cpu_s = cpu_s() - c0
+    for node, pid in pids.items():
+        before, after = s0[node], process_cpu_s(pid)
+        if before is not None and after is not None:
+            phase.server_cpu_s[node] = after - before
     return phase
 
 
@@ -136,6 +161,11 @@ def report(args: argparse.Namespace, phase: Phase, urls: list[str]) -> dict[str,
         "p999_ms": round(percentile(lat, 99.9) * 1e3, 4),
         "max_ms": round(lat[-1] * 1e3, 4) if lat else None,
         "client_cpu_util": round(phase.cpu_s / el, 3) if el > 0 else None,
+        "client_cpu_us_per_record": round(phase.cpu_s / n * 1e6, 2) if n else None,
+        "sequencer_cpu_us_per_record": (
+            round(sum(phase.server_cpu_s.values()) / n * 1e6, 2)
+            if n and phase.server_cpu_s else None),
+        "sequencer_cpu_s": {k: round(v, 3) for k, v in phase.server_cpu_s.items()},
         "loadavg_start": args.loadavg_start,
         "loadavg_end": loadavg(),
         "errors": dict(phase.errors),
@@ -144,6 +174,16 @@ def report(args: argparse.Namespace, phase: Phase, urls: list[str]) -> dict[str,
     }
     print(json.dumps(out), flush=True)
     return out
+
+
+def sequencer_pids(args: argparse.Namespace) -> dict[str, int]:
+    """The sequencer nodes' process ids of a local cluster (``--dir``), else none."""
+    if args.dir is None:
+        return {}
+    state = load_state(args.dir.resolve())
+    if state is None:
+        return {}
+    return {n.node_id: n.pid for n in state.nodes if "sequencer" in n.roles}
 
 
 def resolve_urls(args: argparse.Namespace) -> list[str]:
@@ -162,8 +202,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     payload = os.urandom(args.size)
     batch = [payload] * args.batch
     first_log, logs = args.first_log, args.logs
+    protocol: Literal["binary", "http"] = "http" if args.client == "seqlog-http" else "binary"
     async with Client(
-        urls, connections_max=args.inflight, retries_max=args.retries, timeout_ms=args.timeout_ms
+        urls, connections_max=args.inflight, retries_max=args.retries, timeout_ms=args.timeout_ms,
+        protocol=protocol,
     ) as client:
 
         async def one(i: int) -> int:
@@ -181,7 +223,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         if warm.errors and not warm.latencies_s:
             raise SystemExit(json.dumps({"error": f"warmup failed: {dict(warm.errors)}"}))
         requests = math.ceil(args.records / args.batch)
-        phase = await closed_loop(op, requests, args.inflight, start_index=warmup_requests)
+        phase = await closed_loop(op, requests, args.inflight, start_index=warmup_requests,
+                                  server_pids=sequencer_pids(args))
     return report(args, phase, urls)
 
 
@@ -204,7 +247,8 @@ async def bench_raw(args: argparse.Namespace) -> dict[str, Any]:
         if warm.errors and not warm.latencies_s:
             raise SystemExit(json.dumps({"error": f"warmup failed: {dict(warm.errors)}"}))
         requests = math.ceil(args.records / batch)
-        phase = await closed_loop(op, requests, args.inflight, start_index=warmup_requests)
+        phase = await closed_loop(op, requests, args.inflight, start_index=warmup_requests,
+                                  server_pids=sequencer_pids(args))
     finally:
         await appender.close()
     return report(args, phase, urls)

@@ -40,6 +40,14 @@ seqlog() {
         | tail -1 >> "$OUT"
     "${bench[@]}" --client raw --inflight 256 --records 20000 --label seqlog-r3-fsync \
         | tail -1 >> "$OUT"
+    # The buffered writer (seqlog.BufferedWriter, 5 ms linger), 4096 appends outstanding:
+    # incompressible payloads with lz4 (kept only where it shrinks a batch, so sent plain),
+    # and JSON log lines (loadtests/json_log_lines.py, ~1 KiB) with zstd and lz4.
+    local buffered=(.venv/bin/python -m loadtests.bench_buffered --dir "$DIR/c" --size 1024
+                    --loop uvloop --inflight 4096 --records 300000 --label seqlog-r3-fsync)
+    "${buffered[@]}" --payload random --compression lz4 | tail -1 >> "$OUT"
+    "${buffered[@]}" --payload json --compression zstd | tail -1 >> "$OUT"
+    "${buffered[@]}" --payload json --compression lz4 | tail -1 >> "$OUT"
     .venv/bin/seqlog local down --dir "$DIR/c" >/dev/null
     rm -rf "$DIR/c"
 }

@@ -20,6 +20,8 @@ def main(path: str) -> None:
                 bench = d.get("bench", "?")
                 if d.get("client") == "raw":
                     bench += " (raw HTTP client)"
+                if bench == "seqlog_buffered":
+                    bench += f" ({d.get('payload')}, {d.get('compression')})"
                 key = (bench, int(d.get("inflight", 0)), int(d.get("batch", 1)))
                 rows[key].append(d)
     print("| system | in-flight | batch | records/s | p50 ms | p99 ms | client CPU | runs |")

@@ -3,6 +3,7 @@
 Depends only on ``shared`` plus aiohttp and msgpack, never on the node's own packages.
 """
 
+from seqlog.buffered_writer import BufferedWriter, WriterStats
 from seqlog.client import Client
 from seqlog.results import (
     AppendResult,
@@ -19,6 +20,7 @@ from shared.status import LogError, Status
 __all__ = [
     "AppendResult",
     "BatchResult",
+    "BufferedWriter",
     "Client",
     "ClusterInfo",
     "Gap",
@@ -28,4 +30,5 @@ __all__ = [
     "Record",
     "Status",
     "TailResult",
+    "WriterStats",
 ]

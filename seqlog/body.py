@@ -195,7 +195,13 @@ def _node(item: Any) -> NodeInfo:
         state=state,
         sequencer_weight=_number(item, "sequencer_weight"),
         storage_capacity=_number(item, "storage_capacity"),
+        data=_optional_str(item, "data"),
     )
+
+
+def _optional_str(item: Mapping[str, Any], name: str) -> str:
+    value = item.get(name, "")
+    return value if isinstance(value, str) else ""
 
 
 def _number(item: Mapping[str, Any], name: str) -> float:
@@ -208,9 +214,12 @@ def _number(item: Mapping[str, Any], name: str) -> float:
 def parse_cluster(body: Decoded) -> ClusterInfo:
     data = body.data
     cluster = data.get("cluster", "")
+    version = data.get("protocol_version", 0)
     return ClusterInfo(
         cluster=cluster if isinstance(cluster, str) else "",
         nodes=[_node(item) for item in _list(data, "nodes")],
+        cluster_fingerprint=_optional_str(data, "cluster_fingerprint"),
+        protocol_version=version if type(version) is int else 0,
     )
 
 

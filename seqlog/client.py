@@ -1,4 +1,10 @@
-"""The public asyncio client of Seqlog's HTTP API (msgpack on the wire).
+"""The public asyncio client of Seqlog: appends over the binary protocol (docs/PROTOCOL.md) by
+default, everything else over the HTTP API (msgpack on the wire).
+
+Appends (``protocol="binary"``): one pipelined connection per node's data port, learned with
+the cluster fingerprint from ``GET /v1/cluster`` (``seqlog.binary``, ``seqlog.binary_appends``);
+routing and retries follow the rules below. A cluster whose nodes do not offer the binary
+protocol (older nodes) gets HTTP appends instead. ``protocol="http"`` sends appends over HTTP.
 
 One ``aiohttp`` session per client. Appends go straight to the log's sequencer: the node an
 answer named (``X-Seqlog-Sequencer``), else the one the sequencer hash picks over the ALIVE
@@ -22,13 +28,17 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import replace
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, Unpack
 
 import aiohttp
 from yarl import URL
 
 from seqlog import body as wire
+from seqlog.binary import Connections
+from seqlog.binary_appends import BinaryAppends
+from seqlog.buffered_writer import BufferedWriter, BufferedWriterOptions
 from seqlog.reader import LogReader, parse_nodesets
 from seqlog.results import (
     AppendResult,
@@ -40,6 +50,8 @@ from seqlog.results import (
     TailResult,
 )
 from seqlog.routing import Router, normalize_url
+from shared.append_validation import check_key, check_producer
+from shared.compression import CODEC_NAMES, compress_batch
 from shared.http_contract import (
     NO_FORWARD_HEADER,
     NOTHING_WRITTEN,
@@ -47,8 +59,10 @@ from shared.http_contract import (
     SEQUENCER_HEADER,
     TRY_ELSEWHERE,
 )
+from shared.limits import FRAME_BYTES_MAX
 from shared.status import LogError, Status
 from shared.types import LSN_OLDEST, LogId, Lsn, log_id_valid, lsn_valid
+from shared.wire.append import Append, Appended
 
 _REDIRECT_CODES = frozenset({307, 308})
 _HEADERS = {"Content-Type": wire.MSGPACK, "Accept": wire.MSGPACK}
@@ -84,6 +98,7 @@ class Client:
         follow_wait_ms: int = 10_000,
         follow_idle_ms: int = 100,
         redirects_max: int = 3,
+        protocol: Literal["binary", "http"] = "binary",
     ) -> None:
         seeds = [urls] if isinstance(urls, str) else list(urls)
         if not seeds:
@@ -92,6 +107,8 @@ class Client:
             raise ValueError("timeouts and connections_max must be positive")
         if retries_max < 0 or not 0 <= retry_backoff_ms_min <= retry_backoff_ms_max:
             raise ValueError("retries_max must be >= 0 and backoff min <= max")
+        if protocol not in ("binary", "http"):
+            raise ValueError(f"protocol must be 'binary' or 'http', not {protocol!r}")
         self._router = Router(seeds, routes_max=routes_max)
         self._timeout_ms = timeout_ms
         self._connect_timeout_ms = connect_timeout_ms
@@ -108,6 +125,16 @@ class Client:
         self._urls: dict[str, URL] = {}
         self._default_timeout = self._timeout(0)
         self._rng = random.Random()
+        self._protocol = protocol
+        self._binary: BinaryAppends | None = None
+        self._binary_off = protocol == "http"
+        """Set once appends go over HTTP for good: asked to, or the cluster does not offer the
+        binary protocol."""
+        self._cluster_info: ClusterInfo | None = None
+        self.batch_bytes_plain = 0
+        """Payload bytes of the append-batches sent with ``compression``, plain ..."""
+        self.batch_bytes_sent = 0
+        """... and as sent (the blob when it shrank the batch): the compression ratio."""
 
     async def __aenter__(self) -> Client:
         self._ensure_session()
@@ -122,9 +149,18 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
+        if self._binary is not None:
+            binary, self._binary = self._binary, None
+            self._binary_off = True
+            await binary.close()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
+
+    @property
+    def protocol(self) -> Literal["binary", "http"]:
+        """What appends use now: "binary" until the cluster turned out not to offer it."""
+        return "http" if self._binary_off else "binary"
 
     @property
     def urls(self) -> list[str]:
@@ -143,7 +179,42 @@ class Client:
         producer_seq: int | None = None,
     ) -> AppendResult:
         log = _check_log(log_id)
-        request: dict[str, Any] = {"payload": _check_payload(payload)}
+        payload = _check_payload(payload)
+        if not self._binary_off:
+            binary = self._binary or await self._binary_appends()
+            if binary is not None:
+                future: asyncio.Future[AppendResult] = self._loop().create_future()
+                binary.submit(_message(log, (payload,), key, producer_id, producer_seq),
+                              future, _append_result)
+                return await future
+        return await self._http_append(log, payload, key, producer_id, producer_seq)
+
+    def append_future(
+        self,
+        log_id: int,
+        payload: bytes,
+        key: str | None = None,
+        *,
+        producer_id: str | None = None,
+        producer_seq: int | None = None,
+    ) -> asyncio.Future[AppendResult]:
+        """``append`` without a coroutine: the future of its result. Over an open binary
+        connection this creates no Task (one frame, one future, one callback), so a caller can
+        keep thousands of appends in flight cheaply. Bad arguments raise at once."""
+        log = _check_log(log_id)
+        payload = _check_payload(payload)
+        binary = self._binary
+        if binary is not None and not self._binary_off:
+            future: asyncio.Future[AppendResult] = self._loop().create_future()
+            binary.submit(_message(log, (payload,), key, producer_id, producer_seq), future,
+                          _append_result)
+            return future
+        return asyncio.ensure_future(self.append(
+            log, payload, key, producer_id=producer_id, producer_seq=producer_seq))
+
+    async def _http_append(self, log: LogId, payload: bytes, key: str | None,
+                           producer_id: str | None, producer_seq: int | None) -> AppendResult:
+        request: dict[str, Any] = {"payload": payload}
         _add_optional(request, key, producer_id, producer_seq)
         answer = await self._call("POST", log, f"/v1/logs/{log}/append", request, writes=True,
                                   idempotent=producer_id is not None)
@@ -157,16 +228,96 @@ class Client:
         key: str | None = None,
         producer_id: str | None = None,
         producer_seq: int | None = None,
+        compression: str | None = None,
     ) -> BatchResult:
+        """An atomic batch. ``compression`` ("lz4" or "zstd") sends it compressed when that
+        makes it smaller (docs/API-EXTENSIONS.md); readers get the plain payloads back."""
         log = _check_log(log_id)
         items = [_check_payload(p) for p in payloads]
         if not items:
             raise LogError(Status.INVALID_PARAM, "a batch needs at least one payload")
-        request: dict[str, Any] = {"payloads": items}
+        blob = self._compress(items, compression)
+        if not self._binary_off:
+            binary = self._binary or await self._binary_appends()
+            if binary is not None:
+                future: asyncio.Future[BatchResult] = self._loop().create_future()
+                message = _message(log, tuple(items), key, producer_id, producer_seq)
+                if blob is not None:
+                    message = replace(message, payloads=(blob,),
+                                      compression=CODEC_NAMES[str(compression)],
+                                      records=len(items))
+                binary.submit(message, future, _batch_result)
+                return await future
+        return await self._http_append_batch(log, items, key, producer_id, producer_seq,
+                                             blob=blob, compression=compression)
+
+    async def _http_append_batch(self, log: LogId, items: list[bytes], key: str | None,
+                                 producer_id: str | None, producer_seq: int | None, *,
+                                 blob: bytes | None = None, compression: str | None = None,
+                                 ) -> BatchResult:
+        request: dict[str, Any] = {"payloads": items} if blob is None else {
+            "compression": compression, "records": len(items), "compressed_payloads": blob}
         _add_optional(request, key, producer_id, producer_seq)
         path = f"/v1/logs/{log}/append-batch"
         return wire.parse_batch(await self._call("POST", log, path, request, writes=True,
                                                  idempotent=producer_id is not None))
+
+    async def _http_fallback(self, message: Append, make: Any) -> AppendResult | BatchResult:
+        """An append the binary path could not send (the cluster does not offer it), over
+        HTTP: nothing was sent yet."""
+        producer_seq = None if message.producer_id is None else message.producer_seq
+        if make is _batch_result:
+            if message.compression:
+                # A compressed batch goes over HTTP as it is (the blob, not its records).
+                name = next(n for n, c in CODEC_NAMES.items() if c == message.compression)
+                return await self._http_append_batch(
+                    message.log_id, [b""] * message.records, message.key, message.producer_id,
+                    producer_seq, blob=message.payloads[0], compression=name)
+            return await self._http_append_batch(message.log_id, list(message.payloads),
+                                                 message.key, message.producer_id,
+                                                 producer_seq)
+        return await self._http_append(message.log_id, message.payloads[0], message.key,
+                                       message.producer_id, producer_seq)
+
+    async def _binary_appends(self) -> BinaryAppends | None:
+        """The binary append path, set up on first use from the cluster view (fingerprint and
+        data addresses); None (appends go over HTTP) when the cluster does not offer it."""
+        if self._binary is not None or self._binary_off:
+            return self._binary
+        info = self._cluster_info
+        if info is None:
+            try:
+                info = await self.cluster()
+            except LogError:
+                return None  # the HTTP path reports why no node answers
+        if self._binary is not None or self._binary_off:
+            return self._binary
+        if not info.cluster_fingerprint or not any(n.data for n in info.nodes):
+            self._binary_off = True
+            return None
+        self._binary = BinaryAppends(
+            router=self._router,
+            connections=Connections(cluster_fingerprint=info.cluster_fingerprint,
+                                    connect_timeout_ms=self._connect_timeout_ms,
+                                    timeout_ms=self._timeout_ms),
+            retries_max=self._retries_max, redirects_max=self._redirects_max,
+            backoff_ms=self._backoff_after_ms,
+            refresh_cluster=self._refresh_cluster, http_fallback=self._http_fallback,
+            on_unavailable=self._binary_unavailable)
+        return self._binary
+
+    def _binary_unavailable(self) -> None:
+        self._binary_off = True
+
+    @staticmethod
+    def _loop() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    def buffered_writer(self, **options: Unpack[BufferedWriterOptions]) -> BufferedWriter:
+        """A writer that batches appends per log (``seqlog.buffered_writer``):
+        ``async with client.buffered_writer(linger_ms=5) as w: lsn = await w.append(7, b"x")``.
+        """
+        return BufferedWriter(self, **options)
 
     async def read(
         self,
@@ -250,8 +401,25 @@ class Client:
     async def cluster(self) -> ClusterInfo:
         info = wire.parse_cluster(await self._call("GET", None, "/v1/cluster", None, writes=False))
         self._router.learn_cluster(info)
+        self._cluster_info = info
         self._cluster_refreshed_at_ms = _now_ms()
         return info
+
+    # -- compressed batches -------------------------------------------------------------
+
+    def _compress(self, items: list[bytes], compression: str | None) -> bytes | None:
+        """The compressed batch to send instead of ``items``, or None to send them plain
+        (no ``compression``, or it would not make the batch smaller)."""
+        if compression is None:
+            return None
+        codec = CODEC_NAMES.get(compression)
+        if codec is None:
+            raise LogError(Status.INVALID_PARAM, f"unknown compression {compression!r}")
+        blob = compress_batch(items, codec)
+        plain_bytes = sum(len(p) for p in items)
+        self.batch_bytes_plain += plain_bytes
+        self.batch_bytes_sent += plain_bytes if blob is None else len(blob)
+        return blob
 
     # -- transport ----------------------------------------------------------------------
 
@@ -402,10 +570,18 @@ class Client:
             await self.cluster()
 
     def _backoff_ms(self, attempt: int, retry_after: str | None) -> float:
+        """``retry_after``: an HTTP ``Retry-After`` header (seconds)."""
+        digits = retry_after is not None and retry_after.isdigit()
+        after_ms = int(retry_after) * 1000 if digits and retry_after is not None else 0
+        return self._backoff_after_ms(attempt, after_ms)
+
+    def _backoff_after_ms(self, attempt: int, retry_after_ms: int) -> float:
+        """Exponential backoff with jitter, at least the node's ``retry_after_ms`` (capped by
+        ``retry_backoff_ms_max``)."""
         backoff_ms = float(min(self._backoff_ms_max, self._backoff_ms_min * (2**attempt)))
         backoff_ms *= self._rng.uniform(0.5, 1.0)
-        if retry_after is not None and retry_after.isdigit():
-            backoff_ms = max(backoff_ms, float(min(int(retry_after) * 1000, self._backoff_ms_max)))
+        if retry_after_ms > 0:
+            backoff_ms = max(backoff_ms, float(min(retry_after_ms, self._backoff_ms_max)))
         return backoff_ms
 
 
@@ -436,3 +612,29 @@ def _add_optional(
         request["producer_id"] = producer_id
     if producer_seq is not None:
         request["producer_seq"] = producer_seq
+
+
+def _message(log: LogId, payloads: tuple[bytes, ...], key: str | None,
+             producer_id: str | None, producer_seq: int | None) -> Append:
+    """The APPEND of a binary append, after the checks a node would make on its arguments
+    (wrong types or out-of-range values could not even be encoded)."""
+    invalid = check_key(key) or check_producer(producer_id, producer_seq)
+    if invalid is not None:
+        raise LogError(invalid.status, invalid.message)
+    # msgpack adds at most 5 bytes per payload; the rest of a frame is far below 64 KiB.
+    frame_bytes = sum(map(len, payloads)) + 5 * len(payloads) + 65_536
+    if frame_bytes > FRAME_BYTES_MAX:
+        raise LogError(Status.TOOBIG, f"{len(payloads)} payloads do not fit one frame "
+                                      f"({FRAME_BYTES_MAX} bytes); nothing was sent")
+    return Append(log_id=log, payloads=payloads, key=key, hops=0, producer_id=producer_id,
+                  producer_seq=producer_seq or 0, no_forward=True)
+
+
+def _append_result(answer: Appended) -> AppendResult:
+    return AppendResult(lsn=answer.first_lsn, timestamp_ms=answer.timestamp_ms)
+
+
+def _batch_result(answer: Appended) -> BatchResult:
+    return BatchResult(first_lsn=answer.first_lsn, last_lsn=answer.last_lsn,
+                       count=answer.last_lsn - answer.first_lsn + 1,
+                       timestamp_ms=answer.timestamp_ms)

@@ -84,9 +84,14 @@ class NodeInfo:
     state: NodeState
     sequencer_weight: float
     storage_capacity: float
+    data: str = ""
+    """``host:port`` of the node's data port (binary protocol), "" when the node does not say."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterInfo:
     cluster: str
     nodes: list[NodeInfo]
+    cluster_fingerprint: str = ""
+    """What a binary client's HELLO carries; "" from nodes that do not say."""
+    protocol_version: int = 0

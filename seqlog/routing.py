@@ -32,6 +32,8 @@ class Router:
         self._urls: list[str] = list(dict.fromkeys(normalize_url(u) for u in seed_urls))
         """Every URL that can serve appends and reads, healthiest first."""
         self._node_urls: dict[NodeId, str] = {}
+        self._node_data: dict[NodeId, str] = {}
+        """Each sequencer node's data port (``host:port``) for the binary protocol."""
         self._routes: dict[LogId, NodeId] = {}
         self._routes_max = routes_max
         self._routable: list[tuple[NodeId, float]] = []
@@ -50,6 +52,7 @@ class Router:
         live: list[str] = []
         dead: list[str] = []
         node_urls: dict[NodeId, str] = {}
+        node_data: dict[NodeId, str] = {}
         weights: list[tuple[NodeId, float]] = []
         states: dict[NodeId, str] = {}
         for node in info.nodes:
@@ -57,12 +60,15 @@ class Router:
                 continue
             url = normalize_url(node.http)
             node_urls[node.node_id] = url
+            if node.data:
+                node_data[node.node_id] = node.data
             weights.append((node.node_id, node.sequencer_weight))
             states[node.node_id] = node.state
             (dead if node.state == "DEAD" else live).append(url)
         if not node_urls:
             return
         self._node_urls = node_urls
+        self._node_data = node_data
         self._routable = routable_sequencers(weights, states)
         # Seed URLs stay as a fallback: they may be a load balancer rather than a node.
         self._urls = list(dict.fromkeys([*live, *self._urls, *dead]))
@@ -82,6 +88,34 @@ class Router:
     def learn_node_url(self, node_id: str, url: str) -> None:
         """A redirect named ``node_id`` at ``url``."""
         self._node_urls.setdefault(NodeId(node_id), normalize_url(url))
+
+    def learn_node_data(self, node_id: str, data: str) -> None:
+        """A binary redirect named ``node_id`` with its data port at ``data``."""
+        self._node_data.setdefault(NodeId(node_id), data)
+
+    def data_address(self, node_id: NodeId) -> str | None:
+        return self._node_data.get(node_id)
+
+    def data_candidates(self, log_id: LogId) -> Iterator[tuple[NodeId, str]]:
+        """Binary protocol: the log's owner, then every other node with a data address, in the
+        order of ``urls`` (healthiest first)."""
+        first = self.owner(log_id)
+        first_data = self._node_data.get(first) if first is not None else None
+        if first is not None and first_data is not None:
+            yield first, first_data
+        by_url = {url: node for node, url in self._node_urls.items()}
+        for url in list(self._urls):
+            node = by_url.get(url)
+            if node is None or node == first:
+                continue
+            data = self._node_data.get(node)
+            if data is not None:
+                yield node, data
+
+    def demote_node(self, node_id: NodeId) -> None:
+        url = self._node_urls.get(node_id)
+        if url is not None:
+            self.demote(url)
 
     def owner(self, log_id: LogId) -> NodeId | None:
         """The log's sequencer node as far as the client knows, or None."""

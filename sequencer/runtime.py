@@ -7,6 +7,9 @@ a periodic task broadcasts release pointers so that every storage node learns th
 Appends to one log that arrive in the same event-loop iteration are handed to the core
 together (``Sequencer.on_append_group``), so that they share one appender: under load this
 turns many small STOREs into a few large ones, which is what Python needs to keep up.
+
+``append_nowait`` is the hot entry: it stages the append and calls ``done`` with the answer
+later, with no Task and no future per append; the coroutine ``append`` wraps it.
 """
 
 from __future__ import annotations
@@ -70,6 +73,21 @@ class AppendResult:
     message: str
 
 
+AppendDone = Callable[[AppendResult], None]
+"""Receives the answer of one ``append_nowait``, exactly once."""
+
+
+def _deliver(done: AppendDone, result: AppendResult) -> None:
+    # One caller's bug must not stop the effects of the appender that answered many.
+    try:
+        done(result)
+    except Exception:
+        log.exception("append callback %r failed", done)
+
+
+_SHUTTING_DOWN = AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
+
+
 class SequencerRuntime:
     def __init__(
         self,
@@ -92,7 +110,8 @@ class SequencerRuntime:
         self.rng = rng
         self.provision_on_append = provision_on_append
         self.sequencers: dict[LogId, Sequencer] = {}
-        self._waiters: dict[int, asyncio.Future[AppendReply]] = {}
+        self._waiters: dict[int, AppendDone] = {}
+        """The callback of every unanswered append, by request id."""
         self._next_request_id = 1
         self._timers: list[tuple[int, LogId]] = []
         self._timer_handle: asyncio.TimerHandle | None = None
@@ -108,6 +127,7 @@ class SequencerRuntime:
         """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
         self._flush_scheduled = False
         self._expiries: deque[tuple[float, int]] = deque()
+        self._append_timeout_s = config.append_timeout_ms / 1000
         self._expiry_task: asyncio.Task[None] | None = None
         self._drained = asyncio.Event()
         """Set once closing and no appender is in flight any more."""
@@ -131,30 +151,44 @@ class SequencerRuntime:
 
     # ---- public API ----------------------------------------------------------------------
 
-    async def append(
+    def append_nowait(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
-        producer: tuple[str, int] | None = None, *, compression: int = 0, records: int = 0,
-    ) -> AppendResult:
-        """Statuses: OK, SEQNOBUFS, NOSEQUENCER, NOTFOUND, TOOBIG, TIMEDOUT, SHUTDOWN; with
+        producer: tuple[str, int] | None, done: AppendDone, *, compression: int = 0,
+        records: int = 0,
+    ) -> None:
+        """Stage one append (a record, or an atomic batch); ``done`` gets its answer exactly
+        once: from a later loop iteration, or at once when the node is shutting down.
+
+        Statuses: OK, SEQNOBUFS, NOSEQUENCER, NOTFOUND, TOOBIG, TIMEDOUT (not confirmed within
+        ``append_timeout_ms``: outcome unknown; its appender keeps trying), SHUTDOWN; with
         ``producer`` (``(producer_id, producer_seq)``) also STALE and NOTREADY.
         ``compression``/``records``: ``payloads`` is one validated compressed batch
         (``shared.compression``) of ``records`` records."""
         if self._closing:
-            return AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
+            _deliver(done, _SHUTTING_DOWN)
+            return
         request_id = self._next_request_id
-        self._next_request_id += 1
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[AppendReply] = loop.create_future()
-        self._waiters[request_id] = future
-        self._expiries.append((loop.time() + self.config.append_timeout_ms / 1000, request_id))
+        self._next_request_id = request_id + 1
+        self._waiters[request_id] = done
+        self._expiries.append((asyncio.get_running_loop().time() + self._append_timeout_s,
+                               request_id))
         self._stage(log_id, PendingAppend(request_id, payloads, key, self.clock.wall_ms(),
                                           producer, compression, records))
-        try:
-            reply = await future
-        finally:
-            self._waiters.pop(request_id, None)
-        return AppendResult(reply.status, reply.first_lsn, reply.last_lsn, reply.timestamp_ms,
-                            reply.message)
+
+    async def append(
+        self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
+        producer: tuple[str, int] | None = None, *, compression: int = 0, records: int = 0,
+    ) -> AppendResult:
+        """``append_nowait`` as a coroutine."""
+        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+
+        def done(result: AppendResult) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        self.append_nowait(log_id, payloads, key, producer, done, compression=compression,
+                           records=records)
+        return await future
 
     def _stage(self, log_id: LogId, pending: PendingAppend) -> None:
         group_key = (log_id, pending.key)
@@ -197,11 +231,11 @@ class SequencerRuntime:
             now_s = loop.time()
             expiries = self._expiries
             while expiries and expiries[0][0] <= now_s:
-                future = self._waiters.get(expiries.popleft()[1])
-                if future is not None and not future.done():
-                    future.set_result(AppendReply(
-                        0, Status.TIMEDOUT,
-                        message="append not confirmed in time; outcome unknown"))
+                done = self._waiters.pop(expiries.popleft()[1], None)
+                if done is not None:
+                    _deliver(done, AppendResult(
+                        Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
+                        "append not confirmed in time; outcome unknown"))
 
     def release_lsn(self, log_id: LogId) -> Lsn:
         sequencer = self.sequencers.get(log_id)
@@ -251,9 +285,11 @@ class SequencerRuntime:
             if type(effect) is Send:
                 self._send(sequencer, effect)
             elif type(effect) is AppendReply:
-                future = self._waiters.get(effect.request_id)
-                if future is not None and not future.done():
-                    future.set_result(effect)
+                done = self._waiters.pop(effect.request_id, None)
+                if done is not None:
+                    _deliver(done, AppendResult(effect.status, effect.first_lsn,
+                                                effect.last_lsn, effect.timestamp_ms,
+                                                effect.message))
             elif type(effect) is ReleaseAdvanced:
                 event = self._release_events.pop(effect.log_id, None)
                 if event is not None:
@@ -503,12 +539,11 @@ class SequencerRuntime:
         # An append that got an LSN may have been stored: its outcome is unknown.
         with_lsn = {request_id for s in self.sequencers.values()
                     for a in s.appenders.values() for request_id, _ in a.requests}
-        for request_id, future in self._waiters.items():
-            if future.done():
-                continue
+        waiters, self._waiters = self._waiters, {}
+        for request_id, done in waiters.items():
             if request_id in with_lsn:
-                future.set_result(AppendReply(request_id, Status.TIMEDOUT,
-                                              message="shutting down; outcome unknown"))
+                _deliver(done, AppendResult(Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
+                                            "shutting down; outcome unknown"))
             else:
-                future.set_result(AppendReply(request_id, Status.SHUTDOWN,
-                                              message="shutting down; nothing was written"))
+                _deliver(done, AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0,
+                                            "shutting down; nothing was written"))

@@ -44,7 +44,8 @@ DRAIN_TIMEOUT_S = 5.0
 
 
 class _Dispatcher:
-    """Routes node-to-node messages to the role that handles them."""
+    """Routes the data port's messages (from nodes and binary clients) to the role that
+    handles them."""
 
     def __init__(self, service: FrontEnd, storage: StorageNode | None,
                  gossip: GossipRuntime) -> None:
@@ -56,7 +57,7 @@ class _Dispatcher:
         if type(message) is Gossip:
             self.gossip.on_message(message)
         elif type(message) is Append:
-            self.service.on_forwarded_append(message, reply)
+            self.service.on_append_message(message, reply)
         elif type(message) is GetSequencerState:
             reply(self.service.sequencer_state(message.log_id))
         elif self.storage is not None:

@@ -56,6 +56,7 @@ from shared.http_contract import (
 )
 from shared.status import Status
 from shared.types import LogId, NodeId
+from shared.wire.hello import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -349,10 +350,14 @@ async def on_cluster(request: web.Request) -> web.StreamResponse:
             "state": n.state,
             "sequencer_weight": n.sequencer_weight,
             "storage_capacity": n.storage_capacity,
+            "data": n.data,
         }
         for n in service.cluster_nodes()
     ]
-    return _answer(request, {"cluster": service.cluster_name, "nodes": nodes})
+    # What a binary client's HELLO must carry (docs/PROTOCOL.md).
+    return _answer(request, {"cluster": service.cluster_name, "nodes": nodes,
+                             "cluster_fingerprint": service.cluster_fingerprint,
+                             "protocol_version": PROTOCOL_VERSION})
 
 
 async def on_healthz(request: web.Request) -> web.StreamResponse:

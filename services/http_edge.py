@@ -112,9 +112,12 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class AppendNowait(Protocol):
+    """``FrontEnd.append_nowait``: the callback-style append (no Task per append)."""
+
     def __call__(self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
                  producer: tuple[str, int] | None = None, no_forward: bool = False,
-                 done: Callable[[AppendOutcome], None]) -> None: ...
+                 done: Callable[[AppendOutcome], None], compression: int = 0,
+                 records: int = 0) -> None: ...
 
 
 class _Stop(Exception):
@@ -314,18 +317,6 @@ class _Request:
                             sequencer)
         except Exception:
             self.internal()
-
-    def on_append_task(self, task: asyncio.Task[AppendOutcome]) -> None:
-        self.conn.edge.append_tasks.discard(task)
-        if task.cancelled():
-            self.dropped()
-            return
-        try:
-            outcome = task.result()
-        except Exception:
-            self.internal()
-            return
-        self.on_appended(outcome)
 
     def _append_failed(self, outcome: AppendOutcome, sequencer: bytes) -> None:
         if outcome.redirect_http is not None:
@@ -646,22 +637,13 @@ class _Connection(asyncio.Protocol):
             no_forward = value is not None and value.strip().lower().encode() in _TRUE_VALUES
         request.count = append.records_count
         if append.compression:
-            # A compressed batch (docs/API-EXTENSIONS.md) carries many records per request:
-            # the async entry, which takes its codec and record count, costs little per record.
-            task = self.edge.loop.create_task(self._compressed_append(
-                log_id, append, producer, no_forward))
-            self.edge.append_tasks.add(task)
-            task.add_done_callback(request.on_append_task)
+            # A compressed batch (docs/API-EXTENSIONS.md): one blob of ``records`` records.
+            self.edge.append_nowait(log_id, append.payloads, append.key, producer=producer,
+                                    no_forward=no_forward, done=request.on_appended,
+                                    compression=append.compression, records=append.records)
             return
         self.edge.append_nowait(log_id, append.payloads, append.key, producer=producer,
                                 no_forward=no_forward, done=request.on_appended)
-
-    async def _compressed_append(self, log_id: LogId, append: AppendRequest,
-                                 producer: tuple[str, int] | None,
-                                 no_forward: bool) -> AppendOutcome:
-        return await self.edge.service.append(
-            log_id, append.payloads, append.key, producer=producer, no_forward=no_forward,
-            compression=append.compression, records=append.records)
 
     async def _read(self, log_id: LogId, params: ReadParams) -> ReadOutcome:
         return await self.edge.service.read(log_id, params.from_lsn, params.records_max,
@@ -822,11 +804,16 @@ def _task_append(service: LogService) -> AppendNowait:
 
     def append_nowait(log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
                       producer: tuple[str, int] | None = None, no_forward: bool = False,
-                      done: Callable[[AppendOutcome], None]) -> None:
+                      done: Callable[[AppendOutcome], None], compression: int = 0,
+                      records: int = 0) -> None:
         async def run() -> None:
             try:
-                outcome = await service.append(log_id, payloads, key, producer=producer,
-                                               no_forward=no_forward)
+                outcome = await (
+                    service.append(log_id, payloads, key, producer=producer,
+                                   no_forward=no_forward, compression=compression,
+                                   records=records) if compression else
+                    service.append(log_id, payloads, key, producer=producer,
+                                   no_forward=no_forward))
             except Exception:
                 logger.exception("unhandled error appending to log %d", log_id)
                 outcome = AppendOutcome(status=Status.INTERNAL,
@@ -858,8 +845,6 @@ class EdgeServer(web.Server):
         self.append_nowait: AppendNowait = (
             nowait if nowait is not None else _task_append(self.service))
         self.lean_connections: set[_Connection] = set()
-        self.append_tasks: set[asyncio.Task[AppendOutcome]] = set()
-        """Appends of compressed batches in flight (not cancelled when their client goes)."""
         self._all_closed = asyncio.Event()
         self._all_closed.set()
         self._sweeper: asyncio.TimerHandle | None = None

@@ -22,12 +22,20 @@ from typing import Any
 import msgpack
 import orjson
 
+from shared.append_validation import (
+    Invalid,
+    check_key,
+    check_log_id,
+    check_payload,
+    check_payloads,
+    check_producer,
+    check_records_count,
+)
 from shared.compression import CODEC_NAMES, check_batch
 from shared.config import ApiConfig
 from shared.http_contract import JSON, MEDIA_TYPE_ALIASES, MSGPACK, MediaType
-from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX
 from shared.status import Status
-from shared.types import LSN_MAX, LSN_OLDEST, LogId, Lsn, log_id_valid
+from shared.types import LSN_MAX, LSN_OLDEST, LogId, Lsn
 
 _MEDIA_ALIASES = MEDIA_TYPE_ALIASES
 
@@ -168,49 +176,36 @@ def _bytes_field(value: object, name: str, media: MediaType) -> bytes | Rejectio
         return Rejection(Status.BADMSG, f"{name} is not padded standard base64")
 
 
+def _rejection(invalid: Invalid | None) -> Rejection | None:
+    return None if invalid is None else Rejection(invalid.status, invalid.message)
+
+
 def _payload(value: object, name: str, media: MediaType, api: ApiConfig) -> bytes | Rejection:
     payload = _bytes_field(value, name, media)
-    if isinstance(payload, bytes) and len(payload) > api.payload_bytes_max:
-        return Rejection(
-            Status.TOOBIG,
-            f"{name} has {len(payload)} bytes, over payload_bytes_max={api.payload_bytes_max}",
-        )
-    return payload
-
-
-def _text_field(doc: dict[str, Any], name: str, bytes_max: int) -> str | Rejection | None:
-    value = doc.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        return Rejection(Status.BADMSG, f"{name} must be a string")
-    try:
-        size_bytes = len(value.encode("utf-8"))
-    except UnicodeEncodeError:
-        return Rejection(Status.BADMSG, f"{name} is not valid UTF-8")
-    if size_bytes > bytes_max:
-        return Rejection(Status.INVALID_PARAM, f"{name} is longer than {bytes_max} bytes")
-    return value
+    if isinstance(payload, Rejection):
+        return payload
+    # The size check runs per payload here, so that a huge batch fails before decoding it all.
+    return _rejection(check_payload(payload, name, api)) or payload
 
 
 def _append_options(
-    doc: dict[str, Any], payloads: tuple[bytes, ...]
+    doc: dict[str, Any], payloads: tuple[bytes, ...], api: ApiConfig, *,
+    payloads_checked: bool = False,
 ) -> AppendRequest | Rejection:
-    key = _text_field(doc, "key", KEY_BYTES_MAX)
-    if isinstance(key, Rejection):
-        return key
-    producer_id = _text_field(doc, "producer_id", PRODUCER_ID_BYTES_MAX)
-    if isinstance(producer_id, Rejection):
-        return producer_id
-    if producer_id == "":
-        return Rejection(Status.INVALID_PARAM, "producer_id must not be empty")
+    """``payloads_checked``: a compressed batch, whose records ``check_batch`` checked."""
+    key = doc.get("key")
+    producer_id = doc.get("producer_id")
     producer_seq = doc.get("producer_seq")
-    if producer_seq is not None and type(producer_seq) is not int:
-        return Rejection(Status.BADMSG, "producer_seq must be an integer")
-    if producer_seq is not None and not 0 <= producer_seq <= UINT64_MAX:
-        return Rejection(Status.INVALID_PARAM, "producer_seq must be in 0..2**64-1")
-    if (producer_id is None) != (producer_seq is None):
-        return Rejection(Status.INVALID_PARAM, "producer_id and producer_seq go together")
+    # The one set of append rules (shared.append_validation), as for binary and forwarded
+    # appends.
+    rejection = _rejection(
+        (None if payloads_checked else check_payloads(payloads, api)) or check_key(key)
+        or check_producer(producer_id, producer_seq))
+    if rejection is not None:
+        return rejection
+    assert key is None or isinstance(key, str)
+    assert producer_id is None or isinstance(producer_id, str)
+    assert producer_seq is None or isinstance(producer_seq, int)
     return AppendRequest(
         payloads=payloads, key=key, producer_id=producer_id, producer_seq=producer_seq
     )
@@ -225,7 +220,7 @@ def parse_append(
     payload = _payload(doc["payload"], "payload", media, api)
     if isinstance(payload, Rejection):
         return payload
-    return _append_options(doc, (payload,))
+    return _append_options(doc, (payload,), api)
 
 
 def parse_append_batch(
@@ -238,20 +233,16 @@ def parse_append_batch(
     items = doc.get("payloads")
     if not isinstance(items, list):
         return Rejection(Status.BADMSG, "payloads must be a list")
-    if not items:
-        return Rejection(Status.INVALID_PARAM, "payloads is empty")
-    if len(items) > api.batch_records_max:
-        return Rejection(
-            Status.TOOBIG,
-            f"{len(items)} payloads, over batch_records_max={api.batch_records_max}",
-        )
+    rejection = _rejection(check_records_count(len(items), api))
+    if rejection is not None:
+        return rejection
     payloads: list[bytes] = []
     for index, item in enumerate(items):
         payload = _payload(item, f"payloads[{index}]", media, api)
         if isinstance(payload, Rejection):
             return payload
         payloads.append(payload)
-    return _append_options(doc, tuple(payloads))
+    return _append_options(doc, tuple(payloads), api)
 
 
 def parse_compressed_batch(
@@ -290,7 +281,7 @@ def parse_compressed_batch(
     if status is not Status.OK:
         return Rejection(status, f"compressed_payloads is not a {name} batch of {records} "
                                  f"payloads within request_bytes_max={api.request_bytes_max}")
-    options = _append_options(doc, (blob,))
+    options = _append_options(doc, (blob,), api, payloads_checked=True)
     if isinstance(options, Rejection):
         return options
     return replace(options, compression=int(codec), records=records)
@@ -322,11 +313,12 @@ def parse_find_time_query(pairs: Iterable[tuple[str, str]]) -> int | Rejection:
 
 def parse_log_id(text: str) -> LogId | Rejection:
     """A decimal log id in ``1 .. 2**62 - 1``."""
-    if _LOG_ID_TEXT.fullmatch(text) is None or not log_id_valid(int(text)):
+    if _LOG_ID_TEXT.fullmatch(text) is None:
         return Rejection(
             Status.INVALID_PARAM, f"log id {text[:40]!r} is not an integer in 1..2**62-1"
         )
-    return LogId(int(text))
+    rejection = _rejection(check_log_id(int(text)))
+    return LogId(int(text)) if rejection is None else rejection
 
 
 def _uint_param(params: dict[str, str], name: str, default: int, low: int) -> int | Rejection:

@@ -141,9 +141,12 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "roles": {"type": "array", "items": {"enum": ["sequencer", "storage"]}},
             "http": {"type": "string"}, "state": node_state,
             "sequencer_weight": {"type": "number"}, "storage_capacity": {"type": "number"},
+            "data": {"type": "string"},
         }),
         "ClusterResponse": _object({
             "cluster": {"type": "string"}, "nodes": {"type": "array", "items": _ref("Node")},
+            "cluster_fingerprint": {"type": "string"},
+            "protocol_version": _uint(2**31 - 1),
         }),
     }
 

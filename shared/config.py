@@ -352,6 +352,9 @@ class TransportConfig:
     """Default deadline of a node-to-node request."""
     reconnect_backoff_ms_max: int = 1_000
     """Longest wait before reconnecting to a peer that failed."""
+    client_appends_inflight_max: int = 1024
+    """Appends one binary client connection may have in flight on this node; past it the node
+    answers OVERLOADED at once and writes nothing (docs/PROTOCOL.md)."""
     peer_addresses: dict[str, str] = field(default_factory=dict)
     """Per peer node id, a `host:port` to connect to instead of the peer's `host` and
     `data_port` in the cluster config: a proxy, sidecar or NAT in between (the fault-injection
@@ -363,6 +366,7 @@ class TransportConfig:
         _in_range("connect_timeout_ms", self.connect_timeout_ms, 1, 600_000)
         _in_range("request_timeout_ms", self.request_timeout_ms, 1, 600_000)
         _in_range("reconnect_backoff_ms_max", self.reconnect_backoff_ms_max, 1, 600_000)
+        _in_range("client_appends_inflight_max", self.client_appends_inflight_max, 1, 1_000_000)
         if not isinstance(self.peer_addresses, dict):
             raise ValueError("peer_addresses must map node ids to 'host:port'")
         for node_id, address in self.peer_addresses.items():

@@ -23,7 +23,7 @@ from shared.net.types import Counters, RequestCallback
 from shared.status import Status
 from shared.types import NodeId
 from shared.wire.codec import Message, encode, encode_fields, encode_parts
-from shared.wire.hello import PROTOCOL_VERSION, Hello, HelloReply
+from shared.wire.hello import NODE_PROTOCOL_VERSION, Hello, HelloReply
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class _Peer:
         pool = self._pool
         conn: _ClientProtocol | None = None
         result: HelloReply | Status = Status.CONNFAILED
-        hello = Hello(node_id=pool.node_id, protocol_version=PROTOCOL_VERSION,
+        hello = Hello(node_id=pool.node_id, protocol_version=NODE_PROTOCOL_VERSION,
                       cluster_fingerprint=pool.cluster_fingerprint)
         try:
             async with asyncio.timeout(pool.config.connect_timeout_ms / 1000):

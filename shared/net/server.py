@@ -1,11 +1,19 @@
-"""Server side of the node-to-node transport: accepts connections, checks each peer's HELLO,
-then hands every request to a ``MessageHandler`` with a ``ReplyFn`` bound to its correlation id.
+"""Server side of the node's data port: accepts connections from nodes and binary clients,
+checks each peer's HELLO, then hands every request to a ``MessageHandler`` with a ``ReplyFn``
+bound to its correlation id.
 
 A connection must open with HELLO (correlation id 0) within ``connect_timeout_ms``. The server
 answers ``HelloReply(OK, its node id)``, or ``HelloReply(PROTONOSUPPORT)`` followed by a close
-when the protocol version or cluster fingerprint differs. Replies are coalesced like every
-other frame (see ``shared.net.connection``). When the peer stops reading our replies
-(``pause_writing``), we stop reading its requests until it catches up.
+when the protocol version is outside ``PROTOCOL_VERSION_MIN .. PROTOCOL_VERSION`` or the
+cluster fingerprint differs. Replies are coalesced like every other frame (see
+``shared.net.connection``). When the peer stops reading our replies (``pause_writing``), we
+stop reading its requests until it catches up.
+
+Clients (``client.*`` peers) may send only ``CLIENT_MESSAGES``, and APPEND when they announced
+``CLIENT_APPEND_VERSION``; anything else (a STORE, a SEAL, gossip, or an APPEND claiming
+forwarding hops) closes the connection before a handler sees it. A client connection holds at
+most ``client_appends_inflight_max`` appends unanswered; one more is answered OVERLOADED at
+once and never reaches the handler, so nothing is written (docs/PROTOCOL.md).
 """
 
 from __future__ import annotations
@@ -15,18 +23,27 @@ import logging
 
 from shared.config import TransportConfig
 from shared.net.connection import FramedProtocol, wait_lost
-from shared.net.types import Counters, MessageHandler
+from shared.net.types import Counters, MessageHandler, ReplyFn
 from shared.status import Status
-from shared.types import NodeId, is_client_id, node_id_valid
+from shared.types import Lsn, NodeId, is_client_id, node_id_valid
+from shared.wire.append import Append, Appended
 from shared.wire.codec import Message, encode
-from shared.wire.hello import PROTOCOL_VERSION, Hello, HelloReply
+from shared.wire.hello import (
+    CLIENT_APPEND_VERSION,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
+    Hello,
+    HelloReply,
+)
 from shared.wire.read import GetLogState, Read
 from shared.wire.trim import FindTime
 
 log = logging.getLogger(__name__)
 
 CLIENT_MESSAGES: frozenset[type] = frozenset({Read, GetLogState, FindTime})
-"""What a client reader's connection may send; anything else closes it."""
+"""What any client connection may send; with ``CLIENT_APPEND_VERSION`` also APPEND. Anything
+else closes it."""
+CLIENT_APPEND_MESSAGES: frozenset[type] = CLIENT_MESSAGES | {Append}
 
 CLOSE_WAIT_S = 5.0
 """How long ``Server.close`` waits for sockets to go away before giving up on them."""
@@ -53,8 +70,36 @@ class _Reply:
         conn.send(encode(message, self._correlation_id))
 
 
+class _AppendReply:
+    """The reply of one client APPEND: also frees its place under the connection's in-flight
+    bound."""
+
+    __slots__ = ("_conn", "_correlation_id")
+
+    def __init__(self, conn: _ServerProtocol, correlation_id: int) -> None:
+        self._conn: _ServerProtocol | None = conn
+        self._correlation_id = correlation_id
+
+    def __call__(self, message: Message) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        conn.appends_inflight -= 1
+        conn.send(encode(message, self._correlation_id))
+
+
+def _overloaded(message: Append, inflight_max: int) -> Appended:
+    return Appended(status=Status.OVERLOADED, log_id=message.log_id, first_lsn=Lsn(0),
+                    last_lsn=Lsn(0), timestamp_ms=0, sequencer_node=None,
+                    message=f"{inflight_max} appends already in flight on this connection; "
+                            "nothing written")
+
+
 class _ServerProtocol(FramedProtocol):
     __slots__ = (
+        "_allowed",
+        "_appends_inflight_max",
         "_connections",
         "_fingerprint",
         "_handler",
@@ -62,6 +107,7 @@ class _ServerProtocol(FramedProtocol):
         "_hello_timer",
         "_node_id",
         "_peer",
+        "appends_inflight",
     )
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, handler: MessageHandler,
@@ -75,6 +121,11 @@ class _ServerProtocol(FramedProtocol):
         self._hello_timeout_s = config.connect_timeout_ms / 1000
         self._hello_timer: asyncio.TimerHandle | None = None
         self._peer: NodeId | None = None
+        self._allowed: frozenset[type] | None = None
+        """What the peer may send: None for a node (anything), a set for a client."""
+        self._appends_inflight_max = config.client_appends_inflight_max
+        self.appends_inflight = 0
+        """Client APPENDs handed to the handler and not answered yet."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -89,11 +140,29 @@ class _ServerProtocol(FramedProtocol):
         if type(message) is Hello:
             self.desync("second HELLO")
             return
-        if is_client_id(peer) and type(message) not in CLIENT_MESSAGES:
-            # A reader's connection carries reads only: it must not store, seal or gossip.
+        allowed = self._allowed
+        reply: ReplyFn
+        if allowed is None:
+            reply = _Reply(self, correlation_id) if correlation_id else _no_reply
+        elif type(message) not in allowed:
+            # A client reads and appends: it must not store, seal or gossip.
             self.desync(f"client {peer} sent {type(message).__name__}")
             return
-        reply = _Reply(self, correlation_id) if correlation_id else _no_reply
+        elif type(message) is Append:
+            assert isinstance(message, Append)
+            if message.hops != 0 or not correlation_id:
+                # Only nodes forward: a client claiming hops could bypass the hop limit.
+                self.desync(f"client {peer} sent APPEND with hops={message.hops} "
+                            f"or without a correlation id")
+                return
+            if self.appends_inflight >= self._appends_inflight_max:
+                self.send(encode(_overloaded(message, self._appends_inflight_max),
+                                 correlation_id))
+                return
+            self.appends_inflight += 1
+            reply = _AppendReply(self, correlation_id)
+        else:
+            reply = _Reply(self, correlation_id) if correlation_id else _no_reply
         try:
             self._handler.on_message(peer, message, reply)
         except Exception:
@@ -109,7 +178,7 @@ class _ServerProtocol(FramedProtocol):
             return
         assert isinstance(message, Hello)
         accepted = (
-            message.protocol_version == PROTOCOL_VERSION
+            PROTOCOL_VERSION_MIN <= message.protocol_version <= PROTOCOL_VERSION
             and message.cluster_fingerprint == self._fingerprint
             and node_id_valid(message.node_id)
         )
@@ -122,6 +191,10 @@ class _ServerProtocol(FramedProtocol):
             self.close(Status.PROTONOSUPPORT)
             return
         self._peer = message.node_id
+        if is_client_id(message.node_id):
+            self._allowed = (CLIENT_APPEND_MESSAGES
+                             if message.protocol_version >= CLIENT_APPEND_VERSION
+                             else CLIENT_MESSAGES)
 
     def _on_hello_timeout(self) -> None:
         self._hello_timer = None

@@ -1,14 +1,16 @@
-"""APPEND / APPENDED between sequencer nodes: a node that is not the log's sequencer forwards
-the client's append over the node-to-node transport and relays the answer.
+"""APPEND / APPENDED: a node that is not the log's sequencer forwards the client's append over
+the node-to-node transport and relays the answer; binary clients (``client.*`` peers, protocol
+version 2) send APPEND themselves (docs/PROTOCOL.md).
 GET_SEQUENCER_STATE / SEQUENCER_STATE: a node serving a read for a log it does not sequence
 asks the log's sequencer node for the authoritative release pointer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.wire.extension import EXTENSION
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -17,15 +19,19 @@ class Append:
     payloads: tuple[bytes, ...]
     key: str | None
     hops: int
-    """How many nodes already forwarded this append; bounds forwarding loops."""
+    """How many nodes already forwarded this append; bounds forwarding loops. Always 0 from a
+    client (the node closes a client connection that sends more)."""
     producer_id: str | None = None
     producer_seq: int = 0
     """With ``producer_id``: the append is idempotent (``sequencer.core.producers``)."""
-    compression: int = 0
+    compression: int = field(default=0, metadata=EXTENSION)
     """``shared.compression.Codec`` of a compressed batch: then ``payloads`` is ``(blob,)``,
     the batch of ``records`` records as ``shared.compression`` packs it; 0: plain payloads."""
-    records: int = 0
+    records: int = field(default=0, metadata=EXTENSION)
     """With ``compression``: how many records the blob holds (each gets its own LSN)."""
+    no_forward: bool = field(default=False, metadata=EXTENSION)
+    """From a client: a node that does not sequence the log answers NOSEQUENCER with the
+    owner's data address (``Appended.redirect_data``) instead of forwarding."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +43,12 @@ class Appended:
     timestamp_ms: int
     sequencer_node: NodeId | None
     message: str
+    redirect_data: str | None = field(default=None, metadata=EXTENSION)
+    """With NOSEQUENCER to a ``no_forward`` append: ``host:port`` of the data port of
+    ``sequencer_node``, which sequences the log; nothing was written."""
+    retry_after_ms: int = field(default=0, metadata=EXTENSION)
+    """To clients, with a status after which nothing was written and a retry may succeed
+    later (those HTTP answers 429 or 503 with ``Retry-After``): wait at least this long."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

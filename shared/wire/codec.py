@@ -5,10 +5,14 @@ fields in dataclass order. Correlation id 0 marks a one-way message. Decoding ch
 field's type, so a malformed frame becomes ``Status.BADMSG`` instead of an exception deep in a
 handler.
 
-Compatibility between node versions: a message gains fields only at its end, with defaults.
-Trailing fields that hold their default are not sent, and a decoder fills fields missing at
-the end with their defaults, so a node that does not use a new field talks to one that does
-not know it, byte for byte as before.
+Compatibility between node versions: a message gains fields only at its end, with defaults,
+marked ``shared.wire.extension``. Trailing extension fields that hold their default are not
+sent, and a decoder fills in those missing at the end with their defaults, so a
+node that does not use a new field talks to one that does not know it, byte for byte as
+before. A frame with more fields than this build knows is
+refused (BADMSG), never cut short: a new field may change what the others mean (a compressed
+batch's ``payloads`` hold one blob), so dropping it could store or serve wrong records. Fields
+added after protocol version 1 are also marked ``shared.wire.extension`` (docs/PROTOCOL.md).
 """
 
 from __future__ import annotations
@@ -114,40 +118,43 @@ def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     source = "def decode_fields(fields):\n"
-    if _DEFAULT_TAILS[cls]:
-        # An older sender (or one leaving defaults out) sends fewer fields: fill them in.
-        source += (f"    if len(fields) < {len(names)}: fields = fields + "
-                   f"_tail[len(fields) - {len(names)}:]\n")
+    tail = _EXTENSION_TAILS[cls]
+    if tail:
+        # An older sender (or one leaving extensions at their defaults out) sends fewer
+        # fields: fill them in; a frame short of a version-1 field stays invalid.
+        source += (f"    if {len(names) - len(tail)} <= len(fields) < {len(names)}: "
+                   f"fields = fields + _tail[len(fields) - {len(names)}:]\n")
     source += f"    ({', '.join(names)},) = fields\n"
     source += "".join(_field_check(name, hints[name]) for name in names)
     source += f"    return cls({', '.join(f'{n}={n}' for n in names)})\n"
     namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid,
-                                 "_tail": _DEFAULT_TAILS[cls] or ()}
+                                 "_tail": tail}
     exec(source, namespace)
     decoder: Callable[[Any], Any] = namespace["decode_fields"]
     return decoder
 
 
-def _default_tail(cls: type[Any]) -> tuple[Any, ...]:
-    """The defaults of ``cls``'s trailing fields that have one (a field without a default
-    after them would end the tail)."""
-    tail: list[Any] = []
-    for f in reversed(dataclasses.fields(cls)):
-        if f.default is dataclasses.MISSING:
-            break
-        tail.append(f.default)
-    return tuple(reversed(tail))
+def _extension_count(cls: type[Any]) -> int:
+    """How many trailing fields of ``cls`` are extensions (``shared.wire.extension``)."""
+    fields = dataclasses.fields(cls)
+    count = 0
+    while count < len(fields) and fields[len(fields) - 1 - count].metadata.get("extension"):
+        count += 1
+    assert not any(f.metadata.get("extension") for f in fields[:len(fields) - count]), (
+        f"{cls.__name__}: extension fields must come last")
+    return count
 
 
 _FIELDS: dict[type[Any], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in MESSAGE_CLASSES.values()
 }
-_DEFAULT_TAILS: dict[type[Any], tuple[Any, ...]] = {
-    cls: _default_tail(cls) for cls in MESSAGE_CLASSES.values()
+_EXTENSION_TAILS: dict[type[Any], tuple[Any, ...]] = {
+    cls: tuple(f.default for f in dataclasses.fields(cls)[
+        len(_FIELDS[cls]) - _extension_count(cls):]) for cls in MESSAGE_CLASSES.values()
 }
-_REQUIRED_COUNTS: dict[type[Any], int] = {
-    cls: len(_FIELDS[cls]) - len(_DEFAULT_TAILS[cls]) for cls in MESSAGE_CLASSES.values()
-}
+"""The defaults of each class's trailing extension fields: only these are left off the wire
+at their defaults, so a frame without extensions is what a version-1 peer sends and expects
+(it decodes exactly its own fields)."""
 _DECODERS: dict[int, Callable[[Any], Any]] = {
     int(t): _make_decoder(cls) for t, cls in MESSAGE_CLASSES.items()
 }
@@ -165,8 +172,8 @@ def _make_field_lister(cls: type[Any]) -> Callable[[Any], list[Any]]:
     their default (see the module docstring): generated source, as for decoding, because it
     runs for every message sent."""
     names = _FIELDS[cls]
-    tail = _DEFAULT_TAILS[cls]
-    required = _REQUIRED_COUNTS[cls]
+    tail = _EXTENSION_TAILS[cls]
+    required = len(names) - len(tail)
     source = "def list_fields(m):\n"
     source += f"    values = [{', '.join(f'm.{n}' for n in names)}]\n"
     if tail:

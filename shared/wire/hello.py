@@ -1,4 +1,5 @@
-"""HELLO: the first frame on every node-to-node connection (identity, protocol, cluster config)."""
+"""HELLO: the first frame on every connection to a data port (identity, protocol version, cluster
+config), from nodes and from clients alike."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ from dataclasses import dataclass
 from shared.status import Status
 from shared.types import NodeId
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""The newest protocol version this build speaks. 2: clients may send APPEND (with
+``no_forward``) and get ``Appended.redirect_data`` (docs/PROTOCOL.md)."""
+PROTOCOL_VERSION_MIN = 1
+"""The oldest version a node accepts in a HELLO."""
+NODE_PROTOCOL_VERSION = 1
+"""The version nodes announce to each other: node-to-node traffic uses nothing newer (new
+fields are extensions, absent at their defaults), so nodes of either version keep talking
+while a cluster is upgraded one node at a time."""
+CLIENT_APPEND_VERSION = 2
+"""A client must announce at least this version to send APPEND; a node too old for that
+refuses its HELLO with PROTONOSUPPORT."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

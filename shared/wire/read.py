@@ -8,10 +8,11 @@ released. Readers in the client send READs straight to storage nodes too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn
+from shared.wire.extension import EXTENSION
 
 WireRecord = tuple[int, int, str | None, bytes]
 """(lsn, timestamp_ms, key, payload): one record as it crosses the wire."""
@@ -49,7 +50,7 @@ class ReadReply:
     markers: tuple[Marker, ...] = ()
     trim_lsn: Lsn = Lsn(0)
     """The node's trim point: nothing at or below it is served."""
-    blocks: tuple[Block, ...] = ()
+    blocks: tuple[Block, ...] = field(default=(), metadata=EXTENSION)
     """Records sent as compressed batches, beside ``records`` (never the same LSN in
     both): a node sends a stored compressed batch whole when the read covers it."""
 

@@ -12,13 +12,14 @@ checksum covers the blob. Only the sequencer sends them (recovery re-replicates 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntFlag
 
 from shared.compression import Codec
 from shared.limits import BATCH_RECORDS_MAX, PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId
+from shared.wire.extension import EXTENSION
 
 ProducerTag = tuple[str, int, int, int]
 """``(producer_id, producer_seq, first_lsn, last_lsn)``: the idempotent append (see
@@ -105,9 +106,9 @@ class Store:
     producers: tuple[ProducerTag, ...] = ()
     """The producer tags of the appends whose records this STORE carries (each overlaps
     ``lsn..last_lsn``; a recovery STORE of one record carries its append's whole range)."""
-    compression: int = 0
+    compression: int = field(default=0, metadata=EXTENSION)
     """``shared.compression.Codec`` of a compressed batch (see the module docstring)."""
-    records: int = 0
+    records: int = field(default=0, metadata=EXTENSION)
     """With ``compression``: how many records the blob holds."""
 
     @property

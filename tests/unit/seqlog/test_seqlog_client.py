@@ -1,9 +1,13 @@
-"""The public client against scripted fake nodes: round trips, routing, retries, errors."""
+"""The public client against scripted fake nodes: round trips, routing, retries, errors.
+
+Every test runs with appends over the binary protocol (the default) and over HTTP, except
+those about HTTP bodies and headers themselves (``http_only``)."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 from fake_seqlog_node import Canned, FakeCluster, FakeNode, error
@@ -14,6 +18,19 @@ from seqlog.results import ReadResult
 from shared.types import Lsn
 
 E1 = 1 << 32
+_protocol = ["binary"]
+
+
+@pytest.fixture(params=["binary", "http"], autouse=True)
+def protocol(request: pytest.FixtureRequest) -> Iterator[str]:
+    _protocol[0] = request.param
+    yield request.param
+    _protocol[0] = "binary"
+
+
+def http_only(protocol: str) -> None:
+    if protocol != "http":
+        pytest.skip("about HTTP answers themselves")
 
 
 @pytest.fixture
@@ -34,17 +51,20 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def fast_client(urls: list[str] | str, **kwargs: int) -> Client:
-    options = {"retry_backoff_ms_min": 1, "retry_backoff_ms_max": 5, "timeout_ms": 5_000}
+def fast_client(urls: list[str] | str, **kwargs: Any) -> Client:
+    options: dict[str, Any] = {"retry_backoff_ms_min": 1, "retry_backoff_ms_max": 5,
+                               "timeout_ms": 5_000, "protocol": _protocol[0]}
     options.update(kwargs)
     return Client(urls, **options)
 
 
-async def test_round_trip(nodes: tuple[FakeNode, FakeNode]) -> None:
-    n1, _ = nodes
+async def test_round_trip(nodes: tuple[FakeNode, FakeNode], protocol: str) -> None:
+    n1, n2 = nodes
     async with fast_client(n1.url) as client:
         first = await client.append(7, b"one", key="k")
         batch = await client.append_batch(7, [b"two", b"three"])
+        assert client.protocol == protocol
+        assert n1.hits["binary"] + n2.hits["binary"] == (2 if protocol == "binary" else 0)
         assert first.lsn == E1 + 1 and first.timestamp_ms == 1000
         assert (batch.first_lsn, batch.last_lsn, batch.count) == (E1 + 2, E1 + 3, 2)
         result = await client.read(7)
@@ -60,8 +80,9 @@ async def test_round_trip(nodes: tuple[FakeNode, FakeNode]) -> None:
 
 
 async def test_appends_go_straight_to_the_named_sequencer(
-    nodes: tuple[FakeNode, FakeNode],
+    nodes: tuple[FakeNode, FakeNode], protocol: str,
 ) -> None:
+    http_only(protocol)  # binary: tests/unit/seqlog/test_seqlog_binary_client.py
     n1, n2 = nodes
     async with fast_client(n1.url) as client:
         await client.append(1, b"a")
@@ -120,6 +141,7 @@ async def test_unknown_outcome_is_never_retried(
 
 async def test_client_timeout_on_append_is_timedout(nodes: tuple[FakeNode, FakeNode]) -> None:
     n1, n2 = nodes
+    n2.cluster.sequencer = "n1"
     n1.delay_s = 1.0
     async with fast_client([n1.url, n2.url], timeout_ms=100) as client:
         with pytest.raises(LogError) as info:
@@ -138,7 +160,9 @@ async def test_reads_retry_on_another_node_after_a_timeout(
     assert result.records == [] and n2.hits["records"] == 1
 
 
-async def test_error_answers_map_to_status(nodes: tuple[FakeNode, FakeNode]) -> None:
+async def test_error_answers_map_to_status(nodes: tuple[FakeNode, FakeNode],
+                                          protocol: str) -> None:
+    http_only(protocol)
     n1, n2 = nodes
     n2.cluster.sequencer = "n1"
     n1.canned = [
@@ -158,7 +182,9 @@ async def test_error_answers_map_to_status(nodes: tuple[FakeNode, FakeNode]) -> 
     assert n1.hits["append"] == len(expected)
 
 
-async def test_json_answers_are_decoded(nodes: tuple[FakeNode, FakeNode]) -> None:
+async def test_json_answers_are_decoded(nodes: tuple[FakeNode, FakeNode],
+                                       protocol: str) -> None:
+    http_only(protocol)
     n1, n2 = nodes
     n1.json_answers = n2.json_answers = True
     async with fast_client(n1.url) as client:

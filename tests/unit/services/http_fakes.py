@@ -109,6 +109,7 @@ class FakeLogService:
     def __init__(self) -> None:
         self.node_id = NodeId("n1")
         self.cluster_name = "test-cluster"
+        self.cluster_fingerprint = "fp"
         self.is_ready = True
         self.fail_with: Status | None = None
         self.raise_error = False
@@ -271,7 +272,8 @@ class FakeLogService:
             NodeOut(node_id=self.node_id, roles=("sequencer",), http="127.0.0.1:1",
                     state="ALIVE", sequencer_weight=1.0, storage_capacity=0.0),
             NodeOut(node_id=NodeId("s1"), roles=("storage",), http="127.0.0.1:2",
-                    state="SUSPECT", sequencer_weight=0.0, storage_capacity=1.0),
+                    state="SUSPECT", sequencer_weight=0.0, storage_capacity=1.0,
+                    data="127.0.0.1:3"),
         ]
 
     def ready(self) -> bool:

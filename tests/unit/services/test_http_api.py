@@ -28,6 +28,7 @@ from http_fakes import (
 from shared.http_contract import HTTP_STATUS
 from shared.status import Status
 from shared.types import LogId
+from shared.wire.hello import PROTOCOL_VERSION
 
 
 async def _post(
@@ -264,8 +265,9 @@ async def test_health_readiness_and_cluster(client: ApiClient, fake: FakeLogServ
     assert body["cluster"] == "test-cluster"
     assert body["nodes"][1] == {
         "node_id": "s1", "roles": ["storage"], "http": "127.0.0.1:2", "state": "SUSPECT",
-        "sequencer_weight": 0.0, "storage_capacity": 1.0,
+        "sequencer_weight": 0.0, "storage_capacity": 1.0, "data": "127.0.0.1:3",
     }
+    assert (body["cluster_fingerprint"], body["protocol_version"]) == ("fp", PROTOCOL_VERSION)
 
 
 @pytest.mark.parametrize("media", [JSON_TYPE, MSGPACK_TYPE])

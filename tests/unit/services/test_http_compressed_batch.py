@@ -106,20 +106,19 @@ def test_fuzz_cut_or_flipped_blobs(payloads: list[bytes], codec: Codec, at: int)
 def test_append_message_edge_expands_client_batches_and_header_checks_forwarded_ones() -> None:
     """An APPEND with ``hops == 0`` enters the cluster at this node (a client): the batch is
     expanded once; a peer's forwarded one (``hops > 0``) gets the cheap header check."""
-    from types import SimpleNamespace
+    from shared.append_validation import check_compressed_append
 
-    from frontend.service import FrontEnd
-    from shared.wire.append import Append
-
-    node = SimpleNamespace(config=SimpleNamespace(api=API))
     blob = compress_batch(LINES, Codec.ZSTD)
     assert blob is not None
 
     def status(hops: int, **fields: object) -> Status:
-        values: dict[str, object] = {"log_id": 1, "payloads": (blob,), "key": None,
-                                     "hops": hops, "compression": 2, "records": len(LINES)}
+        values: dict[str, object] = {"log_id": 1, "payloads": (blob,), "compression": 2,
+                                     "records": len(LINES)}
         values.update(fields)
-        return FrontEnd._forwarded_append_status(node, Append(**values))  # type: ignore
+        invalid = check_compressed_append(
+            values["log_id"], values["payloads"], values["compression"],  # type: ignore[arg-type]
+            values["records"], None, None, None, API, entering=hops == 0)  # type: ignore[arg-type]
+        return Status.OK if invalid is None else invalid.status
 
     for hops in (0, 1):
         assert status(hops) is Status.OK

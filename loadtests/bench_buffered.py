@@ -1,0 +1,300 @@
+"""Closed-loop benchmark of the buffered writer (``seqlog.BufferedWriter``), same semantics as
+the peer benchmarks (shared/peers/common.py): at most ``--inflight`` appends are outstanding,
+latency is per record from just before ``append`` to the moment its LSN is known (its batch is
+durable), throughput counts records, MB is 10^6 bytes of payload.
+
+Payloads are ``random`` (incompressible, distinct bytes) or ``json`` (realistic log lines from
+``loadtests.json_log_lines``, averaging ``--size`` bytes); ``--compression`` picks the writer's
+codec. ``--driver tasks`` runs one coroutine per outstanding append (``await w.append``);
+``callbacks`` keeps the window full from done-callbacks (``append_nowait``), which costs the
+client less per record. Prints one JSON line with records/s, MB/s, p50/p99, client CPU (and
+the cluster's, when started from ``--dir``) per record, and the compression ratio (plain bytes
+/ sent bytes).
+
+Run from the repo root against a local cluster:
+``.venv/bin/python -m loadtests.bench_buffered --dir DIR --inflight 4096 --payload json
+--compression zstd``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+
+from loadtests.bench_append import cpu_s, loadavg, percentile
+from loadtests.json_log_lines import LogLineGenerator
+from seqlog import BufferedWriter, Client, LogError
+from seqlog.buffered_writer import BATCHES_IN_FLIGHT_PER_LOG_MAX
+from services.local_cluster import load_state
+
+POOL_MIN = 4096
+"""Distinct payloads cycled through (at least two batches' worth, so no batch repeats one)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--url", action="append", help="node URL (repeatable)")
+    target.add_argument("--dir", type=Path, help="local cluster directory (cluster.json)")
+    p.add_argument("--records", type=int, default=200_000, help="measured records")
+    p.add_argument("--size", type=int, default=1024, help="(average) payload bytes")
+    p.add_argument("--inflight", type=int, default=4096, help="max outstanding appends")
+    p.add_argument("--payload", choices=["random", "json"], default="random")
+    p.add_argument("--compression", choices=["none", "lz4", "zstd"], default="none")
+    p.add_argument("--linger-ms", type=float, default=5)
+    p.add_argument("--batch-records-max", type=int, default=1000)
+    p.add_argument("--batch-bytes-max", type=int, default=256 * 1024)
+    p.add_argument("--memory-bytes-max", type=int, default=256 * 1024 * 1024)
+    p.add_argument("--ordered", action="store_true", help="ordered=True (one batch per log "
+                   "in flight)")
+    p.add_argument("--logs", type=int, default=1, help="logs written round-robin")
+    p.add_argument("--first-log", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=5000, help="unmeasured records sent first")
+    p.add_argument("--driver", choices=["tasks", "callbacks"], default="callbacks")
+    p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--label", default="")
+    return p
+
+
+def make_pool(args: argparse.Namespace) -> list[bytes]:
+    count = max(POOL_MIN, 2 * args.batch_records_max)
+    if args.payload == "json":
+        return LogLineGenerator(seed=args.seed, size=args.size).lines(count)
+    return [os.urandom(args.size) for _ in range(count)]
+
+
+class Phase:
+    def __init__(self) -> None:
+        self.latencies_s: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self.payload_bytes = 0
+        self.elapsed_s = 0.0
+        self.cpu_s = 0.0
+        self.cluster_cpu_s: float | None = None
+
+
+def cluster_cpu_s(processes: list[psutil.Process]) -> float | None:
+    if not processes:
+        return None
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            return None
+        total += times.user + times.system
+    return total
+
+
+async def run_tasks(w: BufferedWriter, n: int, inflight: int, payloads: itertools.cycle[bytes],
+                    logs: list[int], phase: Phase) -> None:
+    """One coroutine per outstanding append, like the peers' closed loop."""
+    indices = iter(range(n))
+    pc = time.perf_counter
+    nlogs = len(logs)
+
+    async def worker() -> None:
+        for i in indices:
+            payload = next(payloads)
+            t0 = pc()
+            try:
+                await w.append(logs[i % nlogs], payload)
+            except LogError as exc:
+                phase.errors[exc.status.name] += 1
+                continue
+            phase.latencies_s.append(pc() - t0)
+            phase.payload_bytes += len(payload)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, inflight))))
+
+
+async def run_callbacks(w: BufferedWriter, n: int, inflight: int,
+                        payloads: itertools.cycle[bytes], logs: list[int],
+                        phase: Phase) -> None:
+    """The window kept full from done-callbacks: no coroutine per outstanding append."""
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    pc = time.perf_counter
+    nlogs = len(logs)
+    issued = 0
+    outstanding = 0
+    latencies = phase.latencies_s
+
+    def issue() -> None:
+        nonlocal issued, outstanding
+        i = issued
+        issued += 1
+        payload = next(payloads)
+        t0 = pc()
+        try:
+            future = w.append_nowait(logs[i % nlogs], payload)
+        except LogError as exc:
+            phase.errors[exc.status.name] += 1
+            loop.call_soon(done_error)
+            outstanding += 1
+            return
+        outstanding += 1
+        future.add_done_callback(make_done(t0, len(payload)))
+
+    def make_done(t0: float, size: int) -> Callable[[asyncio.Future[Any]], None]:
+        def done(future: asyncio.Future[Any]) -> None:
+            exc = future.exception()
+            if exc is None:
+                latencies.append(pc() - t0)
+                phase.payload_bytes += size
+            else:
+                phase.errors[getattr(getattr(exc, "status", None), "name", repr(exc))] += 1
+            after_one()
+        return done
+
+    def done_error() -> None:
+        after_one()
+
+    def after_one() -> None:
+        nonlocal outstanding
+        outstanding -= 1
+        if issued < n:
+            issue()
+        elif outstanding == 0 and not finished.done():
+            finished.set_result(None)
+
+    for _ in range(min(inflight, n)):
+        issue()
+    await finished
+
+
+async def measure(w: BufferedWriter, n: int, args: argparse.Namespace,
+                  payloads: itertools.cycle[bytes], logs: list[int],
+                  cluster: list[psutil.Process]) -> Phase:
+    phase = Phase()
+    run = run_callbacks if args.driver == "callbacks" else run_tasks
+    c0, k0, t0 = cpu_s(), cluster_cpu_s(cluster), time.perf_counter()
+    await run(w, n, args.inflight, payloads, logs, phase)
+    phase.elapsed_s = time.perf_counter() - t0
+    phase.cpu_s = cpu_s() - c0
+    k1 = cluster_cpu_s(cluster)
+    if k0 is not None and k1 is not None:
+        phase.cluster_cpu_s = k1 - k0
+    return phase
+
+
+def resolve(args: argparse.Namespace) -> tuple[list[str], list[psutil.Process]]:
+    if args.dir is None:
+        return list(args.url or ["http://127.0.0.1:7400"]), []
+    state = load_state(args.dir.resolve())
+    if state is None:
+        raise SystemExit(json.dumps({"error": f"no cluster.json in {args.dir}"}))
+    processes = []
+    for node in state.nodes:
+        with contextlib.suppress(psutil.Error):
+            processes.append(psutil.Process(node.pid))
+    return state.sequencer_urls, processes
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    urls, cluster = resolve(args)
+    pool = make_pool(args)
+    payloads = itertools.cycle(pool)
+    logs = list(range(args.first_log, args.first_log + args.logs))
+    compression = None if args.compression == "none" else args.compression
+    # Enough connections for every batch the writer may have in flight at once.
+    connections = BATCHES_IN_FLIGHT_PER_LOG_MAX * args.logs + 4
+    async with Client(urls, connections_max=connections) as client:
+        w = client.buffered_writer(
+            linger_ms=args.linger_ms, batch_records_max=args.batch_records_max,
+            batch_bytes_max=args.batch_bytes_max, compression=compression,
+            ordered=args.ordered, memory_bytes_max=args.memory_bytes_max)
+        async with w:
+            warm = await measure(w, max(args.warmup, len(logs)), args, payloads, logs, [])
+            if warm.errors and not warm.latencies_s:
+                hint = (" (BADMSG with compression: this server does not take compressed "
+                        "append-batch bodies)" if compression and "BADMSG" in warm.errors
+                        else "")
+                raise SystemExit(json.dumps(
+                    {"error": f"warmup failed: {dict(warm.errors)}{hint}"}))
+            plain0, sent0 = client.batch_bytes_plain, client.batch_bytes_sent
+            stats0 = (w.stats.batches_ok, w.stats.records_ok)
+            phase = await measure(w, args.records, args, payloads, logs, cluster)
+            plain = client.batch_bytes_plain - plain0
+            sent = client.batch_bytes_sent - sent0
+            batches = w.stats.batches_ok - stats0[0]
+            batch_records = w.stats.records_ok - stats0[1]
+    return report(args, phase, urls, ratio=plain / sent if sent else 1.0,
+                  batches=batches, batch_records=batch_records,
+                  pool_avg=sum(map(len, pool)) / len(pool))
+
+
+def report(args: argparse.Namespace, phase: Phase, urls: list[str], *, ratio: float,
+           batches: int, batch_records: int, pool_avg: float) -> dict[str, Any]:
+    lat = sorted(phase.latencies_s)
+    el = phase.elapsed_s
+    n = len(lat)
+    out: dict[str, Any] = {
+        "bench": "seqlog_buffered",
+        "label": args.label,
+        "records": n,
+        "size": args.size,
+        "avg_payload_bytes": round(pool_avg, 1),
+        "inflight": args.inflight,
+        "payload": args.payload,
+        "compression": args.compression,
+        "compression_ratio": round(ratio, 3),
+        "linger_ms": args.linger_ms,
+        "ordered": args.ordered,
+        "logs": args.logs,
+        "driver": args.driver,
+        "loop": args.loop,
+        "elapsed_s": round(el, 4),
+        "records_per_s": round(n / el, 1) if el > 0 else None,
+        "MB_per_s": round(phase.payload_bytes / el / 1e6, 3) if el > 0 else None,
+        "p50_ms": round(percentile(lat, 50) * 1e3, 4),
+        "p99_ms": round(percentile(lat, 99) * 1e3, 4),
+        "p999_ms": round(percentile(lat, 99.9) * 1e3, 4),
+        "max_ms": round(lat[-1] * 1e3, 4) if lat else None,
+        "batches": batches,
+        "records_per_batch": round(batch_records / batches, 1) if batches else None,
+        "client_cpu_util": round(phase.cpu_s / el, 3) if el > 0 else None,
+        "client_cpu_us_per_record": round(phase.cpu_s / n * 1e6, 2) if n else None,
+        "cluster_cpu_us_per_record": (round(phase.cluster_cpu_s / n * 1e6, 2)
+                                      if n and phase.cluster_cpu_s is not None else None),
+        "loadavg_start": args.loadavg_start,
+        "loadavg_end": loadavg(),
+        "errors": dict(phase.errors),
+        "urls": urls,
+        "ts": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if min(args.records, args.size, args.inflight, args.logs, args.first_log) < 1:
+        print(json.dumps({"error": "records, size, inflight, logs must be >= 1"}))
+        return 2
+    args.loadavg_start = loadavg()
+    factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
+    if args.loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        out = runner.run(bench(args))
+    return 0 if out["records"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Appends over the binary protocol with the client's routing and retry rules.
+
+The common case costs one APPEND frame, one future and one callback: ``submit`` sends straight
+to the log's expected owner (with ``no_forward``) on its open connection and resolves the
+caller's future from the answer, without a Task. Anything else (no connection yet, a redirect,
+an error to retry) continues in one Task per such append (``_run``), with the rules of the HTTP
+path (``seqlog.client``): a redirect (NOSEQUENCER with the owner's data address) is followed
+at most ``redirects_max`` times and never back to a node already tried, after which the client
+lets the nodes forward; statuses in ``NOTHING_WRITTEN`` are retried with bounded backoff; an
+append whose outcome is unknown (TIMEDOUT, a connection lost after sending) is retried only
+when it is idempotent (it names a producer) and otherwise raises ``LogError(TIMEDOUT)``.
+
+A node that refuses the client's HELLO (an older node, protocol version 1), or data ports of
+which none was ever reachable (a client outside a network that exposes only HTTP), make the
+client fall back to HTTP for good (``BinaryUnavailable``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from seqlog.binary import Connections
+from seqlog.routing import Router
+from shared.http_contract import NOTHING_WRITTEN, OUTCOME_UNKNOWN, TRY_ELSEWHERE
+from shared.status import LogError, Status
+from shared.types import NodeId
+from shared.wire.append import Append, Appended
+from shared.wire.codec import Message
+
+T = TypeVar("T")
+
+
+class BinaryUnavailable(Exception):
+    """The cluster does not speak the binary protocol to this client: use HTTP."""
+
+
+class BinaryAppends:
+    def __init__(self, *, router: Router, connections: Connections, retries_max: int,
+                 redirects_max: int, backoff_ms: Callable[[int, int], float],
+                 refresh_cluster: Callable[[], Awaitable[None]],
+                 http_fallback: Callable[[Append, Callable[[Appended], Any]], Awaitable[Any]],
+                 on_unavailable: Callable[[], None]) -> None:
+        self._router = router
+        self.connections = connections
+        self._retries_max = retries_max
+        self._redirects_max = redirects_max
+        self._backoff_ms = backoff_ms
+        self._refresh_cluster = refresh_cluster
+        self._http_fallback = http_fallback
+        self._on_unavailable = on_unavailable
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refresh_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def submit(self, message: Append, future: asyncio.Future[T],
+               make: Callable[[Appended], T]) -> None:
+        """Send ``message`` and resolve ``future`` with ``make(answer)``, or fail it with
+        ``LogError``."""
+        router = self._router
+        if router.cluster_stale:
+            self._refresh_soon()
+        owner = router.owner(message.log_id)
+        address = router.data_address(owner) if owner is not None else None
+        conn = self.connections.ready(address) if address is not None else None
+        if conn is None:
+            self._spawn(self._run(message, None, None, future, make))
+            return
+
+        def on_reply(reply: Message | Status) -> None:
+            if future.done():
+                return  # cancelled by the caller: the outcome stays unknown to them
+            if type(reply) is Appended and reply.status is Status.OK:
+                node = reply.sequencer_node
+                if node is not None and node != owner:
+                    router.learn_route(message.log_id, node)
+                future.set_result(make(reply))
+            else:
+                self._spawn(self._run(message, owner, reply, future, make))
+
+        conn.request(message, on_reply)
+
+    def _refresh_soon(self) -> None:
+        """Refresh the cluster view in the background (the refresh is rate-limited), so that
+        appends on open connections need not wait for it."""
+        if self._refresh_task is None or self._refresh_task.done():
+            self._refresh_task = asyncio.ensure_future(self._refresh_cluster())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, message: Append, node: NodeId | None, reply: Message | Status | None,
+                   future: asyncio.Future[T], make: Callable[[Appended], T]) -> None:
+        try:
+            if self._closed:
+                raise LogError(Status.SHUTDOWN, "client closed; nothing was sent")
+            answer = await self._retrying(message, node, reply)
+        except asyncio.CancelledError:
+            if not future.done():
+                future.set_exception(LogError(
+                    Status.TIMEDOUT, "client closed during the append; the outcome is unknown"))
+            raise
+        except BinaryUnavailable:
+            self._on_unavailable()
+            try:
+                result = await self._http_fallback(message, make)
+            except Exception as exc:  # the HTTP path raises LogError; pass on whatever it is
+                if not future.done():
+                    future.set_exception(exc)
+                return
+            if not future.done():
+                future.set_result(result)
+            return
+        except Exception as exc:
+            if not future.done():
+                future.set_exception(exc)
+            return
+        if not future.done():
+            future.set_result(make(answer))
+
+    async def _retrying(self, message: Append, node: NodeId | None,
+                        reply: Message | Status | None) -> Appended:
+        router = self._router
+        log_id = message.log_id
+        idempotent = message.producer_id is not None
+        attempt = 0
+        retry_after_ms = 0
+        redirects = 0
+        tried: set[NodeId] = set()
+        no_forward = True
+        asked = message.no_forward
+        while True:
+            if reply is None:
+                if router.cluster_stale:
+                    await self._refresh_cluster()
+                # Only ask a node not to forward when the client thinks it is the owner.
+                asked = no_forward and router.owner(log_id) is not None
+                if message.no_forward != asked:
+                    message = dataclasses.replace(message, no_forward=asked)
+                node, reply = await self._send(message)
+            assert node is not None
+            tried.add(node)
+            if type(reply) is Appended:
+                sequencer = reply.sequencer_node
+                if sequencer:
+                    router.learn_route(log_id, sequencer)
+                if reply.status is Status.OK:
+                    return reply
+                if reply.status is Status.NOSEQUENCER and reply.redirect_data and sequencer:
+                    router.learn_node_data(sequencer, reply.redirect_data)
+                    router.cluster_stale = True
+                    redirects += 1
+                    if sequencer in tried or redirects >= self._redirects_max or not asked:
+                        # Views disagree (a loop) or the redirects go on: let the nodes
+                        # forward, which they bound by hops.
+                        no_forward = False
+                        router.forget_route(log_id)
+                    if redirects > self._redirects_max + 1:
+                        raise LogError(Status.NOSEQUENCER, f"redirected {redirects} times")
+                    reply = None
+                    continue
+                error = LogError(reply.status, reply.message)
+                retry_after_ms = reply.retry_after_ms
+            elif isinstance(reply, Status):
+                error = _transport_error(node, reply)
+                if error.status in OUTCOME_UNKNOWN:
+                    router.cluster_stale = True
+            else:
+                error = LogError(Status.BADMSG, f"{node} answered {type(reply).__name__}")
+            retry = error.status in NOTHING_WRITTEN or (
+                idempotent and error.status in OUTCOME_UNKNOWN)
+            if not retry or attempt >= self._retries_max:
+                raise error
+            if error.status in TRY_ELSEWHERE:
+                router.demote_node(node)
+            await asyncio.sleep(self._backoff_ms(attempt, retry_after_ms) / 1000)
+            attempt += 1
+            retry_after_ms = 0
+            reply = None
+
+    async def _send(self, message: Append) -> tuple[NodeId, Message | Status]:
+        """Send to the first candidate node we can connect to: (node, its answer or the
+        transport's status)."""
+        failures: list[str] = []
+        router = self._router
+        owner = router.owner(message.log_id)
+        for node, address in router.data_candidates(message.log_id):
+            if node != owner and message.no_forward:
+                # Not the owner: let this node forward rather than redirect us back.
+                message = dataclasses.replace(message, no_forward=False)
+            try:
+                conn = await self.connections.get(address)
+            except LogError as exc:
+                if exc.status is Status.PROTONOSUPPORT:
+                    raise BinaryUnavailable(exc.message) from None
+                if exc.status is Status.SHUTDOWN:
+                    raise
+                failures.append(exc.message)
+                router.demote_node(node)
+                router.cluster_stale = True
+                continue
+            answer: asyncio.Future[Message | Status] = (
+                asyncio.get_running_loop().create_future())
+
+            def on_reply(reply: Message | Status,
+                         answer: asyncio.Future[Message | Status] = answer) -> None:
+                if not answer.done():
+                    answer.set_result(reply)
+
+            conn.request(message, on_reply)
+            return node, await answer
+        if not failures:
+            raise BinaryUnavailable("no node with a data address is known")
+        if not self.connections.connected_once:
+            # No data port was ever reachable from here; HTTP may be.
+            raise BinaryUnavailable("no data port reachable: " + "; ".join(failures))
+        raise LogError(Status.CONNFAILED, "no node reachable: " + "; ".join(failures))
+
+    async def close(self) -> None:
+        """Fail every append in flight (outcome unknown) and close the connections."""
+        self._closed = True
+        await self.connections.close()
+        tasks = [*self._tasks, *([self._refresh_task] if self._refresh_task else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _transport_error(node: NodeId, status: Status) -> LogError:
+    if status in (Status.PEER_CLOSED, Status.TIMEDOUT):
+        return LogError(Status.TIMEDOUT,
+                        f"{node}: {status.name} after sending; the outcome is unknown")
+    if status is Status.OVERLOADED:
+        return LogError(Status.OVERLOADED, f"{node}: too much unsent; nothing was sent")
+    # CONNFAILED: the connection was closed before the request left.
+    return LogError(Status.NOTREADY if status is Status.CONNFAILED else status,
+                    f"{node}: {status.name}; nothing was sent")
