@@ -38,6 +38,7 @@ from shared.append_validation import check_append, check_compressed_append
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.http_contract import wants_retry_after
+from shared.limits import READ_WAIT_MS_MAX
 from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
@@ -58,6 +59,7 @@ log = logging.getLogger(__name__)
 
 FORWARD_HOPS_MAX = 2
 READ_POLL_INTERVAL_S = 0.02
+"""Pause between long-poll read rounds only when the storage nodes did not hold the READ."""
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
 T = TypeVar("T")
 OWNERS_CACHED_MAX = 100_000
@@ -342,41 +344,61 @@ class FrontEnd:
     async def read(
         self, log_id: LogId, from_lsn: Lsn, records_max: int, bytes_max: int, wait_ms: int
     ) -> ReadOutcome:
+        """One look at the freshest release pointer (this node's sequencer or one
+        GetSequencerState to the owner, so a read right after an acknowledged append sees
+        it), then read rounds. While nothing at or after ``from_lsn`` is released, a round
+        is a long poll on the storage nodes themselves (``Read.wait_ms``): they hold the READ
+        until their release pointer passes ``from_lsn - 1``; a round that ends because one
+        node's pointer moved is asked again at once with the newer pointer. No polling loop
+        and no sequencer hop per round."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return ReadOutcome(status=status, message=f"log {log_id}: {status.description}")
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + wait_ms / 1000
+        release = await self._release_hint(log_id)
         while True:
-            outcome = await self._read_once(log_id, metadata, from_lsn, records_max, bytes_max)
-            remaining_s = deadline_s - loop.time()
+            remaining_ms = int((deadline_s - loop.time()) * 1000)
+            round_wait_ms = (min(remaining_ms, READ_WAIT_MS_MAX)
+                             if release < from_lsn and remaining_ms > 0 else 0)
+            started_s = loop.time()
+            outcome = await self._read_once(log_id, metadata, from_lsn, records_max,
+                                            bytes_max, release, round_wait_ms)
+            if not isinstance(outcome, ReadOutcome):
+                release = outcome  # RELEASE_MOVED: ask again at once with the newer pointer
+                continue
             if outcome.status is not Status.OK or outcome.records or outcome.gaps:
                 return outcome
-            if remaining_s <= 0:
+            release = outcome.release_lsn
+            remaining_s = deadline_s - loop.time()
+            if round_wait_ms == 0 or remaining_s <= 0:
                 return outcome
-            if self.sequencer is not None and self.sequencer.is_active(log_id):
-                await self.sequencer.wait_release_above(
-                    log_id, Lsn(max(from_lsn - 1, outcome.release_lsn)), remaining_s)
-            else:
+            if loop.time() - started_s < round_wait_ms / 2000:
+                # The storage nodes answered long before the wait ran out without anything
+                # new (they hold a bounded number of READs): pause instead of spinning.
                 await asyncio.sleep(min(READ_POLL_INTERVAL_S, remaining_s))
 
     async def _read_once(
         self, log_id: LogId, metadata: LogMetadata, from_lsn: Lsn, records_max: int,
-        bytes_max: int,
-    ) -> ReadOutcome:
-        release = await self._release_hint(log_id)
+        bytes_max: int, release: Lsn, wait_ms: int,
+    ) -> ReadOutcome | Lsn:
+        """One read round; a ``Lsn`` (the newer release pointer) when a long-poll round ended
+        because a storage node's release pointer moved."""
         span = span_of(metadata_spans(metadata), from_lsn)
         read_round = ReadRound(
             log_id=log_id, span=span, from_lsn=from_lsn, release_lsn=release,
-            records_max=records_max, bytes_max=bytes_max, wait_ms=0,
+            records_max=records_max, bytes_max=bytes_max, wait_ms=wait_ms,
             speculative_delay_ms=self.config.api.read_speculative_delay_ms,
             started_ms=int(asyncio.get_running_loop().time() * 1000),
             # A random f-majority first spreads readers over the copies.
             order=random.sample(span.nodeset, len(span.nodeset)))
         result = await run_round(self.pool, read_round, STORAGE_CALL_TIMEOUT_MS)
+        if result.end == "RELEASE_MOVED":
+            return self._note_release(log_id, result.release_lsn)
         if result.merged is None:
             return ReadOutcome(
-                status=Status.NOTREADY, next_lsn=from_lsn, release_lsn=release,
+                status=Status.NOTREADY, next_lsn=from_lsn,
+                release_lsn=self._note_release(log_id, release),
                 message=f"{result.answered} of {len(metadata.nodeset)} storage nodes answered; "
                         f"{result.needed} are needed to read without skipping records")
         release = self._note_release(log_id, result.release_lsn)

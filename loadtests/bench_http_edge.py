@@ -2,9 +2,12 @@
 service that answers every append at once, driven by wrk (``loadtests/wrk_append.lua``).
 
 It prints the server process's CPU per request, which is what the edge costs a sequencer node
-on top of sequencing. Needs ``wrk`` on PATH. Prints one JSON line.
+on top of sequencing, for the lean edge (``services.http_edge``, what a node serves) and for
+aiohttp alone (the edge before it), one after the other in the same run. Needs ``wrk`` on
+PATH. Prints one JSON line per edge.
 
-Run from the repo root: ``.venv/bin/python -m loadtests.bench_http_edge [--connections 16]``.
+Run from the repo root:
+``.venv/bin/python -m loadtests.bench_http_edge [--connections 256] [--edge lean|aiohttp|both]``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import resource
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -24,6 +28,7 @@ from prometheus_client import CollectorRegistry
 
 from frontend.outcomes import AppendOutcome
 from services.http_api import create_api_app
+from services.http_edge import EdgeRunner
 from shared.config import ApiConfig
 from shared.status import Status
 from shared.types import Lsn, NodeId
@@ -42,6 +47,13 @@ class _InstantService:
 
     async def append(self, log_id: int, payloads: tuple[bytes, ...], key: str | None,
                      **_: object) -> AppendOutcome:
+        return self._outcome(payloads)
+
+    def append_nowait(self, log_id: int, payloads: tuple[bytes, ...], key: str | None, *,
+                      done: Callable[[AppendOutcome], None], **_: object) -> None:
+        done(self._outcome(payloads))
+
+    def _outcome(self, payloads: tuple[bytes, ...]) -> AppendOutcome:
         first = self._next_lsn
         self._next_lsn += len(payloads)
         return AppendOutcome(status=Status.OK, first_lsn=Lsn(first),
@@ -54,14 +66,15 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def bench(args: argparse.Namespace) -> dict[str, object]:
+async def bench(args: argparse.Namespace, edge: str) -> dict[str, object]:
     app = create_api_app(_InstantService(), ApiConfig(), CollectorRegistry())  # type: ignore[arg-type]
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner_type = EdgeRunner if edge == "lean" else web.AppRunner
+    runner = runner_type(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port)
     await site.start()
     env = dict(os.environ, SEQLOG_LOG="1", SEQLOG_SIZE=str(args.size),
-               SEQLOG_BATCH=str(args.batch))
+               SEQLOG_BATCH=str(args.batch), SEQLOG_PIPELINE=str(args.pipeline))
     try:
         cpu0_s, t0_s = _cpu_s(), time.perf_counter()
         wrk = await asyncio.create_subprocess_exec(
@@ -76,8 +89,9 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
     if wrk.returncode != 0 or not lines:
         raise SystemExit(json.dumps({"error": f"wrk failed: {out.decode()[-500:]}"}))
     requests = int(lines[0].split()[0])
-    return {"bench": "seqlog_http_edge", "connections": args.connections, "size": args.size,
-            "batch": args.batch, "requests": requests,
+    return {"bench": "seqlog_http_edge", "edge": edge, "connections": args.connections,
+            "size": args.size,
+            "batch": args.batch, "pipeline": args.pipeline, "requests": requests,
             "requests_per_s": round(requests / elapsed_s),
             "server_cpu_us_per_request": round(cpu_s / max(requests, 1) * 1e6, 1),
             "server_cpu_util": round(cpu_s / elapsed_s, 2)}
@@ -90,14 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--port", type=int, default=17999)
+    p.add_argument("--pipeline", type=int, default=1,
+                   help="requests each wrk connection writes back to back")
+    p.add_argument("--edge", choices=("lean", "aiohttp", "both"), default="both")
     args = p.parse_args(argv)
     if shutil.which("wrk") is None:
         print(json.dumps({"error": "wrk is not installed (apt-get install wrk)"}))
         return 2
     import uvloop
 
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        print(json.dumps(runner.run(bench(args))), flush=True)
+    edges = ("aiohttp", "lean") if args.edge == "both" else (args.edge,)
+    for edge in edges:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            print(json.dumps(runner.run(bench(args, edge))), flush=True)
     return 0
 
 

@@ -1,10 +1,12 @@
 -- wrk script: closed-loop msgpack appends (one request in flight per connection).
 -- Environment: SEQLOG_LOG (log id), SEQLOG_SIZE (payload bytes), SEQLOG_BATCH (records per
--- request; >1 uses append-batch). Body encoding is plain msgpack written by hand because wrk's
+-- request; >1 uses append-batch), SEQLOG_PIPELINE (requests written back to back per
+-- connection before reading the answers; default 1). Body encoding is plain msgpack written by hand because wrk's
 -- Lua has no msgpack module: map{"payload": bin} or map{"payloads": array of bin}.
 local log_id = os.getenv("SEQLOG_LOG") or "1"
 local size = tonumber(os.getenv("SEQLOG_SIZE") or "1024")
 local batch = tonumber(os.getenv("SEQLOG_BATCH") or "1")
+local pipeline = tonumber(os.getenv("SEQLOG_PIPELINE") or "1")
 
 local function bin(n)
   local payload = string.rep("x", n)
@@ -34,7 +36,11 @@ wrk.body = body
 wrk.headers["Content-Type"] = "application/msgpack"
 wrk.headers["Accept"] = "application/msgpack"
 
-function request() return wrk.format(nil, path) end
+local requests
+function request()
+  if requests == nil then requests = string.rep(wrk.format(nil, path), pipeline) end
+  return requests
+end
 
 local errors = 0
 function response(status, headers, body)

@@ -1,12 +1,14 @@
 """The composition root of one node: ``create_app(config)`` builds the node's roles (storage,
 sequencer), the node-to-node transport and the HTTP API, and starts and stops them through the
-aiohttp application's ``cleanup_ctx``."""
+aiohttp application's ``cleanup_ctx``. ``create_runner(app)`` serves it: the lean HTTP edge
+(``services.http_edge``) in front of aiohttp."""
 
 from __future__ import annotations
 
 import logging
 import random
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -20,6 +22,7 @@ from gossip.runtime import GossipRuntime
 from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.http_api import create_api_app
+from services.http_edge import EdgeRunner
 from services.membership import ClusterChange, Membership
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
@@ -195,6 +198,12 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
 
     app.cleanup_ctx.append(lifecycle)
     return app
+
+
+def create_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """The runner that serves ``app`` on its sites: the lean HTTP edge for the hot routes in
+    front of aiohttp for the rest (``services.http_edge``)."""
+    return EdgeRunner(app, **kwargs)
 
 
 def _epoch_store_url(config: ProcessConfig) -> str:

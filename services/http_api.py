@@ -10,8 +10,10 @@ refused before reading, and a chunked body is refused as soon as it grows past t
 that does not arrive within ``body_read_timeout_ms`` is refused too, so a stalled client
 cannot hold a handler forever. Either way the connection is closed after the answer.
 
-Lifecycle: ``create_api_app`` builds the app; the caller runs it (``AppRunner``) and owns the
-service's lifetime.
+Lifecycle: ``create_api_app`` builds the app; the caller runs it and owns the service's
+lifetime. A node runs it behind the lean edge (``services.http_edge.EdgeRunner``), which
+serves the hot routes itself and hands every other connection to this app; the app still
+serves every route, so it also answers hot routes on connections handed to it.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ BodyParser = Callable[[dict[str, Any], MediaType, ApiConfig], T | Rejection]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Edge:
+class Edge:
     """Everything a handler needs besides the service."""
 
     api: ApiConfig
@@ -80,7 +82,9 @@ class _Edge:
 
 
 SERVICE_KEY = web.AppKey[LogService]("log_service")
-_EDGE_KEY = web.AppKey("http_edge", _Edge)
+EDGE_KEY = web.AppKey("http_edge", Edge)
+"""The edge settings and metrics of an API app, which the lean edge (``services.http_edge``)
+shares."""
 
 
 _MEDIA_CACHED_MAX = 256
@@ -91,7 +95,12 @@ header values over and over, and negotiating costs more than a dictionary lookup
 
 def _media(request: web.Request) -> MediaType:
     headers = request.headers
-    key = (headers.get("Accept"), headers.get("Content-Type"))
+    return answer_media(headers.get("Accept"), headers.get("Content-Type"))
+
+
+def answer_media(accept: str | None, content_type: str | None) -> MediaType:
+    """``response_media_type``, remembered for the header values clients repeat."""
+    key = (accept, content_type)
     media = _media_cache.get(key)
     if media is None:
         media = response_media_type(*key)
@@ -123,7 +132,7 @@ def _error(
     body = {"status": status.name, "message": message or status.description}
     response = _answer(request, body, code=code or http_code(status), sequencer=sequencer)
     if wants_retry_after(status):
-        response.headers["Retry-After"] = str(request.app[_EDGE_KEY].api.retry_after_s)
+        response.headers["Retry-After"] = str(request.app[EDGE_KEY].api.retry_after_s)
     return response
 
 
@@ -131,7 +140,7 @@ def _rejected(request: web.Request, rejection: Rejection) -> web.Response:
     return _error(request, rejection.status, rejection.message)
 
 
-async def _read_body(request: web.Request, edge: _Edge) -> bytes | Rejection:
+async def _read_body(request: web.Request, edge: Edge) -> bytes | Rejection:
     size_max = edge.api.request_bytes_max
     too_big = Rejection(Status.TOOBIG, f"request body over request_bytes_max={size_max}")
     if request.content_length is not None and request.content_length > size_max:
@@ -154,7 +163,7 @@ async def _read_body(request: web.Request, edge: _Edge) -> bytes | Rejection:
 async def _body_request(
     request: web.Request, parse: BodyParser[T]
 ) -> tuple[LogId, T] | web.Response:
-    edge = request.app[_EDGE_KEY]
+    edge = request.app[EDGE_KEY]
     log_id = parse_log_id(request.match_info["log_id"])
     if isinstance(log_id, Rejection):
         return _rejected(request, log_id)
@@ -241,7 +250,7 @@ async def on_append_batch(request: web.Request) -> web.StreamResponse:
     return _answer(request, doc, sequencer=outcome.sequencer_node)
 
 
-def _read_doc(outcome: ReadOutcome) -> dict[str, Any]:
+def read_doc(outcome: ReadOutcome) -> dict[str, Any]:
     return {
         "records": [
             {"lsn": r.lsn, "timestamp_ms": r.timestamp_ms, "payload": r.payload, "key": r.key}
@@ -254,7 +263,7 @@ def _read_doc(outcome: ReadOutcome) -> dict[str, Any]:
 
 
 async def on_records(request: web.Request) -> web.StreamResponse:
-    edge = request.app[_EDGE_KEY]
+    edge = request.app[EDGE_KEY]
     log_id = parse_log_id(request.match_info["log_id"])
     if isinstance(log_id, Rejection):
         return _rejected(request, log_id)
@@ -267,10 +276,10 @@ async def on_records(request: web.Request) -> web.StreamResponse:
     if outcome.status is not Status.OK:
         return _error(request, outcome.status, outcome.message)
     assert outcome.next_lsn >= params.from_lsn, outcome
-    return _answer(request, _read_doc(outcome))
+    return _answer(request, read_doc(outcome))
 
 
-def _tail_doc(outcome: TailOutcome) -> dict[str, Any]:
+def tail_doc(outcome: TailOutcome) -> dict[str, Any]:
     return {
         "release_lsn": outcome.release_lsn,
         "trim_lsn": outcome.trim_lsn,
@@ -286,7 +295,7 @@ async def on_tail(request: web.Request) -> web.StreamResponse:
     outcome = await request.app[SERVICE_KEY].tail(log_id)
     if outcome.status is not Status.OK:
         return _error(request, outcome.status, outcome.message, sequencer=outcome.sequencer_node)
-    return _answer(request, _tail_doc(outcome), sequencer=outcome.sequencer_node)
+    return _answer(request, tail_doc(outcome), sequencer=outcome.sequencer_node)
 
 
 async def on_find_time(request: web.Request) -> web.StreamResponse:
@@ -362,12 +371,12 @@ async def on_readyz(request: web.Request) -> web.StreamResponse:
 
 
 async def on_metrics(request: web.Request) -> web.StreamResponse:
-    text = generate_latest(request.app[_EDGE_KEY].registry)
+    text = generate_latest(request.app[EDGE_KEY].registry)
     return web.Response(body=text, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def on_openapi(request: web.Request) -> web.StreamResponse:
-    body = request.app[_EDGE_KEY].openapi_json
+    body = request.app[EDGE_KEY].openapi_json
     return web.Response(body=body, content_type="application/json")
 
 
@@ -396,7 +405,7 @@ async def _edge_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Counts and times every request, turns router errors (404, 405) into JSON error bodies
     and any unexpected exception into a logged 500 ``INTERNAL``. One middleware, not two: each
     layer costs a coroutine frame per request."""
-    edge = request.app[_EDGE_KEY]
+    edge = request.app[EDGE_KEY]
     metrics = edge.metrics
     started_s = time.perf_counter()
     code = 500
@@ -439,7 +448,7 @@ def create_api_app(
         client_max_size=api.request_bytes_max,
     )
     app[SERVICE_KEY] = service
-    app[_EDGE_KEY] = _Edge(
+    app[EDGE_KEY] = Edge(
         api=api,
         registry=registry,
         metrics=HttpMetrics(registry),

@@ -26,7 +26,7 @@ import sys
 
 from aiohttp import web
 
-from services.app import DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app
+from services.app import DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app, create_runner
 from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, config_from_env
 from shared.config import ProcessConfig, process_from_dict
 
@@ -58,7 +58,7 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
     bound_s = shutdown_timeout_ms / 1000
     app = create_app(config, listen_host=listen_host,
                      drain_timeout_s=min(DRAIN_TIMEOUT_S, bound_s * SHUTDOWN_SHARE_DRAIN))
-    runner = web.AppRunner(
+    runner = create_runner(
         app, shutdown_timeout=min(HTTP_SHUTDOWN_TIMEOUT_S, bound_s * SHUTDOWN_SHARE_HTTP),
         access_log=None, handle_signals=False)
     await runner.setup()

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.web_runner import BaseRunner
 from prometheus_client import CollectorRegistry
 
 from frontend.outcomes import (
@@ -31,6 +32,7 @@ from frontend.outcomes import (
     TailOutcome,
 )
 from services.http_api import create_api_app
+from services.http_edge import EdgeRunner
 from shared.compression import decompress_batch
 from shared.config import ApiConfig
 from shared.status import Status
@@ -65,11 +67,22 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
+class EdgeTestServer(TestServer):
+    """aiohttp's test server, serving the lean edge in front of the app as a node does."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return EdgeRunner(self.app, **kwargs)
+
+
 @asynccontextmanager
 async def serve(service: FakeLogService, **app_options: Any) -> AsyncIterator[ApiClient]:
-    """A client of the API app over ``service``, served on 127.0.0.1."""
+    """A client of the API app over ``service``, served on 127.0.0.1 by the lean edge
+    (``aiohttp_only=True``: by aiohttp alone, as before the lean edge)."""
+    aiohttp_only = app_options.pop("aiohttp_only", False)
     app = create_api_app(service, app_options.pop("api", API), CollectorRegistry(), **app_options)
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+    server = (TestServer(app, host="127.0.0.1") if aiohttp_only
+              else EdgeTestServer(app, host="127.0.0.1"))
+    async with TestClient(server) as client:
         yield client
 
 

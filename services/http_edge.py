@@ -1,0 +1,909 @@
+"""The lean HTTP/1.1 edge: the hot routes (append, append-batch, records, tail) served by an
+``asyncio.Protocol`` over httptools, on the same port as the rest of the API.
+
+Why: aiohttp's web stack costs a Task, a middleware frame and a few hundred Python calls per
+request, and serves pipelined requests one at a time. Here a request is parsed by httptools'
+callbacks, validated by the same functions (``services.http_parse``), handed to the front end
+with a completion callback (``append_nowait``: no Task per append) and answered with one
+write; pipelined requests are all dispatched as they arrive and answered in request order.
+
+Everything else stays with aiohttp (``services.http_api``): when a connection's next request
+is not a hot route (or is one in a form the lean path does not take: HEAD, an upgrade, a
+percent-encoded path), the connection waits until its earlier answers are written and is then
+handed to aiohttp's own protocol, with the bytes from the start of that request on. It stays
+there. The answers, headers, metrics (``HttpMetrics``, same route labels), size caps and body
+timeout are the same on both paths; both read the settings of the API app (``EDGE_KEY``).
+
+Bounds: request head (URL and headers) ``REQUEST_HEAD_BYTES_MAX`` and ``HEADERS_COUNT_MAX``
+(400 ``BADMSG``, as aiohttp answers over-long header lines), body
+``ApiConfig.request_bytes_max`` (413, Content-Length checked before reading, chunked bodies
+as they grow), a request not complete within ``body_read_timeout_ms`` (400),
+``PIPELINED_MAX`` parsed requests waiting for their answers per connection (reading pauses
+past it), idle keep-alive connections closed after ``KEEPALIVE_TIMEOUT_S``. A malformed
+request is answered 400 and its connection closed after the earlier answers.
+
+Lifecycle: ``EdgeRunner`` replaces ``web.AppRunner``; its sites (``TCPSite``, ``SockSite``)
+serve the lean edge. Its graceful shutdown stops reading, lets in-flight requests finish
+within the runner's shutdown timeout, then cancels what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from email.utils import formatdate
+from typing import Any, Protocol, cast
+from urllib.parse import parse_qsl
+
+import httptools
+from aiohttp import web
+
+from frontend.outcomes import AppendOutcome, LogService, ReadOutcome, TailOutcome
+from services.http_api import (
+    EDGE_KEY,
+    SERVICE_KEY,
+    Edge,
+    answer_media,
+    read_doc,
+    tail_doc,
+)
+from services.http_parse import (
+    AppendRequest,
+    ReadParams,
+    Rejection,
+    body_media_type,
+    decode_body,
+    encode_body,
+    parse_append,
+    parse_append_batch,
+    parse_log_id,
+    parse_read_query,
+)
+from services.metrics import UNMATCHED_ROUTE
+from shared.http_contract import (
+    NO_FORWARD_QUERY,
+    SEQUENCER_HEADER,
+    MediaType,
+    http_code,
+    wants_retry_after,
+)
+from shared.status import Status
+from shared.types import LogId
+
+logger = logging.getLogger(__name__)
+
+REQUEST_HEAD_BYTES_MAX = 16 * 1024
+"""Longest request line plus headers the lean path parses (400 past it)."""
+HEADERS_COUNT_MAX = 128
+PIPELINED_MAX = 256
+"""Requests of one connection parsed and not yet answered; reading pauses past it."""
+KEEPALIVE_TIMEOUT_S = 75.0
+"""An idle keep-alive connection is closed after this long (aiohttp's default)."""
+SWEEP_INTERVAL_S = 5.0
+ANCHOR_BYTES_MAX = 1024 * 1024
+"""Raw bytes kept since the last known request boundary, for a handover to aiohttp."""
+CLIENT_CLOSED_CODE = 499
+"""Recorded in metrics for requests whose client went away before the answer."""
+
+ROUTE_APPEND = "/v1/logs/{log_id}/append"
+ROUTE_APPEND_BATCH = "/v1/logs/{log_id}/append-batch"
+ROUTE_RECORDS = "/v1/logs/{log_id}/records"
+ROUTE_TAIL = "/v1/logs/{log_id}/tail"
+_HOT_ROUTES: dict[tuple[bytes, bytes], str] = {
+    (b"POST", b"append"): ROUTE_APPEND,
+    (b"POST", b"append-batch"): ROUTE_APPEND_BATCH,
+    (b"GET", b"records"): ROUTE_RECORDS,
+    (b"GET", b"tail"): ROUTE_TAIL,
+}
+_LOGS_PREFIX = b"/v1/logs/"
+_TRUE_VALUES = frozenset({b"1", b"true", b"yes"})
+_REASONS: dict[int, bytes] = {
+    200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 404: b"Not Found",
+    409: b"Conflict", 413: b"Payload Too Large", 429: b"Too Many Requests",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable", 504: b"Gateway Timeout",
+}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class AppendNowait(Protocol):
+    """``FrontEnd.append_nowait``: the callback-style append (no Task per append)."""
+
+    def __call__(self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
+                 producer: tuple[str, int] | None = None, no_forward: bool = False,
+                 done: Callable[[AppendOutcome], None], compression: int = 0,
+                 records: int = 0) -> None: ...
+
+
+class _Stop(Exception):
+    """Raised from a parser callback to stop parsing the rest of the bytes fed."""
+
+
+_date_s = 0
+_date_line = b""
+
+
+def _date() -> bytes:
+    """The Date header line, formatted once a second."""
+    global _date_s, _date_line
+    now_s = int(time.time())
+    if now_s != _date_s:
+        _date_s = now_s
+        _date_line = b"Date: " + formatdate(now_s, usegmt=True).encode("ascii") + b"\r\n"
+    return _date_line
+
+
+_media_cache: dict[tuple[bytes | None, bytes | None], MediaType] = {}
+_body_media_cache: dict[bytes | None, MediaType | Rejection] = {}
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+def _answer_media(accept: bytes | None, content_type: bytes | None) -> MediaType:
+    """``answer_media`` by the raw header values (clients repeat the same few)."""
+    key = (accept, content_type)
+    media = _media_cache.get(key)
+    if media is None:
+        media = answer_media(_text(accept), _text(content_type))
+        if len(_media_cache) < ROUTES_CACHED_MAX and all(
+                v is None or len(v) <= 200 for v in key):
+            _media_cache[key] = media
+    return media
+
+
+def _body_media(content_type: bytes | None) -> MediaType | Rejection:
+    """``body_media_type`` by the raw Content-Type value."""
+    media = _body_media_cache.get(content_type)
+    if media is None:
+        media = body_media_type(_text(content_type))
+        if len(_body_media_cache) < ROUTES_CACHED_MAX and (
+                content_type is None or len(content_type) <= 200):
+            _body_media_cache[content_type] = media
+    return media
+
+
+_heads: dict[tuple[int, str], bytes] = {}
+"""Status line and Content-Type of each (code, media type) answered so far (a handful)."""
+_sequencer_headers: dict[str, bytes] = {}
+
+
+def _sequencer_header(node: str | None) -> bytes:
+    """The ``X-Seqlog-Sequencer`` header line naming ``node`` (one per node of the cluster)."""
+    if node is None:
+        return b""
+    line = _sequencer_headers.get(node)
+    if line is None:
+        line = b"%s: %s\r\n" % (SEQUENCER_HEADER.encode(), node.encode("latin-1", "replace"))
+        if len(_sequencer_headers) < ROUTES_CACHED_MAX:
+            _sequencer_headers[node] = line
+    return line
+
+
+def _message_end(raw: bytes, count: int) -> int:
+    """Where the ``count``-th complete request in ``raw`` ends (``raw`` starts at a request
+    boundary): the shortest prefix a fresh parser completes ``count`` requests in. Only a
+    handover or a re-anchoring needs it, at most once per ``ANCHOR_BYTES_MAX`` bytes."""
+    if count == 0:
+        return 0
+
+    class _Counter:
+        completed = 0
+
+        def on_message_complete(self) -> None:
+            self.completed += 1
+
+    def completes(length: int) -> int:
+        counter = _Counter()
+        with contextlib.suppress(httptools.HttpParserError):
+            httptools.HttpRequestParser(counter).feed_data(raw[:length])
+        return counter.completed
+
+    lo, hi = 0, len(raw)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if completes(mid) >= count:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+ROUTES_CACHED_MAX = 4096
+_routes_cache: dict[tuple[bytes, bytes], tuple[str | None, LogId | Rejection]] = {}
+"""``_route_of`` answers by (method, path): clients send to the same few logs over and over."""
+
+
+def _route_of(method: bytes, path: bytes) -> tuple[str | None, LogId | Rejection]:
+    """The hot route of a request and its parsed log id, or ``(None, ...)`` for aiohttp's."""
+    if not path.startswith(_LOGS_PREFIX) or b"%" in path:
+        return None, _NO_LOG
+    log_part, _, action = path[len(_LOGS_PREFIX):].partition(b"/")
+    route = _HOT_ROUTES.get((method, action)) if log_part else None
+    if route is None:
+        return None, _NO_LOG
+    return route, parse_log_id(log_part.decode("latin-1"))
+
+
+_NO_LOG = Rejection(Status.INVALID_PARAM, "no log id")
+
+
+class _Request:
+    """One parsed request of a connection, from dispatch until its answer is written."""
+
+    __slots__ = ("close", "conn", "count", "data", "media", "method", "route", "started_s",
+                 "url")
+
+    def __init__(self, conn: _Connection, route: str, method: str, media: MediaType,
+                 url: bytes, started_s: float, close: bool) -> None:
+        self.conn = conn
+        self.route = route
+        self.method = method
+        self.media = media
+        self.url = url
+        self.started_s = started_s
+        self.close = close
+        self.count = 1
+        self.data: bytes | None = None
+
+    def answer(self, code: int, doc: object, headers: bytes = b"") -> None:
+        self.answer_bytes(code, encode_body(doc, self.media), self.media, headers)
+
+    def answer_bytes(self, code: int, body: bytes, media: str, headers: bytes = b"") -> None:
+        if self.data is not None:
+            return
+        conn = self.conn
+        edge = conn.edge
+        edge.metrics.in_flight -= 1
+        edge.metrics.observe(self.route, self.method,
+                             code if not conn.lost else CLIENT_CLOSED_CODE,
+                             time.perf_counter() - self.started_s)
+        head = _heads.get((code, media))
+        if head is None:
+            head = _heads[(code, media)] = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n" % (
+                code, _REASONS.get(code, b"Unknown"), media.encode("ascii"))
+        self.data = b"".join((
+            head, b"Content-Length: %d\r\n" % len(body), _date(), headers,
+            b"Connection: close\r\n\r\n" if self.close else b"\r\n", body))
+        conn.answered()
+
+    def dropped(self) -> None:
+        """The request was cancelled (its client went away, or the node shuts down)."""
+        if self.data is None:
+            self.data = b""
+            metrics = self.conn.edge.metrics
+            metrics.in_flight -= 1
+            metrics.observe(self.route, self.method, CLIENT_CLOSED_CODE,
+                            time.perf_counter() - self.started_s)
+
+    def error(self, status: Status, message: str = "", *, code: int | None = None,
+              headers: bytes = b"") -> None:
+        if wants_retry_after(status):
+            headers += b"Retry-After: %d\r\n" % self.conn.edge.api.retry_after_s
+        self.answer(code or http_code(status),
+                    {"status": status.name, "message": message or status.description}, headers)
+
+    def rejected(self, rejection: Rejection) -> None:
+        self.error(rejection.status, rejection.message)
+
+    def internal(self) -> None:
+        logger.exception("unhandled error answering %s %s", self.method,
+                         self.url[:200].decode("latin-1"))
+        self.error(Status.INTERNAL, "internal error; the outcome is unknown")
+
+    # ---- completions -------------------------------------------------------------------
+
+    def on_appended(self, outcome: AppendOutcome) -> None:
+        try:
+            sequencer = _sequencer_header(outcome.sequencer_node)
+            if outcome.status is not Status.OK:
+                self._append_failed(outcome, sequencer)
+            elif self.route is ROUTE_APPEND:
+                assert outcome.first_lsn == outcome.last_lsn > 0, outcome
+                self.answer(200, {"lsn": outcome.first_lsn, "timestamp_ms": outcome.timestamp_ms},
+                            sequencer)
+            else:
+                count = self.count
+                assert outcome.first_lsn > 0 and (
+                    outcome.last_lsn - outcome.first_lsn + 1 == count), outcome
+                self.answer(200, {"first_lsn": outcome.first_lsn, "last_lsn": outcome.last_lsn,
+                                  "count": count, "timestamp_ms": outcome.timestamp_ms},
+                            sequencer)
+        except Exception:
+            self.internal()
+
+    def _append_failed(self, outcome: AppendOutcome, sequencer: bytes) -> None:
+        if outcome.redirect_http is not None:
+            # 307 keeps the method and body; the client re-sends to the log's sequencer node.
+            doc = {"status": outcome.status.name, "message": outcome.message,
+                   "sequencer_node": outcome.sequencer_node,
+                   "sequencer_http": outcome.redirect_http}
+            location = b"Location: http://%s%s\r\n" % (
+                outcome.redirect_http.encode("latin-1", "replace"), self.url)
+            self.answer(307, doc, sequencer + location)
+            return
+        self.error(outcome.status, outcome.message, headers=sequencer)
+
+    def on_read(self, task: asyncio.Task[ReadOutcome]) -> None:
+        self.conn.tasks.discard(task)
+        if task.cancelled():
+            self.dropped()
+            return
+        try:
+            outcome = task.result()
+            if outcome.status is not Status.OK:
+                self.error(outcome.status, outcome.message)
+            else:
+                self.answer(200, read_doc(outcome))
+        except Exception:
+            self.internal()
+
+    def on_tail(self, task: asyncio.Task[TailOutcome]) -> None:
+        self.conn.tasks.discard(task)
+        if task.cancelled():
+            self.dropped()
+            return
+        try:
+            outcome = task.result()
+            sequencer = _sequencer_header(outcome.sequencer_node)
+            if outcome.status is not Status.OK:
+                self.error(outcome.status, outcome.message, headers=sequencer)
+            else:
+                self.answer(200, tail_doc(outcome), sequencer)
+        except Exception:
+            self.internal()
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection on the lean path (httptools parser callbacks are methods)."""
+
+    def __init__(self, edge: EdgeServer) -> None:
+        self.edge = edge
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue: deque[_Request] = deque()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.lost = False
+        self.idle_since_s: float | None = None
+        self._closing = False
+        """No more requests are read: the connection closes once its answers are written."""
+        self._handover: bytes | None = None
+        self._chunks: list[bytes] = []
+        self._chunks_bytes = 0
+        self._completed = 0
+        """Requests completed since the start of ``_chunks`` (a request boundary)."""
+        self._in_message = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._write_paused = False
+        self._read_paused = False
+        self._flush_scheduled = False
+        self._feeding = False
+        """Inside ``feed_data``: answers made now are written once it returns."""
+        # The request being parsed.
+        self._url = b""
+        self._head_bytes = 0
+        self._headers_count = 0
+        self._route: str | None = None
+        self._log_id: LogId | Rejection = _NO_LOG
+        self._method = b""
+        self._content_type: bytes | None = None
+        self._accept: bytes | None = None
+        self._no_forward = False
+        self._expect = False
+        self._content_length: int | None = None
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._keep_alive = True
+        self._started_s = 0.0
+
+    # ---- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.idle_since_s = self.edge.loop.time()
+        self.edge.track(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._closing = True
+        self.edge.forget(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in self.tasks:
+            task.cancel()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing or self._handover is not None:
+            return
+        self.idle_since_s = None
+        self._chunks.append(data)
+        self._chunks_bytes += len(data)
+        self._feeding = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            # A callback stopped parsing and said why (a handover, a refusal, a close), or
+            # failed: a bug, answered like any other unexpected error.
+            if not self._closing and self._handover is None:
+                logger.error("unhandled error parsing a request", exc_info=exc.__context__)
+                self._refuse(Status.INTERNAL, "internal error; the outcome is unknown")
+        except httptools.HttpParserError as exc:
+            self._refuse(Status.BADMSG, f"malformed HTTP request: {exc}"[:300], code=400)
+        finally:
+            self._feeding = False
+        # Answers made while parsing (refusals, instant outcomes) leave in one write.
+        if self.queue and self.queue[0].data is not None:
+            self.flush()
+        if self._closing or self._handover is not None:
+            return
+        if not self._in_message:
+            self._chunks.clear()
+            self._chunks_bytes = 0
+            self._completed = 0
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if not self.queue:
+                self.idle_since_s = self.edge.loop.time()
+            return
+        if self._chunks_bytes > ANCHOR_BYTES_MAX and self._completed:
+            raw = b"".join(self._chunks)
+            end = _message_end(raw, self._completed)
+            self._chunks = [raw[end:]]
+            self._chunks_bytes = len(raw) - end
+            self._completed = 0
+        if self._timer is None:
+            self._timer = self.edge.loop.call_later(self.edge.body_read_timeout_s,
+                                                    self._timed_out)
+
+    def eof_received(self) -> bool | None:
+        # A half-closed client still gets its answers; the connection closes after them.
+        self._closing = True
+        if not self.queue and self.transport is not None:
+            self.transport.close()
+        return True
+
+    # ---- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_message = True
+        self._started_s = time.perf_counter()
+        self._url = b""
+        self._head_bytes = 0
+        self._headers_count = 0
+        self._route = None
+        self._content_type = self._accept = None
+        self._no_forward = self._expect = False
+        self._content_length = None
+        self._body = []
+        self._body_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_bytes += len(url)
+        if self._head_bytes > REQUEST_HEAD_BYTES_MAX:
+            self._head_too_big()
+
+    def _pick_route(self) -> None:
+        """Which hot route the request is for; anything else goes to aiohttp."""
+        method = self.parser.get_method()
+        path, _, _ = self._url.partition(b"?")
+        key = (method, path)
+        found = _routes_cache.get(key)
+        if found is None:
+            found = _route_of(method, path)
+            if len(_routes_cache) < ROUTES_CACHED_MAX:
+                _routes_cache[key] = found
+        route, log_id = found
+        if route is None:
+            self._hand_over()
+        self._route = route
+        self._log_id = log_id
+        self._method = method
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._route is None:
+            self._pick_route()
+        self._head_bytes += len(name) + len(value)
+        self._headers_count += 1
+        if self._head_bytes > REQUEST_HEAD_BYTES_MAX or self._headers_count > HEADERS_COUNT_MAX:
+            self._head_too_big()
+        name = name.lower()
+        if name == b"content-type":
+            self._content_type = value
+        elif name == b"accept":
+            self._accept = value
+        elif name == b"x-seqlog-no-forward":
+            self._no_forward = value.strip().lower() in _TRUE_VALUES
+        elif name == b"content-length":
+            # llhttp has checked the digits; an absurd length is refused like any too big one.
+            self._content_length = int(value) if len(value) <= 20 and value.isdigit() else 2**64
+        elif name == b"expect":
+            self._expect = value.strip().lower() == b"100-continue"
+
+    def on_headers_complete(self) -> None:
+        if self._route is None:
+            self._pick_route()
+        if self.parser.should_upgrade():
+            self._hand_over()
+        self._keep_alive = self.parser.should_keep_alive()
+        cap = self.edge.api.request_bytes_max
+        if self._content_length is not None and self._content_length > cap:
+            self._refuse(Status.TOOBIG, f"request body over request_bytes_max={cap}",
+                         route=self._route)
+            raise _Stop
+        if (self._expect and self._content_length and not self.queue
+                and self.transport is not None):
+            self.transport.write(_CONTINUE)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        if self._body_bytes > self.edge.api.request_bytes_max:
+            self._refuse(Status.TOOBIG,
+                         f"request body over request_bytes_max={self.edge.api.request_bytes_max}",
+                         route=self._route)
+            raise _Stop
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        self._completed += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        route = self._route
+        assert route is not None
+        media = _answer_media(self._accept, self._content_type)
+        request = _Request(self, route, self._method.decode("ascii"), media, self._url,
+                           self._started_s, not self._keep_alive)
+        self.edge.metrics.in_flight += 1
+        self.queue.append(request)
+        try:
+            self._dispatch(request)
+        except Exception:
+            request.internal()
+        if not self._keep_alive:
+            self._closing = True
+            self._update_reading()
+            raise _Stop
+        if len(self.queue) >= PIPELINED_MAX:
+            self._update_reading()
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def _dispatch(self, request: _Request) -> None:
+        edge = self.edge
+        log_id = self._log_id
+        if isinstance(log_id, Rejection):
+            request.rejected(log_id)
+            return
+        route = request.route
+        if route is ROUTE_APPEND or route is ROUTE_APPEND_BATCH:
+            body_media = _body_media(self._content_type)
+            if isinstance(body_media, Rejection):
+                request.rejected(body_media)
+                return
+            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+            doc = decode_body(body, body_media)
+            if isinstance(doc, Rejection):
+                request.rejected(doc)
+                return
+            parse = parse_append if route is ROUTE_APPEND else parse_append_batch
+            append = parse(doc, body_media, edge.api)
+            if isinstance(append, Rejection):
+                request.rejected(append)
+                return
+            self._append(request, log_id, append)
+        elif route is ROUTE_RECORDS:
+            params = parse_read_query(self._query(), edge.api)
+            if isinstance(params, Rejection):
+                request.rejected(params)
+                return
+            self._start(request, self._read(log_id, params), request.on_read)
+        else:
+            self._start(request, edge.service.tail(log_id), request.on_tail)
+
+    def _query(self) -> list[tuple[str, str]]:
+        _, _, query = self._url.partition(b"?")
+        if not query:
+            return []
+        return parse_qsl(query.decode("latin-1"), keep_blank_values=True)
+
+    def _append(self, request: _Request, log_id: LogId, append: AppendRequest) -> None:
+        producer = (None if append.producer_id is None or append.producer_seq is None
+                    else (append.producer_id, append.producer_seq))
+        no_forward = self._no_forward
+        if not no_forward and b"?" in self._url:
+            value = next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
+            no_forward = value is not None and value.strip().lower().encode() in _TRUE_VALUES
+        request.count = append.records_count
+        if append.compression:
+            # A compressed batch (docs/API-EXTENSIONS.md): one blob of ``records`` records.
+            self.edge.append_nowait(log_id, append.payloads, append.key, producer=producer,
+                                    no_forward=no_forward, done=request.on_appended,
+                                    compression=append.compression, records=append.records)
+            return
+        self.edge.append_nowait(log_id, append.payloads, append.key, producer=producer,
+                                no_forward=no_forward, done=request.on_appended)
+
+    async def _read(self, log_id: LogId, params: ReadParams) -> ReadOutcome:
+        return await self.edge.service.read(log_id, params.from_lsn, params.records_max,
+                                            params.bytes_max, params.wait_ms)
+
+    def _start(self, request: _Request, coro: Coroutine[Any, Any, Any],
+               done: Callable[[asyncio.Task[Any]], None]) -> None:
+        task = self.edge.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(done)
+
+    # ---- answers, refusals, handover -----------------------------------------------------
+
+    def answered(self) -> None:
+        """An answer is ready. The only one queued is written at once (or, while parsing,
+        once the bytes read are parsed); with more queued (pipelining), the write waits for the
+        end of this loop iteration, so that answers completed together (one storage ack ends
+        many appends) leave in one write."""
+        queue = self.queue
+        if self._feeding or not queue or queue[0].data is None:
+            return
+        if len(queue) == 1:
+            self.flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.edge.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write every answer at the head of the queue that is ready, in request order."""
+        self._flush_scheduled = False
+        queue = self.queue
+        if not queue or queue[0].data is None:
+            return
+        first = queue.popleft()
+        data = first.data
+        close = first.close
+        if queue and queue[0].data is not None:
+            parts = [data]
+            while queue and queue[0].data is not None and not close:
+                request = queue.popleft()
+                parts.append(request.data)
+                close = request.close
+            data = b"".join(cast(list[bytes], parts))
+        transport = self.transport
+        if transport is None or self.lost:
+            queue.clear()
+            return
+        assert data is not None
+        transport.write(data)
+        if close:
+            queue.clear()
+            self._closing = True
+            transport.close()
+            return
+        if not queue:
+            if self._handover is not None:
+                self._complete_handover()
+                return
+            if self._closing:
+                transport.close()
+                return
+            if not self._in_message:
+                self.idle_since_s = self.edge.loop.time()
+        self._update_reading()
+
+    def _refuse(self, status: Status, message: str, *, code: int | None = None,
+                route: str | None = None) -> None:
+        """Answer (after the earlier answers) and close: the rest of the bytes cannot be
+        trusted to start a request."""
+        request = _Request(self, route or UNMATCHED_ROUTE, self._method_name(), answer_media(
+            None if self._accept is None else self._accept.decode("latin-1"), None),
+            self._url, self._started_s if self._in_message else time.perf_counter(), True)
+        self._closing = True
+        self._in_message = False
+        self.edge.metrics.in_flight += 1
+        self.queue.append(request)
+        request.error(status, message, code=code)
+        self._update_reading()
+
+    def _method_name(self) -> str:
+        try:
+            return self.parser.get_method().decode("ascii")
+        except Exception:
+            return "OTHER"
+
+    def _head_too_big(self) -> None:
+        self._refuse(Status.BADMSG, f"request head over {REQUEST_HEAD_BYTES_MAX} bytes or "
+                     f"{HEADERS_COUNT_MAX} headers", route=self._route)
+        raise _Stop
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        if self._closing or self._handover is not None or not self._in_message:
+            return
+        self._refuse(Status.BADMSG, f"request body not received within "
+                     f"{self.edge.body_read_timeout_s * 1000:.0f} ms", code=400,
+                     route=self._route)
+
+    def _hand_over(self) -> None:
+        """From this request on, the connection is aiohttp's (once earlier answers are out)."""
+        raw = b"".join(self._chunks)
+        self._handover = raw[_message_end(raw, self._completed):]
+        self._chunks.clear()
+        self._update_reading()
+        if not self.queue:
+            self.edge.loop.call_soon(self._complete_handover)
+        raise _Stop
+
+    def _complete_handover(self) -> None:
+        transport, data = self.transport, self._handover
+        if transport is None or self.lost or transport.is_closing() or data is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.edge.forget(self)
+        self._closing = True
+        handler = self.edge.inner()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        transport.resume_reading()
+        if data:
+            handler.data_received(data)
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or self.lost or transport.is_closing():
+            return
+        pause = (self._write_paused or self._closing or self._handover is not None
+                 or len(self.queue) >= PIPELINED_MAX)
+        if pause and not self._read_paused:
+            self._read_paused = True
+            transport.pause_reading()
+        elif not pause and self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+
+    # ---- shutdown ---------------------------------------------------------------------------
+
+    def shut(self) -> None:
+        """Graceful shutdown: read no more requests; close once the answers are written."""
+        self._closing = True
+        self._update_reading()
+        if not self.queue and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        if self.transport is not None:
+            self.transport.abort()
+
+
+def _task_append(service: LogService) -> AppendNowait:
+    """``append_nowait`` over a service that only has the async ``append`` (test doubles):
+    one Task per append."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    def append_nowait(log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
+                      producer: tuple[str, int] | None = None, no_forward: bool = False,
+                      done: Callable[[AppendOutcome], None], compression: int = 0,
+                      records: int = 0) -> None:
+        async def run() -> None:
+            try:
+                outcome = await (
+                    service.append(log_id, payloads, key, producer=producer,
+                                   no_forward=no_forward, compression=compression,
+                                   records=records) if compression else
+                    service.append(log_id, payloads, key, producer=producer,
+                                   no_forward=no_forward))
+            except Exception:
+                logger.exception("unhandled error appending to log %d", log_id)
+                outcome = AppendOutcome(status=Status.INTERNAL,
+                                        message="internal error; the outcome is unknown")
+            done(outcome)
+
+        task = asyncio.get_running_loop().create_task(run())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    return append_nowait
+
+
+class EdgeServer(web.Server):
+    """The protocol factory of the API port: lean connections first, aiohttp's
+    ``RequestHandler`` (``inner``) for connections handed over."""
+
+    def __init__(self, inner: web.Server, app: web.Application) -> None:
+        super().__init__(inner.request_handler, request_factory=inner.request_factory,
+                         handler_cancellation=inner.handler_cancellation)
+        self.inner = inner
+        self.loop = asyncio.get_running_loop()
+        edge: Edge = app[EDGE_KEY]
+        self.service: LogService = app[SERVICE_KEY]
+        self.api = edge.api
+        self.metrics = edge.metrics
+        self.body_read_timeout_s = edge.body_read_timeout_ms / 1000
+        nowait = getattr(self.service, "append_nowait", None)
+        self.append_nowait: AppendNowait = (
+            nowait if nowait is not None else _task_append(self.service))
+        self.lean_connections: set[_Connection] = set()
+        self._all_closed = asyncio.Event()
+        self._all_closed.set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._shutting_down = False
+
+    def __call__(self) -> _Connection:  # type: ignore[override]
+        if self._sweeper is None and not self._shutting_down:
+            self._sweeper = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+        return _Connection(self)
+
+    def track(self, conn: _Connection) -> None:
+        self.lean_connections.add(conn)
+        self._all_closed.clear()
+
+    def forget(self, conn: _Connection) -> None:
+        self.lean_connections.discard(conn)
+        if not self.lean_connections:
+            self._all_closed.set()
+
+    def _sweep(self) -> None:
+        """Close keep-alive connections idle for ``KEEPALIVE_TIMEOUT_S``."""
+        self._sweeper = None
+        now_s = self.loop.time()
+        for conn in list(self.lean_connections):
+            idle_since_s = conn.idle_since_s
+            if idle_since_s is not None and now_s - idle_since_s > KEEPALIVE_TIMEOUT_S and (
+                    conn.transport is not None):
+                conn.transport.close()
+        if self.lean_connections and not self._shutting_down:
+            self._sweeper = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    @property
+    def connections_count(self) -> int:
+        return len(self.lean_connections) + len(self.inner.connections)
+
+    def pre_shutdown(self) -> None:
+        self._shutting_down = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for conn in list(self.lean_connections):
+            conn.shut()
+        self.inner.pre_shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (aiohttp's)
+        async def lean() -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._all_closed.wait()
+            except TimeoutError:
+                for conn in list(self.lean_connections):
+                    conn.abort()
+
+        await asyncio.gather(lean(), self.inner.shutdown(timeout))
+
+
+class EdgeRunner(web.AppRunner):
+    """``web.AppRunner`` whose sites serve the lean edge in front of the app."""
+
+    async def _make_server(self) -> web.Server:
+        inner = await super()._make_server()
+        return EdgeServer(inner, self.app)

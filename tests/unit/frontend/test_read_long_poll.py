@@ -1,0 +1,149 @@
+"""``FrontEnd.read`` on a node that does not sequence the log: one look at the owner's release
+pointer per request, then long-poll rounds the storage nodes hold (no polling loop, no
+sequencer hop per round); a pause instead of a spin when the storage nodes answer at once;
+the release pointer it reports never goes backwards."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+from frontend.service import FrontEnd
+from shared.config import ClusterConfig, NodeConfig, ProcessConfig
+from shared.epoch_metadata import LogMetadata
+from shared.net.pool import PeerPool
+from shared.net.types import RequestCallback
+from shared.ports import EpochStore
+from shared.status import Status
+from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
+from shared.wire.append import GetSequencerState, SequencerState
+from shared.wire.codec import Message
+from shared.wire.read import Read, ReadReply
+
+STORAGE = (NodeId("st1"), NodeId("st2"), NodeId("st3"))
+ME = NodeId("seq2")
+DEADLINE_S = 5.0
+
+
+def _node(node_id: str, role: str, port: int) -> NodeConfig:
+    return NodeConfig(node_id=NodeId(node_id), roles=(role,),  # type: ignore[arg-type]
+                      http_port=port, data_port=port + 1)
+
+
+CLUSTER = ClusterConfig(cluster_name="c", replication_factor=3, nodes=(
+    _node("seq1", "sequencer", 9000), _node("seq2", "sequencer", 9002),
+    *(_node(n, "storage", 9004 + 2 * i) for i, n in enumerate(STORAGE))))
+
+
+class _Store:
+    async def get_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
+        return Status.OK, LogMetadata(log_id=log_id, next_epoch=Epoch(2), nodeset=STORAGE,
+                                      replication_factor=3, last_writer=None, version=1)
+
+
+class _Cluster:
+    """The owner sequencer and three storage nodes, as the front end's pool sees them.
+    ``hold``: storage nodes hold long-poll READs until the release passes ``from_lsn``."""
+
+    cluster_fingerprint = "fp"
+
+    def __init__(self, *, hold: bool = True) -> None:
+        self.hold = hold
+        self.release = Lsn(0)
+        self.sequencer_state_calls = 0
+        self.reads: list[Read] = []
+        self.asked = asyncio.Event()
+        self._held: list[tuple[Read, RequestCallback]] = []
+
+    async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
+        assert type(message) is GetSequencerState and node != ME
+        self.sequencer_state_calls += 1
+        return SequencerState(status=Status.OK, log_id=message.log_id,
+                              release_lsn=self.release, epoch=Epoch(1))
+
+    def request(self, node: NodeId, message: Message, callback: RequestCallback, *,
+                timeout_ms: int | None = None) -> None:
+        assert type(message) is Read
+        self.reads.append(message)
+        self.asked.set()
+        if self.hold and message.wait_ms > 0 and max(self.release, message.release_lsn) < (
+                message.from_lsn):
+            self._held.append((message, callback))
+        else:
+            asyncio.get_running_loop().call_soon(callback, self._reply(message))
+
+    def _reply(self, read: Read) -> ReadReply:
+        release = max(self.release, read.release_lsn)
+        last = min(release, read.until_lsn)
+        records = tuple((lsn, 1, None, b"r%d" % lsn) for lsn in range(read.from_lsn, last + 1)
+                        if lsn >= compose_lsn(Epoch(1), Esn(1)))
+        return ReadReply(status=Status.OK, log_id=read.log_id, release_lsn=release,
+                         records=records, next_lsn=Lsn(max(read.from_lsn, last + 1)))
+
+    def release_to(self, lsn: Lsn, *, nodes_told: int = 3) -> None:
+        """The sequencer released through ``lsn``; the held READs of (some) nodes wake."""
+        self.release = lsn
+        held, self._held = self._held, []
+        for read, callback in held[:nodes_told]:
+            asyncio.get_running_loop().call_soon(callback, self._reply(read))
+        self._held.extend(held[nodes_told:])
+
+
+def _front_end(cluster: _Cluster) -> tuple[FrontEnd, LogId]:
+    config = ProcessConfig(node_id=ME, cluster=CLUSTER, data_dir="/nonexistent")
+    front = FrontEnd(config=config, pool=cast(PeerPool, cluster), sequencer=None,
+                     epoch_store=cast(EpochStore, _Store()))
+    log_id = next(LogId(i) for i in range(1, 1000) if front.owner(LogId(i)) == "seq1")
+    return front, log_id
+
+
+FIRST = compose_lsn(Epoch(1), Esn(1))
+
+
+async def test_a_long_poll_is_held_by_the_storage_nodes_and_ends_on_the_release() -> None:
+    cluster = _Cluster()
+    front, log_id = _front_end(cluster)
+    cluster.release = FIRST
+    loop = asyncio.get_running_loop()
+    read = loop.create_task(front.read(log_id, Lsn(FIRST + 1), 100, 1 << 20, 10_000))
+    async with asyncio.timeout(DEADLINE_S):
+        while len(cluster.reads) < 3:
+            cluster.asked.clear()
+            await cluster.asked.wait()
+        # Held a while: nothing more is asked (a poll loop would ask every 20 ms).
+        await asyncio.sleep(0.2)
+        assert not read.done()
+        assert (cluster.sequencer_state_calls, len(cluster.reads)) == (1, 3)
+        assert all(r.wait_ms > 9_000 and r.release_lsn == FIRST for r in cluster.reads)
+        # Only the copyset of the new record is told at first: the round ends at once and
+        # the next one carries the newer pointer to every node.
+        cluster.release_to(Lsn(FIRST + 1), nodes_told=1)
+        outcome = await read
+    assert outcome.status is Status.OK
+    assert [r.lsn for r in outcome.records] == [FIRST + 1]
+    assert outcome.release_lsn == FIRST + 1
+    assert cluster.sequencer_state_calls == 1
+
+
+async def test_storage_nodes_that_answer_at_once_are_not_asked_in_a_spin() -> None:
+    cluster = _Cluster(hold=False)
+    front, log_id = _front_end(cluster)
+    async with asyncio.timeout(DEADLINE_S):
+        outcome = await front.read(log_id, FIRST, 100, 1 << 20, 300)
+    assert (outcome.status, outcome.records) == (Status.OK, [])
+    # Rounds of three READs, about one per pause (20 ms) over 300 ms: not thousands.
+    assert len(cluster.reads) <= 3 * (300 // 20 + 2)
+    assert cluster.sequencer_state_calls == 1
+
+
+async def test_a_read_right_after_an_append_sees_the_owners_release() -> None:
+    cluster = _Cluster()
+    front, log_id = _front_end(cluster)
+    cluster.release = Lsn(FIRST + 2)
+    outcome = await front.read(log_id, FIRST, 100, 1 << 20, 0)
+    assert [r.lsn for r in outcome.records] == [FIRST, FIRST + 1, FIRST + 2]
+    # Later, a pointer from an unreachable owner is lower: what the node reports is not.
+    cluster.release = Lsn(0)
+    outcome = await front.read(log_id, Lsn(FIRST + 3), 100, 1 << 20, 0)
+    assert outcome.release_lsn == FIRST + 2
+
