@@ -494,11 +494,15 @@ class Sequencer:
             self._advance_release(compose_lsn(self.epoch, self.window.lng), effects)
             if self.release_lsn > before:
                 # The copyset of the append that completed learns the new pointer (see
-                # release_delay_ms); the periodic broadcast reaches every other node. The
-                # RELEASE is owed, not sent: it leaves after the client's answer, once for
-                # all the appends completed meanwhile, or rides on a STORE sent meanwhile.
-                # Readers do not wait for it: the nodes' read paths and the nodesets answer
-                # start from the sequencer's own pointer, which has already moved.
+                # release_delay_ms); the periodic broadcast reaches every other node.
+                if self.config.release_delay_ms == 0:
+                    release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+                    # After the answers: the client hears first, the RELEASE leaves in the
+                    # same loop iteration. Readers do not depend on its timing: the nodes'
+                    # read paths and the nodesets answer give readers the sequencer's own
+                    # pointer, which has already moved (see docs/ARCHITECTURE.md).
+                    effects.extend(Send(n, release) for n in appender.recipients)
+                    return effects
                 self._release_owed.update(appender.recipients)
                 if self._release_due_ms is None:
                     self._release_due_ms = now_ms + self.config.release_delay_ms

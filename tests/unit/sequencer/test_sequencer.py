@@ -40,35 +40,17 @@ def test_done_only_when_whole_current_wave_stored() -> None:
     assert done == [AppendReply(5, Status.OK, lsn, lsn, 1)]
 
 
-def test_release_is_owed_after_the_answer_and_due_at_once() -> None:
+def test_release_follows_reaping_and_leaves_after_the_answer() -> None:
     # The client's answer is not held back behind the copyset's RELEASE writes (readers get
-    # the sequencer's own pointer, which has already moved): the RELEASE is due at once, and
-    # the driver sends it on its next turn (a timer due now), after the answer.
+    # the sequencer's own pointer, which has already moved: ReleaseAdvanced comes first).
     sequencer = active_sequencer(replication=1)
     a = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
     effects = sequencer.on_stored(a.node, a.message.lsn, 1, Status.OK, Epoch(0), None, 1)
-    assert replies(effects)[0].status is Status.OK
-    assert ReleaseAdvanced(LogId(1), a.message.lsn) in effects
-    assert sequencer.release_lsn == a.message.lsn
-    assert not [e for e in effects if type(e) is Send]
-    assert sequencer.deadline_ms() == 1
     release = Send(a.node, Release(log_id=LogId(1), release_lsn=a.message.lsn))
-    assert sequencer.on_timer(1) == [release]
-    assert sequencer.deadline_ms() is None
-
-
-def test_appends_completed_before_the_release_leaves_share_one_release_per_node() -> None:
-    sequencer = active_sequencer(replication=3)
-    first = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
-    second = stores(sequencer.on_append(3, (b"b",), None, 1, 0))
-    for send in first + second:
-        sequencer.on_stored(send.node, send.message.lsn, 1, Status.OK, Epoch(0), None, 1)
-    last = second[0].message.lsn
-    assert sequencer.release_lsn == last
-    releases = sequencer.on_timer(1)
-    nodes = {s.node for s in first + second}
-    assert sorted(releases, key=lambda e: e.node) == [
-        Send(node, Release(log_id=LogId(1), release_lsn=last)) for node in sorted(nodes)]
+    advanced = effects.index(ReleaseAdvanced(LogId(1), a.message.lsn))
+    assert sequencer.release_lsn == a.message.lsn
+    assert effects.index(replies(effects)[0]) < effects.index(release)
+    assert advanced < effects.index(release)
 
 
 def test_delayed_release_goes_out_when_no_store_carries_it() -> None:
