@@ -105,6 +105,10 @@ class NodesetsOutcome:
     nodesets: tuple[NodesetOut, ...] = ()
     cluster_fingerprint: str = ""
     protocol_version: int = 0
+    release_lsn: Lsn = Lsn(0)
+    """The freshest release pointer the answering node could get (its sequencer's, or the
+    owner's): a reader starting from it sees every record acknowledged before it asked, even
+    where a storage node has not yet been told the release."""
     message: str = ""
 
 

@@ -457,7 +457,8 @@ class FrontEnd:
                                     nodes=tuple(nodes)))
         return NodesetsOutcome(status=Status.OK, nodesets=tuple(spans),
                                cluster_fingerprint=self.pool.cluster_fingerprint,
-                               protocol_version=PROTOCOL_VERSION)
+                               protocol_version=PROTOCOL_VERSION,
+                               release_lsn=await self._release_hint(log_id))
 
     async def find_time(self, log_id: LogId, timestamp_ms: int) -> LsnOutcome:
         """Every record is on R nodes, so among an f-majority's answers (each node's first LSN

@@ -39,7 +39,7 @@ from seqlog import body as wire
 from seqlog.binary import Connections
 from seqlog.binary_appends import BinaryAppends
 from seqlog.buffered_writer import BufferedWriter, BufferedWriterOptions
-from seqlog.reader import LogReader, parse_nodesets
+from seqlog.reader import LogReader, nodesets_release_lsn, parse_nodesets
 from seqlog.results import (
     AppendResult,
     BatchResult,
@@ -371,7 +371,7 @@ class Client:
             raise LogError(Status.INVALID_PARAM, "from_lsn, until_lsn or wait_ms out of range")
         answer = await self._call("GET", log, f"/v1/logs/{log}/nodesets", None, writes=False)
         spans, addresses, fingerprint = parse_nodesets(answer.data)
-        return LogReader(
+        return LogReader(release_lsn=nodesets_release_lsn(answer.data),
             log_id=log, from_lsn=Lsn(from_lsn), spans=spans, addresses=addresses,
             cluster_fingerprint=fingerprint, follow=follow,
             until_lsn=None if until_lsn is None else Lsn(until_lsn),

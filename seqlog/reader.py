@@ -73,6 +73,14 @@ def parse_nodesets(answer: Mapping[str, Any]) -> tuple[list[NodesetSpan],
     return spans, addresses, fingerprint
 
 
+def nodesets_release_lsn(answer: Mapping[str, Any]) -> Lsn:
+    """The release pointer a nodesets answer carries (0 from nodes that predate it)."""
+    release = answer.get("release_lsn", 0)
+    if type(release) is not int or not lsn_valid(release):
+        raise LogError(Status.BADMSG, f"malformed nodesets answer: release_lsn {release!r}")
+    return Lsn(release)
+
+
 def entries_of(merged: Merged) -> list[Entry]:
     """A merged round as the client's records and gaps, in LSN order."""
     return ReadResult(
@@ -93,7 +101,7 @@ class LogReader:
         follow: bool = False, until_lsn: Lsn | None = None,
         read_ahead_records_max: int = 10_000, read_ahead_bytes_max: int = 32 * 1024 * 1024,
         round_records_max: int = 1_000, wait_ms: int = 5_000, speculative_delay_ms: int = 20,
-        stall_timeout_ms: int = 60_000,
+        stall_timeout_ms: int = 60_000, release_lsn: int = 0,
     ) -> None:
         if not lsn_valid(from_lsn) or from_lsn < 1 or min(
                 read_ahead_records_max, read_ahead_bytes_max, round_records_max) < 1:
@@ -109,7 +117,10 @@ class LogReader:
         self._speculative_delay_ms = speculative_delay_ms
         self._stall_timeout_ms = stall_timeout_ms
         self._cursor = from_lsn
-        self._release = Lsn(0)
+        # Known released when the reader was made (the nodesets answer): every READ carries it,
+        # and storage nodes honour it, so a record acknowledged before is seen even by a node
+        # whose RELEASE is still on its way.
+        self._release = Lsn(release_lsn)
         self._buffer: collections.deque[Entry] = collections.deque()
         self._buffered_bytes = 0
         self._has_data = asyncio.Event()

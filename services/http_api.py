@@ -321,6 +321,7 @@ async def on_nodesets(request: web.Request) -> web.StreamResponse:
     return _answer(request, {
         "cluster_fingerprint": outcome.cluster_fingerprint,
         "protocol_version": outcome.protocol_version,
+        "release_lsn": outcome.release_lsn,
         "nodesets": [
             {"first_epoch": n.first_epoch, "last_epoch": n.last_epoch,
              "replication_factor": n.replication_factor,

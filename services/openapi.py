@@ -125,6 +125,7 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
         "NodesetsResponse": _object({
             "cluster_fingerprint": {"type": "string"},
             "protocol_version": _uint(2**31 - 1),
+            "release_lsn": _ref("Lsn"),
             "nodesets": {"type": "array", "items": _object({
                 "first_epoch": _uint(2**32 - 1), "last_epoch": _uint(2**32 - 1),
                 "replication_factor": _uint(127, 1),

@@ -195,10 +195,12 @@ class SequencerConfig:
     release_broadcast_interval_ms: int = 500
     """How often every node of each log's nodeset is sent the release pointer."""
     release_delay_ms: int = 0
-    """0: tell the copyset of each completed append the new release pointer at once, before
-    the client's answer leaves. Above 0: a copyset node learns it from the next STORE sent to
-    it (which carries it), and only one that gets no STORE within this time is sent a RELEASE;
-    fewer messages, but readers that are not on the sequencer's node see records later."""
+    """0: tell the copyset of each completed append the new release pointer at once, right
+    after the client's answer (both leave in the same loop turn). Readers do not wait for
+    it: HTTP reads and ``Client.reader`` start from the sequencer's own pointer. Above 0: a
+    copyset node learns it from the next STORE sent to it (which carries it), and only one
+    that gets no STORE within this time is sent a RELEASE; fewer messages, but readers that
+    long-poll the storage nodes (tailing) see records later."""
     epoch_drain_timeout_ms: int = 2_000
     """When an epoch runs out of ESNs, how long its in-flight appends may take to finish
     before the next epoch starts (LogDevice's epoch-draining-timeout); new appends wait."""

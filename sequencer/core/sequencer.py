@@ -497,8 +497,12 @@ class Sequencer:
                 # release_delay_ms); the periodic broadcast reaches every other node.
                 if self.config.release_delay_ms == 0:
                     release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-                    # Ahead of the answers, so that the RELEASE leaves before the client hears.
-                    return [Send(n, release) for n in appender.recipients] + effects
+                    # After the answers: the client hears first, the RELEASE leaves in the
+                    # same loop iteration. Readers do not depend on its timing: the nodes'
+                    # read paths and the nodesets answer give readers the sequencer's own
+                    # pointer, which has already moved (see docs/ARCHITECTURE.md).
+                    effects.extend(Send(n, release) for n in appender.recipients)
+                    return effects
                 self._release_owed.update(appender.recipients)
                 if self._release_due_ms is None:
                     self._release_due_ms = now_ms + self.config.release_delay_ms

@@ -123,6 +123,22 @@ def wire_field_names(cls: type[Any]) -> tuple[str, ...]:
     return tuple(f.name for f in _wire_fields(cls))
 
 
+def _slot_setter(cls: type[Any], name: str) -> Callable[[Any, Any], None]:
+    """The ``__set__`` of ``cls``'s slot ``name`` (message classes are slotted dataclasses
+    without ``__post_init__``, so setting every slot is all their ``__init__`` does)."""
+    descriptor = cls.__dict__[name]
+    assert isinstance(descriptor, types.MemberDescriptorType), (cls, name)
+    assert not hasattr(cls, "__post_init__"), cls
+    setter: Callable[[Any, Any], None] = descriptor.__set__
+    return setter
+
+
+def _default_of(field: dataclasses.Field[Any]) -> Any:
+    assert field.default is not dataclasses.MISSING, (
+        f"local field {field.name} needs a plain default")
+    return field.default
+
+
 def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
     """A function that checks a field tuple and builds ``cls`` from it: generated source, so
     that decoding costs no per-field function calls (it runs for every frame)."""
@@ -137,9 +153,20 @@ def _make_decoder(cls: type[Any]) -> Callable[[Any], Any]:
                    f"fields = fields + _tail[len(fields) - {len(names)}:]\n")
     source += f"    ({', '.join(names)},) = fields\n"
     source += "".join(_field_check(name, hints[name]) for name in names)
-    source += f"    return cls({', '.join(f'{n}={n}' for n in names)})\n"
+    # Built without the frozen dataclass's __init__ (one object.__setattr__ call per field):
+    # each slot is set through its descriptor, which costs a quarter as much. The message
+    # stays immutable to everyone else. Local-only fields get their defaults.
     namespace: dict[str, Any] = {"cls": cls, "_status": _status, "_Invalid": _Invalid,
-                                 "_tail": tail}
+                                 "_tail": tail, "_new": object.__new__}
+    source += "    _m = _new(cls)\n"
+    for index, field in enumerate(dataclasses.fields(cls)):
+        namespace[f"_set{index}"] = _slot_setter(cls, field.name)
+        if field.name in names:
+            source += f"    _set{index}(_m, {field.name})\n"
+        else:
+            namespace[f"_default{index}"] = _default_of(field)
+            source += f"    _set{index}(_m, _default{index})\n"
+    source += "    return _m\n"
     exec(source, namespace)
     decoder: Callable[[Any], Any] = namespace["decode_fields"]
     return decoder

@@ -18,6 +18,7 @@ from seqlog_cluster_support import READY_TIMEOUT_MS
 from seqlog import Client, Gap, LogError, Record
 from seqlog.reader import LogReader
 from services import local_cluster as lc
+from shared.config import SequencerConfig
 from shared.status import Status
 from shared.types import LSN_OLDEST, lsn_to_epoch
 
@@ -72,6 +73,23 @@ def _covered_once(entries: list[Record | Gap], until: int) -> None:
         assert lo == cursor, f"coverage broken at {cursor}: {entry}"
         cursor = hi + 1
     assert cursor > until, (cursor, until)
+
+
+async def test_reader_made_after_an_ack_reads_it_before_storage_nodes_hear_the_release(
+        cluster_dir: Path) -> None:
+    # The sequencer answers before it sends the RELEASE; here the storage nodes do not hear
+    # it for a minute (no RELEASE, no broadcast). The reader starts from the release pointer
+    # of the nodesets answer, which the storage nodes honour.
+    slow_release = SequencerConfig(release_delay_ms=60_000, release_broadcast_interval_ms=60_000)
+    state = lc.up(lc.LocalClusterSpec(
+        dir=cluster_dir, storage_nodes=3, sequencers=2, replication=3,
+        base_port=lc.free_base_port(5), fsync="never", sequencer=slow_release),
+        ready_timeout_ms=READY_TIMEOUT_MS)
+    async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
+        lsn = (await client.append(7, b"acked")).lsn
+        async with asyncio.timeout(20):
+            entries = await _reader_entries(await client.reader(7, wait_ms=0))
+    assert [(e.lsn, e.payload) for e in entries if isinstance(e, Record)] == [(lsn, b"acked")]
 
 
 async def test_reader_sees_what_http_shows_across_epochs_and_trims(cluster_dir: Path) -> None:

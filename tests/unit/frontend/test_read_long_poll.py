@@ -147,3 +147,17 @@ async def test_a_read_right_after_an_append_sees_the_owners_release() -> None:
     outcome = await front.read(log_id, Lsn(FIRST + 3), 100, 1 << 20, 0)
     assert outcome.release_lsn == FIRST + 2
 
+
+
+async def test_nodesets_carry_the_owner_release_pointer() -> None:
+    # A direct reader starts from it: a record acknowledged before it asked is read even from
+    # storage nodes whose RELEASE has not arrived yet (the sequencer answers first).
+    cluster = _Cluster()
+    front, log_id = _front_end(cluster)
+    cluster.release = Lsn(FIRST + 4)
+    outcome = await front.nodesets(log_id)
+    assert outcome.status is Status.OK and outcome.release_lsn == FIRST + 4
+    assert cluster.sequencer_state_calls == 1
+    # Never backwards, even when the owner cannot be asked.
+    cluster.release = Lsn(0)
+    assert (await front.nodesets(log_id)).release_lsn == FIRST + 4

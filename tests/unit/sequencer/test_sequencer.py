@@ -40,12 +40,17 @@ def test_done_only_when_whole_current_wave_stored() -> None:
     assert done == [AppendReply(5, Status.OK, lsn, lsn, 1)]
 
 
-def test_release_follows_reaping_in_order_and_tells_copyset_first() -> None:
+def test_release_follows_reaping_and_leaves_after_the_answer() -> None:
+    # The client's answer is not held back behind the copyset's RELEASE writes (readers get
+    # the sequencer's own pointer, which has already moved: ReleaseAdvanced comes first).
     sequencer = active_sequencer(replication=1)
     a = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
     effects = sequencer.on_stored(a.node, a.message.lsn, 1, Status.OK, Epoch(0), None, 1)
     release = Send(a.node, Release(log_id=LogId(1), release_lsn=a.message.lsn))
-    assert effects.index(release) < effects.index(replies(effects)[0])
+    advanced = effects.index(ReleaseAdvanced(LogId(1), a.message.lsn))
+    assert sequencer.release_lsn == a.message.lsn
+    assert effects.index(replies(effects)[0]) < effects.index(release)
+    assert advanced < effects.index(release)
 
 
 def test_delayed_release_goes_out_when_no_store_carries_it() -> None:

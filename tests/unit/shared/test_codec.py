@@ -119,3 +119,27 @@ def test_compressed_store_round_trips(store: Store, compression: int, records: i
     frames = FrameDecoder().feed(codec.encode(compressed, 1))
     assert codec.decode(frames[0]) == (1, compressed)
     assert compressed.last_lsn == compressed.lsn + records - 1
+
+
+def test_decoded_messages_stay_immutable_and_complete() -> None:
+    # Decoders build messages without the dataclass __init__ (cheaper): every slot is still
+    # set (local-only fields to their defaults) and the message is still frozen.
+    payloads = (b"a", b"bc")
+    store = Store(log_id=1, lsn=2, wave=1, sequencer_node="s", copyset=("x",), timestamp_ms=3,
+                  last_known_good=0, release_lsn=1, timeout_ms=10, key=None, payloads=payloads,
+                  checksum=payloads_checksum(payloads))
+    for message in (store, Stored(log_id=1, lsn=2, wave=3, status=Status.OK, sealed_epoch=4,
+                                  sealed_by=None)):
+        decoded = codec.decode(FrameDecoder().feed(codec.encode(message, 5))[0])
+        assert isinstance(decoded, tuple)
+        copy = decoded[1]
+        assert type(copy) is type(message)
+        for field in dataclasses.fields(message):
+            getattr(copy, field.name)  # set, or AttributeError
+        assert dataclasses.replace(copy) == message
+        try:
+            copy.lsn = 99  # type: ignore[misc]
+        except dataclasses.FrozenInstanceError:
+            pass
+        else:
+            raise AssertionError("a decoded message must stay frozen")
