@@ -5,9 +5,10 @@ idle cluster. A batched writer keeps many 256 KiB STOREs queued behind each othe
 their round trip is tens to hundreds of ms: with a fixed 10 ms every wave timed out and went
 out again to the same nodes, doubling (or worse) the bytes sent, written and fsynced, and
 leaving dead copies for compaction to clean up. Like TCP's retransmission timer (RFC 6298),
-the estimate is a smoothed round trip plus four mean deviations, fed only by answers to the
-wave they belong to, and never below ``store_timeout_ms_min`` nor above
-``store_timeout_ms_max``. Later waves still double it (``Appender.store_timeout_ms``).
+the estimate is a smoothed round trip plus four mean deviations (at least twice the smoothed
+round trip), fed only by answers to the wave they belong to, and never below
+``store_timeout_ms_min`` nor above ``store_timeout_ms_max``. Later waves still double it
+(``Appender.store_timeout_ms``).
 
 The samples are pooled over every node of the log: a node much slower than the others still
 times out and gets graylisted.
@@ -22,6 +23,7 @@ _GAIN_SHIFT = 3
 _VAR_GAIN_SHIFT = 2
 """rttvar moves 1/4 of the way (RFC 6298's beta)."""
 _VAR_FACTOR = 4
+_SRTT_FACTOR = 2
 
 
 class StoreTimeout:
@@ -57,5 +59,9 @@ class StoreTimeout:
         """The first wave's timeout."""
         if self.srtt_ms is None:
             return self._min_ms
-        estimate = int(self.srtt_ms + _VAR_FACTOR * self.rttvar_ms) + 1
+        # At a steady round trip rttvar decays to nothing and srtt + 4 * rttvar to about
+        # srtt, which half the answers exceed: at least twice srtt keeps jitter from resending
+        # (TCP has its 200 ms - 1 s floor for the same reason).
+        srtt = self.srtt_ms
+        estimate = int(max(srtt + _VAR_FACTOR * self.rttvar_ms, _SRTT_FACTOR * srtt)) + 1
         return min(max(estimate, self._min_ms), self._max_ms)

@@ -81,3 +81,12 @@ def test_estimate_stays_within_the_configured_bounds() -> None:
     assert timeout.first_wave_ms() == 10
     timeout.on_silent_timeout(40)
     assert 40 < timeout.first_wave_ms() <= 500
+
+
+def test_steady_round_trips_leave_room_for_jitter() -> None:
+    """With a constant round trip the deviation decays to zero: a slightly slower answer
+    must still not count as lost."""
+    timeout = StoreTimeout(SequencerConfig(store_timeout_ms_min=10))
+    for _ in range(500):
+        timeout.on_sample(60)
+    assert timeout.first_wave_ms() >= 120
