@@ -38,6 +38,7 @@ from loadtests.json_log_lines import LogLineGenerator
 from seqlog import BufferedWriter, Client, LogError
 from seqlog.buffered_writer import BATCHES_IN_FLIGHT_PER_LOG_MAX
 from services.local_cluster import load_state
+from shared import malloc_tuning
 
 POOL_MIN = 4096
 """Distinct payloads cycled through (at least two batches' worth, so no batch repeats one)."""
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="")
+    p.add_argument("--no-malloc-tuning", action="store_true",
+                   help="leave glibc malloc at its defaults (shared/malloc_tuning.py)")
     return p
 
 
@@ -290,6 +293,7 @@ def report(args: argparse.Namespace, phase: Phase, urls: list[str], *, ratio: fl
                                       if n and phase.cluster_cpu_s is not None else None),
         "node_cpu_us_per_record": ({k: round(v / n * 1e6, 2)
                                     for k, v in sorted(phase.node_cpu_s.items())} if n else None),
+        "malloc_tuned": args.malloc_tuned,
         "loadavg_start": args.loadavg_start,
         "loadavg_end": loadavg(),
         "errors": dict(phase.errors),
@@ -306,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": "records, size, inflight, logs must be >= 1"}))
         return 2
     args.loadavg_start = loadavg()
+    args.malloc_tuned = False if args.no_malloc_tuning else malloc_tuning.tune()
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     if args.loop == "uvloop":
         import uvloop
