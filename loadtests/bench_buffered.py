@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", choices=["none", "lz4", "zstd"], default="none")
     p.add_argument("--linger-ms", type=float, default=5)
     p.add_argument("--batch-records-max", type=int, default=1000)
-    p.add_argument("--batch-bytes-max", type=int, default=256 * 1024)
+    p.add_argument("--batch-bytes-max", type=int, default=1024 * 1024)
     p.add_argument("--memory-bytes-max", type=int, default=256 * 1024 * 1024)
     p.add_argument("--ordered", action="store_true", help="ordered=True (one batch per log "
                    "in flight)")
