@@ -38,6 +38,7 @@ from loadtests.json_log_lines import LogLineGenerator
 from seqlog import BufferedWriter, Client, LogError
 from seqlog.buffered_writer import BATCHES_IN_FLIGHT_PER_LOG_MAX
 from services.local_cluster import load_state
+from shared import malloc_tuning
 
 POOL_MIN = 4096
 """Distinct payloads cycled through (at least two batches' worth, so no batch repeats one)."""
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", choices=["none", "lz4", "zstd"], default="none")
     p.add_argument("--linger-ms", type=float, default=5)
     p.add_argument("--batch-records-max", type=int, default=1000)
-    p.add_argument("--batch-bytes-max", type=int, default=256 * 1024)
+    p.add_argument("--batch-bytes-max", type=int, default=1024 * 1024)
     p.add_argument("--memory-bytes-max", type=int, default=256 * 1024 * 1024)
     p.add_argument("--ordered", action="store_true", help="ordered=True (one batch per log "
                    "in flight)")
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="")
+    p.add_argument("--no-malloc-tuning", action="store_true",
+                   help="leave glibc malloc at its defaults (shared/malloc_tuning.py)")
     return p
 
 
@@ -84,6 +87,17 @@ class Phase:
         self.elapsed_s = 0.0
         self.cpu_s = 0.0
         self.cluster_cpu_s: float | None = None
+        self.node_cpu_s: dict[str, float] = {}
+
+
+def node_cpu_s(processes: list[psutil.Process], names: list[str]) -> dict[str, float]:
+    """CPU seconds of each cluster process by node id (missing ones left out)."""
+    out: dict[str, float] = {}
+    for process, name in zip(processes, names, strict=True):
+        with contextlib.suppress(psutil.Error):
+            times = process.cpu_times()
+            out[name] = times.user + times.system
+    return out
 
 
 def cluster_cpu_s(processes: list[psutil.Process]) -> float | None:
@@ -178,9 +192,11 @@ async def run_callbacks(w: BufferedWriter, n: int, inflight: int,
 
 async def measure(w: BufferedWriter, n: int, args: argparse.Namespace,
                   payloads: itertools.cycle[bytes], logs: list[int],
-                  cluster: list[psutil.Process]) -> Phase:
+                  cluster: list[psutil.Process], names: list[str] | None = None) -> Phase:
     phase = Phase()
     run = run_callbacks if args.driver == "callbacks" else run_tasks
+    names = names or []
+    n0 = node_cpu_s(cluster, names) if names else {}
     c0, k0, t0 = cpu_s(), cluster_cpu_s(cluster), time.perf_counter()
     await run(w, n, args.inflight, payloads, logs, phase)
     phase.elapsed_s = time.perf_counter() - t0
@@ -188,24 +204,29 @@ async def measure(w: BufferedWriter, n: int, args: argparse.Namespace,
     k1 = cluster_cpu_s(cluster)
     if k0 is not None and k1 is not None:
         phase.cluster_cpu_s = k1 - k0
+    if names:
+        n1 = node_cpu_s(cluster, names)
+        phase.node_cpu_s = {k: n1[k] - n0[k] for k in n1 if k in n0}
     return phase
 
 
-def resolve(args: argparse.Namespace) -> tuple[list[str], list[psutil.Process]]:
+def resolve(args: argparse.Namespace) -> tuple[list[str], list[psutil.Process], list[str]]:
     if args.dir is None:
-        return list(args.url or ["http://127.0.0.1:7400"]), []
+        return list(args.url or ["http://127.0.0.1:7400"]), [], []
     state = load_state(args.dir.resolve())
     if state is None:
         raise SystemExit(json.dumps({"error": f"no cluster.json in {args.dir}"}))
     processes = []
+    names = []
     for node in state.nodes:
         with contextlib.suppress(psutil.Error):
             processes.append(psutil.Process(node.pid))
-    return state.sequencer_urls, processes
+            names.append(node.node_id)
+    return state.sequencer_urls, processes, names
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    urls, cluster = resolve(args)
+    urls, cluster, names = resolve(args)
     pool = make_pool(args)
     payloads = itertools.cycle(pool)
     logs = list(range(args.first_log, args.first_log + args.logs))
@@ -227,7 +248,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     {"error": f"warmup failed: {dict(warm.errors)}{hint}"}))
             plain0, sent0 = client.batch_bytes_plain, client.batch_bytes_sent
             stats0 = (w.stats.batches_ok, w.stats.records_ok)
-            phase = await measure(w, args.records, args, payloads, logs, cluster)
+            phase = await measure(w, args.records, args, payloads, logs, cluster, names)
             plain = client.batch_bytes_plain - plain0
             sent = client.batch_bytes_sent - sent0
             batches = w.stats.batches_ok - stats0[0]
@@ -270,6 +291,9 @@ def report(args: argparse.Namespace, phase: Phase, urls: list[str], *, ratio: fl
         "client_cpu_us_per_record": round(phase.cpu_s / n * 1e6, 2) if n else None,
         "cluster_cpu_us_per_record": (round(phase.cluster_cpu_s / n * 1e6, 2)
                                       if n and phase.cluster_cpu_s is not None else None),
+        "node_cpu_us_per_record": ({k: round(v / n * 1e6, 2)
+                                    for k, v in sorted(phase.node_cpu_s.items())} if n else None),
+        "malloc_tuned": args.malloc_tuned,
         "loadavg_start": args.loadavg_start,
         "loadavg_end": loadavg(),
         "errors": dict(phase.errors),
@@ -286,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": "records, size, inflight, logs must be >= 1"}))
         return 2
     args.loadavg_start = loadavg()
+    args.malloc_tuned = False if args.no_malloc_tuning else malloc_tuning.tune()
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
     if args.loop == "uvloop":
         import uvloop

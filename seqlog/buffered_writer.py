@@ -160,7 +160,7 @@ class BufferedWriter:
         *,
         linger_ms: float = 5,
         batch_records_max: int = 1_000,
-        batch_bytes_max: int = 256 * 1024,
+        batch_bytes_max: int = 1024 * 1024,
         compression: str | None = None,
         ordered: bool = False,
         memory_bytes_max: int = 64 * 1024 * 1024,

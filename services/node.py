@@ -28,6 +28,7 @@ from aiohttp import web
 
 from services.app import DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app, create_runner
 from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, config_from_env
+from shared import malloc_tuning
 from shared.config import ProcessConfig, process_from_dict
 
 HTTP_SHUTDOWN_TIMEOUT_S = 10.0
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             print("--shutdown-timeout-ms must be in [1000, 600000]", file=sys.stderr)
             return 2
         shutdown_timeout_ms = args.shutdown_timeout_ms
+    # Batches are big allocations: keep their buffers in the heap (shared/malloc_tuning.py).
+    malloc_tuning.tune()
     try:
         import uvloop
         uvloop.install()

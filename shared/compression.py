@@ -48,17 +48,44 @@ def _plain(payloads: tuple[bytes, ...] | list[bytes]) -> bytes:
     return packed
 
 
-def compress_batch(payloads: tuple[bytes, ...] | list[bytes], codec: Codec) -> bytes | None:
-    """The compressed batch, or None when compressing does not make it smaller than its plain
-    payloads (then send them uncompressed)."""
-    if codec is Codec.NONE or not payloads:
-        return None
-    plain = _plain(payloads)
+PROBE_SAMPLE_BYTES = 16 * 1024
+"""A batch of at least ``PROBE_BATCH_FACTOR`` times this many bytes is first probed with a
+sample this big: incompressible data (encrypted, already compressed, random) then costs a
+compression of the sample, not of the whole batch and its msgpack copy."""
+PROBE_BATCH_FACTOR = 4
+PROBE_SAVING_MIN = 0.05
+"""The sample must shrink by at least this fraction for the whole batch to be tried."""
+
+
+def _compress(plain: bytes, codec: Codec) -> bytes:
     if codec is Codec.LZ4:
         blob: bytes = lz4.frame.compress(plain, store_size=True)
-    else:
-        blob = _zstd_compressor.compress(plain)
-    return blob if len(blob) < sum(len(p) for p in payloads) else None
+        return blob
+    return _zstd_compressor.compress(plain)
+
+
+def _sample(payloads: tuple[bytes, ...] | list[bytes], plain_bytes: int) -> bytes:
+    """About ``PROBE_SAMPLE_BYTES`` of payloads taken evenly across the batch (a batch whose
+    head differs from its tail is judged by both)."""
+    count = len(payloads)
+    wanted = max(1, min(count, count * PROBE_SAMPLE_BYTES // plain_bytes))
+    step = count / wanted
+    return b"".join(payloads[int(i * step)] for i in range(wanted))[:PROBE_SAMPLE_BYTES]
+
+
+def compress_batch(payloads: tuple[bytes, ...] | list[bytes], codec: Codec) -> bytes | None:
+    """The compressed batch, or None when compressing does not make it smaller than its plain
+    payloads (then send them uncompressed). A big batch whose sample does not compress is
+    sent plain without compressing it whole (``PROBE_SAMPLE_BYTES``)."""
+    if codec is Codec.NONE or not payloads:
+        return None
+    plain_bytes = sum(len(p) for p in payloads)
+    if plain_bytes >= PROBE_BATCH_FACTOR * PROBE_SAMPLE_BYTES:
+        sample = _sample(payloads, plain_bytes)
+        if len(_compress(sample, codec)) > len(sample) * (1 - PROBE_SAVING_MIN):
+            return None
+    blob = _compress(_plain(payloads), codec)
+    return blob if len(blob) < plain_bytes else None
 
 
 def _content_size(blob: bytes, codec: Codec) -> int | None:

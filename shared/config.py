@@ -177,7 +177,8 @@ class SequencerConfig:
     window_appends_max: int = 1000
     """In-flight appends (appenders) per log; a full window answers SEQNOBUFS."""
     store_timeout_ms_min: int = 10
-    """Store timeout of the first wave; it doubles per wave."""
+    """Least store timeout of the first wave (which follows the STOREs' round trips, see
+    sequencer/core/store_timeout.py); it doubles per wave."""
     store_timeout_ms_max: int = 60_000
     """Upper bound of the store timeout."""
     graylist_nodeset_fraction_max: float = 0.25

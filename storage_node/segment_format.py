@@ -45,12 +45,12 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-import zlib
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
 import msgpack
+from isal import isal_zlib
 
 from shared.compression import expand_stored
 from shared.limits import FRAME_BYTES_MAX
@@ -158,12 +158,16 @@ _packer = msgpack.Packer(use_bin_type=True)
 
 _PREFIX = struct.Struct("<HBBI")
 _CRC = struct.Struct("<I")
+_crc32 = isal_zlib.crc32
+"""zlib's CRC-32 (the same values, so every segment ever written still checks), computed by
+ISA-L: over ten times faster than zlib's, and every entry is checksummed when written and when
+read."""
 
 
 def _frame(entry_type: EntryType, body: bytes) -> bytes:
     assert len(body) <= ENTRY_BODY_BYTES_MAX, len(body)
     prefix = struct.pack("<HBBI", MAGIC, entry_type, 0, len(body))
-    crc = zlib.crc32(body, zlib.crc32(prefix))
+    crc = _crc32(body, _crc32(prefix))
     return prefix + struct.pack("<I", crc) + body
 
 
@@ -175,7 +179,7 @@ def store_entry_parts(store: Store) -> tuple[bytes, bytes]:
         body = encode_fields(store)
     assert len(body) <= ENTRY_BODY_BYTES_MAX, len(body)
     prefix = _PREFIX.pack(MAGIC, EntryType.STORE_FIELDS, 0, len(body))
-    return prefix + _CRC.pack(zlib.crc32(body, zlib.crc32(prefix))), body
+    return prefix + _CRC.pack(_crc32(body, _crc32(prefix))), body
 
 
 def encode_store(store: Store) -> bytes:
@@ -230,8 +234,8 @@ def check_entry(data: bytes | memoryview, offset: int) -> tuple[EntryType, int] 
     if end > len(data):
         return None
     view = memoryview(data)
-    expected = zlib.crc32(view[offset + HEADER_BYTES : end],
-                          zlib.crc32(view[offset : offset + _CRC_PREFIX_BYTES]))
+    expected = _crc32(view[offset + HEADER_BYTES : end],
+                          _crc32(view[offset : offset + _CRC_PREFIX_BYTES]))
     if expected != crc:
         return None
     return EntryType(type_id), body_bytes

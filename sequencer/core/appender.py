@@ -1,7 +1,8 @@
 """One append in flight: replicates its records to a copyset of R storage nodes, in waves.
 
 Done when every recipient of the *current* wave answered STORED OK. A wave's store timeout
-starts at ``store_timeout_ms_min`` and doubles per wave up to ``store_timeout_ms_max``. On a
+starts at the sequencer's estimate (``sequencer.core.store_timeout``: at least
+``store_timeout_ms_min``) and doubles per wave up to ``store_timeout_ms_max``. On a
 timeout the first outstanding recipient is graylisted (unless every recipient timed out, to
 avoid a retry death spiral) and a new wave goes out. An error answer blacklists the node; the
 first two waves are retried at once, later ones at the timeout. PREEMPTED ends the appender:
@@ -37,7 +38,7 @@ class Appender:
     __slots__ = (
         "checksum", "compression", "deadline_ms", "first_esn", "key", "log_id", "lsn",
         "payloads", "producers", "recipients", "records", "replication", "requests",
-        "stored_nodes", "timestamp_ms", "wave",
+        "sent_ms", "stored_nodes", "timestamp_ms", "wave",
     )
 
     def __init__(
@@ -77,6 +78,8 @@ class Appender:
         self.checksum = payloads_checksum(payloads)
         self.wave = 0
         self.deadline_ms = 0
+        self.sent_ms = 0
+        """When the current wave went out (its answers' round trips feed the estimate)."""
         self.recipients: dict[NodeId, Status | None] = {}
         """Current wave's recipients and their answers (None while outstanding)."""
         self.stored_nodes: frozenset[NodeId] = frozenset()
@@ -86,9 +89,12 @@ class Appender:
     def last_lsn(self) -> Lsn:
         return Lsn(self.lsn + self.records - 1)
 
-    def store_timeout_ms(self, config: SequencerConfig) -> int:
+    def store_timeout_ms(self, config: SequencerConfig, first_wave_ms: int | None = None) -> int:
+        """This wave's timeout: ``first_wave_ms`` (default ``store_timeout_ms_min``) doubled
+        per wave, at most ``store_timeout_ms_max``."""
         shift = min(self.wave - 1, 20)
-        return min(config.store_timeout_ms_min << shift, config.store_timeout_ms_max)
+        base_ms = config.store_timeout_ms_min if first_wave_ms is None else first_wave_ms
+        return min(base_ms << shift, config.store_timeout_ms_max)
 
     def send_wave(
         self,
@@ -100,10 +106,12 @@ class Appender:
         last_known_good: Esn,
         release_lsn: Lsn,
         now_ms: int,
+        first_wave_timeout_ms: int | None = None,
     ) -> list[Send]:
         self.wave += 1
-        timeout_ms = self.store_timeout_ms(config)
+        timeout_ms = self.store_timeout_ms(config, first_wave_timeout_ms)
         self.deadline_ms = now_ms + timeout_ms
+        self.sent_ms = now_ms
         copyset = nodeset.pick_copyset(self.replication, rng, now_ms, self.stored_nodes)
         if copyset is None:
             # Not enough available nodes: try again when this wave's timer fires.

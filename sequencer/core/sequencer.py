@@ -35,6 +35,7 @@ from sequencer.core.nodeset_state import NodesetState
 from sequencer.core.producers import ProducerTable, Verdict
 from sequencer.core.recovery import LogRecovery, Phase
 from sequencer.core.sliding_window import SlidingWindow
+from sequencer.core.store_timeout import StoreTimeout
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
@@ -116,6 +117,8 @@ class Sequencer:
         self.nodeset: NodesetState | None = None
         self.appenders: dict[Esn, Appender] = {}
         self._timers: list[tuple[int, int, int]] = []  # (deadline_ms, first_esn, wave)
+        self.store_timeout = StoreTimeout(config)
+        """The first wave's store timeout, adapted to the STOREs' round trips."""
         self._release_owed: set[NodeId] = set()
         """Copyset nodes not yet told the current release pointer (see release_delay_ms)."""
         self._release_due_ms: int | None = None
@@ -323,6 +326,7 @@ class Sequencer:
             nodeset=self.nodeset, config=self.config, rng=self.rng,
             sequencer_node=self.node_id, last_known_good=self.window.lng,
             release_lsn=self.release_lsn, now_ms=now_ms,
+            first_wave_timeout_ms=self.store_timeout.first_wave_ms(),
         )
         if appender.recipients and all(s is Status.OK for s in appender.recipients.values()):
             # Every node of the new copyset already holds a copy from an earlier wave.
@@ -459,6 +463,9 @@ class Sequencer:
         appender = self.appenders.get(lsn_to_esn(lsn))
         if appender is None:
             return []
+        if (status is Status.OK and wave == appender.wave
+                and appender.recipients.get(node, Status.OK) is None):
+            self.store_timeout.on_sample(now_ms - appender.sent_ms)
         result, resend = appender.on_reply(node, wave, status, self.nodeset, now_ms)
         if result is AppenderResult.PREEMPTED:
             return self._on_preempted(sealed_epoch, sealed_by)
@@ -598,6 +605,9 @@ class Sequencer:
             if appender is None or appender.wave != wave:
                 continue  # completed, or superseded by a newer wave
             assert self.nodeset is not None
+            if appender.recipients and all(
+                    answer is None for answer in appender.recipients.values()):
+                self.store_timeout.on_silent_timeout(appender.deadline_ms - appender.sent_ms)
             appender.on_timeout(self.nodeset, now_ms)
             effects.extend(self._send_wave(appender, now_ms))
         return effects

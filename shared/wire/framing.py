@@ -46,7 +46,10 @@ class FrameDecoder:
             end = offset + HEADER_BYTES + length
             if end > len(buffer):
                 break
-            bodies.append(bytes(buffer[offset + HEADER_BYTES : end]))
+            # Through a view: one copy of the body (slicing the bytearray itself makes two,
+            # which for a 256 KiB batch is most of what receiving it costs in Python).
+            with memoryview(buffer) as view:
+                bodies.append(bytes(view[offset + HEADER_BYTES : end]))
             offset = end
         if offset:
             del buffer[:offset]

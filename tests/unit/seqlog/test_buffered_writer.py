@@ -149,6 +149,18 @@ async def test_bytes_trigger_seals_before_a_record_that_would_not_fit() -> None:
     assert all(f.done() and not f.exception() for f in [*futures, big])
 
 
+async def test_default_batch_carries_a_thousand_1kib_records() -> None:
+    """Per-batch costs (a STORE per copy, a commit, an fsync) dominate below about 1 MiB:
+    by default a thousand 1 KiB records travel as one batch, not four."""
+    fake = FakeAppender()
+    w = writer(fake)
+    futures = [w.append_nowait(1, payload(i, 1024)) for i in range(1000)]
+    await settle()
+    assert [len(c.payloads) for c in fake.calls] == [1000]
+    await w.close()
+    assert all(f.done() and not f.exception() for f in futures)
+
+
 async def test_linger_flushes_the_oldest_record_after_linger_ms() -> None:
     fake = FakeAppender()
     loop = asyncio.get_running_loop()

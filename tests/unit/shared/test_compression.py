@@ -82,3 +82,56 @@ def test_fuzz_truncated_blobs(payloads: list[bytes], codec: Codec, cut: int) -> 
     damaged = blob[: cut % len(blob)]
     out = decompress_batch(damaged, codec, len(payloads) * 4, bytes_max=1 << 20)
     assert out is Status.BADMSG
+
+
+def _spy_compressed_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes of every input the codecs are asked to compress."""
+    import shared.compression as compression
+
+    sizes: list[int] = []
+    real = compression._compress
+
+    def spy(plain: bytes, codec: Codec) -> bytes:
+        sizes.append(len(plain))
+        return real(plain, codec)
+
+    monkeypatch.setattr(compression, "_compress", spy)
+    return sizes
+
+
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD])
+def test_big_incompressible_batch_costs_only_a_sample(codec: Codec,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from shared.compression import PROBE_SAMPLE_BYTES
+
+    sizes = _spy_compressed_bytes(monkeypatch)
+    batch = [os.urandom(1024) for _ in range(256)]
+    assert compress_batch(batch, codec) is None
+    assert sizes and max(sizes) <= PROBE_SAMPLE_BYTES
+
+
+@pytest.mark.parametrize("codec", [Codec.LZ4, Codec.ZSTD])
+def test_sample_spans_the_batch(codec: Codec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incompressible head does not stop a mostly compressible batch from compressing."""
+    sizes = _spy_compressed_bytes(monkeypatch)
+    lines = [(json.dumps({"level": "info", "msg": f"request {i} served", "pad": "x" * 900})
+              ).encode() for i in range(240)]
+    batch = [os.urandom(1024) for _ in range(16)] + lines
+    blob = compress_batch(batch, codec)
+    assert blob is not None and len(blob) < sum(map(len, batch)) / 2
+    assert decompress_batch(blob, codec, len(batch), bytes_max=1 << 20) == tuple(batch)
+    assert max(sizes) > sum(map(len, batch))  # the whole batch was compressed
+
+
+def test_payloads_checksum_is_the_crc_of_the_concatenation() -> None:
+    """Joined or chained, the value stored in old segments and sent by old peers holds."""
+    import zlib
+
+    from shared.wire.store import payloads_checksum
+
+    for count in range(8):
+        payloads = tuple(os.urandom(n * 37 % 300) for n in range(count))
+        chained = 0
+        for payload in payloads:
+            chained = zlib.crc32(payload, chained)
+        assert payloads_checksum(payloads) == chained

@@ -471,3 +471,18 @@ async def test_a_received_compressed_batch_is_written_as_received_and_read_whole
         assert [r[3] for r in inside.records] == lines[9:11]
     async with running_node(str(tmp_path)) as node:
         assert node.log_state(LOG).last_lsn == lsn(1, 50)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.binary(max_size=4096))
+def test_entry_crc_is_zlibs_crc32_so_old_segments_still_check(body: bytes) -> None:
+    """The CRC-32 is computed by ISA-L now; its values must be zlib's, which every segment
+    written so far carries."""
+    import zlib
+
+    entry = segment_format._frame(segment_format.EntryType.TRIM, body)
+    prefix_bytes = segment_format._CRC_PREFIX_BYTES
+    (crc,) = struct.unpack_from("<I", entry, prefix_bytes)
+    expected = zlib.crc32(entry[segment_format.HEADER_BYTES:], zlib.crc32(entry[:prefix_bytes]))
+    assert crc == expected
+    assert segment_format.check_entry(entry, 0) is not None
