@@ -26,8 +26,8 @@ seqlog() {
     .venv/bin/seqlog local up --dir "$DIR/c" --replication 3 --fsync always >/dev/null
     local bench=(.venv/bin/python -m loadtests.bench_append --dir "$DIR/c" --size 1024 --loop uvloop)
     "${bench[@]}" --inflight 1 --records 3000 --label seqlog-r3-fsync | tail -1 >> "$OUT"
-    "${bench[@]}" --inflight 64 --records 20000 --label seqlog-r3-fsync | tail -1 >> "$OUT"
-    "${bench[@]}" --inflight 256 --records 20000 --label seqlog-r3-fsync | tail -1 >> "$OUT"
+    "${bench[@]}" --inflight 64 --records 50000 --label seqlog-r3-fsync | tail -1 >> "$OUT"
+    "${bench[@]}" --inflight 256 --records 50000 --label seqlog-r3-fsync | tail -1 >> "$OUT"
     "${bench[@]}" --inflight 4 --batch 64 --records 128000 --label seqlog-r3-fsync \
         | tail -1 >> "$OUT"
     "${bench[@]}" --inflight 16 --batch 64 --records 256000 --label seqlog-r3-fsync \
@@ -36,9 +36,9 @@ seqlog() {
     # of seqlog.Client's ~330 us: what the servers do when the client is not eating the cores.
     "${bench[@]}" --client raw --inflight 1 --records 3000 --label seqlog-r3-fsync \
         | tail -1 >> "$OUT"
-    "${bench[@]}" --client raw --inflight 64 --records 20000 --label seqlog-r3-fsync \
+    "${bench[@]}" --client raw --inflight 64 --records 50000 --label seqlog-r3-fsync \
         | tail -1 >> "$OUT"
-    "${bench[@]}" --client raw --inflight 256 --records 20000 --label seqlog-r3-fsync \
+    "${bench[@]}" --client raw --inflight 256 --records 50000 --label seqlog-r3-fsync \
         | tail -1 >> "$OUT"
     # The buffered writer (seqlog.BufferedWriter, 5 ms linger), 4096 appends outstanding:
     # incompressible payloads with lz4 (kept only where it shrinks a batch, so sent plain),
