@@ -27,7 +27,7 @@ import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
@@ -260,14 +260,19 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"error": "records, size, inflight, batch, logs must be >= 1"}))
         return 2
     args.loadavg_start = loadavg()
+    out = run_on_loop(args.loop, bench(args))
+    return 0 if out["records"] else 1
+
+
+def run_on_loop(loop: str, main: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """Run a benchmark's coroutine on a fresh ``asyncio`` or ``uvloop`` event loop."""
     factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
-    if args.loop == "uvloop":
+    if loop == "uvloop":
         import uvloop
 
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
-        out = runner.run(bench(args))
-    return 0 if out["records"] else 1
+        return runner.run(main)
 
 
 if __name__ == "__main__":

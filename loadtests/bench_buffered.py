@@ -33,7 +33,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-from loadtests.bench_append import cpu_s, loadavg, percentile
+from loadtests.bench_append import cpu_s, loadavg, percentile, run_on_loop
 from loadtests.json_log_lines import LogLineGenerator
 from seqlog import BufferedWriter, Client, LogError
 from seqlog.buffered_writer import BATCHES_IN_FLIGHT_PER_LOG_MAX
@@ -311,13 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.loadavg_start = loadavg()
     args.malloc_tuned = False if args.no_malloc_tuning else malloc_tuning.tune()
-    factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop
-    if args.loop == "uvloop":
-        import uvloop
-
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        out = runner.run(bench(args))
+    out = run_on_loop(args.loop, bench(args))
     return 0 if out["records"] else 1
 
 
