@@ -70,23 +70,17 @@ class _Reply:
         conn.send(encode(message, self._correlation_id))
 
 
-class _AppendReply:
+class _AppendReply(_Reply):
     """The reply of one client APPEND: also frees its place under the connection's in-flight
     bound."""
 
-    __slots__ = ("_conn", "_correlation_id")
-
-    def __init__(self, conn: _ServerProtocol, correlation_id: int) -> None:
-        self._conn: _ServerProtocol | None = conn
-        self._correlation_id = correlation_id
+    __slots__ = ()
 
     def __call__(self, message: Message) -> None:
         conn = self._conn
-        if conn is None:
-            return
-        self._conn = None
-        conn.appends_inflight -= 1
-        conn.send(encode(message, self._correlation_id))
+        if conn is not None:
+            conn.appends_inflight -= 1
+            super().__call__(message)
 
 
 def _overloaded(message: Append, inflight_max: int) -> Appended:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from seqlog import LogError
 from services import local_cluster as lc
 
 READY_TIMEOUT_MS = 60_000
@@ -34,3 +38,17 @@ def start_cluster(root: Path, *, storage_nodes: int = 3, sequencers: int = 2) ->
     except lc.LocalClusterError as exc:
         pytest.fail(f"local cluster did not start:\n{exc}", pytrace=False)
     return RunningCluster(dir=root.resolve(), state=state)
+
+
+async def poll(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    """Wait until ``check()`` is true (a ``LogError`` counts as not yet), or fail after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if await check():
+                return
+        except LogError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout_s} s")

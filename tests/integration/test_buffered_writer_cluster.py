@@ -9,8 +9,7 @@ import asyncio
 import itertools
 import os
 import signal
-import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from seqlog import Client, LogError, Record
 from services import local_cluster as lc
 from shared.status import Status
 from shared.types import Lsn
+from tests.integration.seqlog_cluster_support import poll
 
 pytestmark = pytest.mark.integration
 
@@ -34,24 +34,12 @@ def fresh_log() -> int:
     return _next_log[0]
 
 
-async def _poll(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if await check():
-                return
-        except LogError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
-
-
 async def _records(client: Client, log_id: int, until_lsn: int) -> list[Record]:
     """Every record of the log through ``until_lsn``, in LSN order (waits for the release)."""
     async def released() -> bool:
         return (await client.tail(log_id)).release_lsn >= until_lsn
 
-    await _poll(released, 60, f"log {log_id} released through {until_lsn}")
+    await poll(released, 60, f"log {log_id} released through {until_lsn}")
     out: list[Record] = []
     cursor = 1
     while cursor <= until_lsn:
@@ -156,12 +144,12 @@ async def test_ordered_writer_keeps_acked_records_once_in_order_across_sequencer
                         failed[index] = exc.status
 
             producer = asyncio.ensure_future(produce())
-            await _poll(lambda: _true(len(acked) >= 2000), 60, "2000 acks before the kill")
+            await poll(lambda: _true(len(acked) >= 2000), 60, "2000 acks before the kill")
             owner = (await client.tail(log_id)).sequencer
             victim = next(n for n in state.nodes if n.node_id == owner)
             os.kill(victim.pid, signal.SIGKILL)
             at_kill = len(acked)
-            await _poll(lambda: _true(len(acked) >= at_kill + 2000), 90,
+            await poll(lambda: _true(len(acked) >= at_kill + 2000), 90,
                         "2000 more acks after the kill")
             stop.set()
             await asyncio.wait_for(producer, 90)

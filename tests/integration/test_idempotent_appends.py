@@ -10,9 +10,8 @@ import asyncio
 import base64
 import os
 import signal
-import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -22,6 +21,7 @@ from seqlog import Client
 from services import local_cluster as lc
 from shared.limits import PRODUCER_SEQS_KEPT
 from shared.status import LogError, Status
+from tests.integration.seqlog_cluster_support import poll
 
 pytestmark = pytest.mark.integration
 
@@ -36,21 +36,9 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
         lc.down(tmp_path)
 
 
-async def _poll(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if await check():
-                return
-        except LogError:
-            pass
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
-
-
 async def _payloads(client: Client, until_lsn: int) -> list[bytes]:
     """Every record of LOG through ``until_lsn``, in order (waits for the release)."""
-    await _poll(lambda: _released(client, until_lsn), 30, "release")
+    await poll(lambda: _released(client, until_lsn), 30, "release")
     out: list[bytes] = []
     cursor = 1
     while cursor <= until_lsn:
