@@ -482,6 +482,13 @@ class FrontEnd:
             return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
         release = await self._release_hint(log_id)
         if trim_lsn > release:
+            # This node's view of the owner may be stale (it believes it sequences the log, or
+            # the owner it asked is not active): the storage nodes' pointers, which only ever
+            # come from a sequencer's release, settle it before the trim is refused.
+            tail = await self.tail(log_id)
+            if tail.status is Status.OK:
+                release = max(release, tail.release_lsn)
+        if trim_lsn > release:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")

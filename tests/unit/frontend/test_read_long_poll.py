@@ -18,7 +18,8 @@ from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.append import GetSequencerState, SequencerState
 from shared.wire.codec import Message
-from shared.wire.read import Read, ReadReply
+from shared.wire.read import GetLogState, LogState, Read, ReadReply
+from shared.wire.trim import Trim, Trimmed
 
 STORAGE = (NodeId("st1"), NodeId("st2"), NodeId("st3"))
 ME = NodeId("seq2")
@@ -161,3 +162,32 @@ async def test_nodesets_carry_the_owner_release_pointer() -> None:
     # Never backwards, even when the owner cannot be asked.
     cluster.release = Lsn(0)
     assert (await front.nodesets(log_id)).release_lsn == FIRST + 4
+
+
+class _StaleOwnerCluster(_Cluster):
+    """The node it takes for the owner does not sequence the log (views disagree); the
+    storage nodes know the release pointer and take trims."""
+
+    async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
+        if type(message) is GetLogState:
+            return LogState(status=Status.OK, log_id=message.log_id, release_lsn=self.release,
+                            sealed_epoch=Epoch(0), last_lsn=self.release)
+        assert type(message) is GetSequencerState
+        return SequencerState(status=Status.NOSEQUENCER, log_id=message.log_id,
+                              release_lsn=Lsn(0), epoch=Epoch(0))
+
+    def request(self, node: NodeId, message: Message, callback: RequestCallback, *,
+                timeout_ms: int | None = None) -> None:
+        assert type(message) is Trim
+        asyncio.get_running_loop().call_soon(callback, Trimmed(
+            status=Status.OK, log_id=message.log_id, trim_lsn=message.trim_lsn))
+
+
+async def test_trim_below_the_release_succeeds_when_the_owner_view_is_stale() -> None:
+    cluster = _StaleOwnerCluster()
+    front, log_id = _front_end(cluster)
+    cluster.release = Lsn(FIRST + 9)
+    outcome = await front.trim(log_id, Lsn(FIRST + 5))
+    assert outcome.status is Status.OK and outcome.lsn == FIRST + 5
+    # Beyond what any storage node reports released stays refused.
+    assert (await front.trim(log_id, Lsn(FIRST + 10))).status is Status.INVALID_PARAM
