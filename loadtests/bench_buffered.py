@@ -27,7 +27,6 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +137,9 @@ async def run_tasks(w: BufferedWriter, n: int, inflight: int, payloads: itertool
 async def run_callbacks(w: BufferedWriter, n: int, inflight: int,
                         payloads: itertools.cycle[bytes], logs: list[int],
                         phase: Phase) -> None:
-    """The window kept full from done-callbacks: no coroutine per outstanding append."""
+    """The window kept full from done-callbacks: no coroutine per outstanding append, and one
+    callback function for all of them (each record's start time and size wait in a dict keyed
+    by its future, rather than in a closure made per record)."""
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
     pc = time.perf_counter
@@ -146,35 +147,32 @@ async def run_callbacks(w: BufferedWriter, n: int, inflight: int,
     issued = 0
     outstanding = 0
     latencies = phase.latencies_s
+    started: dict[asyncio.Future[Any], tuple[float, int]] = {}
 
     def issue() -> None:
         nonlocal issued, outstanding
         i = issued
         issued += 1
+        outstanding += 1
         payload = next(payloads)
         t0 = pc()
         try:
             future = w.append_nowait(logs[i % nlogs], payload)
         except LogError as exc:
             phase.errors[exc.status.name] += 1
-            loop.call_soon(done_error)
-            outstanding += 1
+            loop.call_soon(after_one)
             return
-        outstanding += 1
-        future.add_done_callback(make_done(t0, len(payload)))
+        started[future] = (t0, len(payload))
+        future.add_done_callback(done)
 
-    def make_done(t0: float, size: int) -> Callable[[asyncio.Future[Any]], None]:
-        def done(future: asyncio.Future[Any]) -> None:
+    def done(future: asyncio.Future[Any]) -> None:
+        t0, size = started.pop(future)
+        if future.exception() is None:
+            latencies.append(pc() - t0)
+            phase.payload_bytes += size
+        else:
             exc = future.exception()
-            if exc is None:
-                latencies.append(pc() - t0)
-                phase.payload_bytes += size
-            else:
-                phase.errors[getattr(getattr(exc, "status", None), "name", repr(exc))] += 1
-            after_one()
-        return done
-
-    def done_error() -> None:
+            phase.errors[getattr(getattr(exc, "status", None), "name", repr(exc))] += 1
         after_one()
 
     def after_one() -> None:
