@@ -43,8 +43,8 @@ with about the same ratio (4.9 vs 4.7), and a much better one than LZ4's (2.9)."
 
 class _ZstdContexts(threading.local):
     """One compressor and decompressor per thread: zstandard's contexts are reused across
-    calls (no setup per batch) but must not be used by two threads at once (a client
-    compresses big batches in a thread while its loop probes small samples)."""
+    calls (no setup per batch) but must not be used by two threads at once, and nothing stops
+    a caller from compressing or expanding batches off its event loop."""
 
     def __init__(self) -> None:
         self.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)

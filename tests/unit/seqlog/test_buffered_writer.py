@@ -602,35 +602,3 @@ def test_any_mix_of_appends_and_answers_keeps_the_promises(
 
     asyncio.run(scenario())
 
-
-async def test_big_batches_are_compressed_off_the_event_loop_in_order(
-        node: FakeNode, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A batch of at least COMPRESS_OFF_LOOP_BYTES_MIN is compressed in the client's one
-    compression thread (the loop keeps running meanwhile), small ones inline; batches given
-    at once leave in the order given."""
-    import threading
-
-    from seqlog import client as client_module
-
-    threads: list[str] = []
-    real = client_module.compress_whole
-
-    def spy(*args: Any) -> bytes | None:
-        threads.append(threading.current_thread().name)
-        return real(*args)
-
-    monkeypatch.setattr(client_module, "compress_whole", spy)
-    big = log_lines(2000)
-    assert sum(map(len, big[:1000])) >= client_module.COMPRESS_OFF_LOOP_BYTES_MIN
-    async with Client(node.url) as client:
-        results = await asyncio.gather(*(
-            client.append_batch(6, big[i:i + 1000], compression=codec)
-            for i, codec in ((0, "zstd"), (1000, "lz4"))))
-        assert [r.count for r in results] == [1000, 1000]
-        assert results[0].first_lsn < results[1].first_lsn
-        await client.append_batch(6, log_lines(20), compression="zstd")
-        assert threads[:2] == ["seqlog-compress_0"] * 2
-        assert threads[2] == threading.current_thread().name
-        assert [b["compression"] for b in node.batch_bodies[-3:]] == ["zstd", "lz4", "zstd"]
-        assert [r.payload for r in (await client.read(6, limit=3000)).records] == (
-            big + log_lines(20))

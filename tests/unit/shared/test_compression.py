@@ -138,8 +138,8 @@ def test_payloads_checksum_is_the_crc_of_the_concatenation() -> None:
 
 
 def test_threads_compress_at_once_with_their_own_zstd_contexts() -> None:
-    """A client compresses big batches in a thread while its loop probes samples: zstandard's
-    contexts must not be shared, so each thread gets its own and the blobs stay exact."""
+    """zstandard's contexts must not be used by two threads at once: each thread gets its
+    own, and batches compressed at once in several threads stay exact."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
