@@ -832,7 +832,7 @@ class RecordStore:
 
     def _append_entries(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
                         fsync: bool) -> tuple[AppendResult, list[int]]:
-        chunks: list[bytes] = []
+        chunks: list[bytes | memoryview] = []
         lengths: list[int] = []
         for pending in batch:
             source = pending.chunk_source

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shared.config import FsyncMode
@@ -140,21 +140,21 @@ class SegmentWriter:
     def segment_id(self) -> int:
         return self._segment_id
 
-    def append(self, chunks: list[bytes], *, fsync: bool) -> AppendResult:
-        """Write ``chunks`` contiguously with one write call (rolling first if they do not fit
-        the current segment), then fsync once if asked. On failure nothing of the batch stays
+    def append(self, chunks: Sequence[bytes | memoryview], *, fsync: bool) -> AppendResult:
+        """Write ``chunks`` contiguously with one vectored write (rolling first if they do not
+        fit the current segment), then fsync once if asked. On failure nothing of the batch stays
         in the file."""
         self.check_disk(force=False)
-        data = b"".join(chunks)
+        size = sum(map(len, chunks))
         fsyncs = 0
         start = self._segment_bytes
         try:
-            if start > 0 and start + len(data) > self._segment_bytes_max:
+            if start > 0 and start + size > self._segment_bytes_max:
                 fsyncs += self._roll()
                 start = 0
-            _write_all(self._fd, data)
+            _writev_all(self._fd, chunks)
             self.write_calls_count += 1
-            self._segment_bytes += len(data)
+            self._segment_bytes += size
             if self.dirty_since_ms is None:
                 self.dirty_since_ms = _now_ms()
             if fsync:
@@ -325,11 +325,23 @@ class SegmentReader:
         return fd
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
+def _writev_all(fd: int, chunks: Sequence[bytes | memoryview]) -> None:
+    """Write ``chunks`` in order with vectored writes: no joined copy of a batch (1 MiB of
+    received STOREs is one memcpy less per commit), at most ``_IOV_MAX`` buffers a call."""
+    pending = [memoryview(chunk) for chunk in chunks if len(chunk)]
+    index = 0
+    while index < len(pending):
+        written = os.writev(fd, pending[index:index + _IOV_MAX])
+        while written:
+            head = pending[index]
+            if written < len(head):
+                pending[index] = head[written:]
+                break
+            written -= len(head)
+            index += 1
 
 
 def _truncate(path: str, size: int) -> None:

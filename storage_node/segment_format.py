@@ -171,7 +171,7 @@ def _frame(entry_type: EntryType, body: bytes) -> bytes:
     return prefix + struct.pack("<I", crc) + body
 
 
-def store_entry_parts(store: Store) -> tuple[bytes, bytes]:
+def store_entry_parts(store: Store) -> tuple[bytes, bytes | memoryview]:
     """A STORE_FIELDS entry as (header, body): the body is the STORE's received bytes when it
     has them (no packing, no copy), so the writer joins both with its other chunks once."""
     body = store.wire_fields

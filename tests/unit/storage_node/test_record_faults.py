@@ -32,8 +32,9 @@ from tests.unit.storage_node.helpers import (
 )
 
 
-def failing_write(error_number: int) -> Callable[[int, bytes], None]:
-    def write_all(fd: int, data: bytes) -> None:
+def failing_write(error_number: int) -> Callable[[int, list[bytes]], None]:
+    def write_all(fd: int, chunks: list[bytes]) -> None:
+        data = b"".join(chunks)
         os.write(fd, data[: len(data) // 2])  # a partial write, then the failure
         raise OSError(error_number, os.strerror(error_number))
 
@@ -47,7 +48,7 @@ async def test_enospc_from_write_answers_nospc_and_leaves_no_partial_entry(
         (path,) = segment_paths(str(tmp_path))
         size = await asyncio.to_thread(file_size, path)
         with monkeypatch.context() as patch:
-            patch.setattr(segment_files, "_write_all", failing_write(errno.ENOSPC))
+            patch.setattr(segment_files, "_writev_all", failing_write(errno.ENOSPC))
             assert (await store(node, make_store(lsn(1, 2)))).status == Status.NOSPC
             assert node.stats()["disk_low"] == 1
             assert (await store(node, make_store(lsn(1, 3)))).status == Status.NOSPC
