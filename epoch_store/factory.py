@@ -80,7 +80,7 @@ def _read_files(
     root = _file_root(url)
     if root is None:
         raise ValueError(f"read_log_state needs a file:///dir or zk:// URL, got {url!r}")
-    objects = FileObjects(root, io_threads_max=1)
+    objects = FileObjects(root)
     status, meta = objects.read_metadata_sync(log_id)
     if status != Status.OK or meta is None:
         return status, None, None
