@@ -111,11 +111,14 @@ class Journal:
         """Catch up on frames appended since the last call (by any process)."""
         if not os.path.isdir(self.root_dir):
             return Status.OK  # nothing written yet; reads must not create the directory
+        # A store still in the per-log layout is imported by its first reader too.
+        exclusive = not os.path.exists(self.path) and os.path.isdir(
+            os.path.join(self.root_dir, LEGACY_LOGS_DIR))
         try:
-            with self._locked(exclusive=False) as locked:
+            with self._locked(exclusive=exclusive) as locked:
                 if not locked:
                     return self._lock_timed_out()
-                return self._catch_up(exclusive=False)
+                return self._catch_up(exclusive=exclusive)
         except OSError as exc:
             return _io_failed("read", self.path, exc)
 
