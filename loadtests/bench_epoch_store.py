@@ -120,8 +120,11 @@ async def measure_clean_marks(
     sem = asyncio.Semaphore(256)
 
     async def activate(log: LogId) -> None:
+        # As a sequencer activates: take an epoch, then read the last clean epoch.
         async with sem:
             status, _, _ = await store.activate(log, writer=writer, provision=SPEC)
+            assert status == Status.OK, status
+            status, _ = await store.get_last_clean_epoch(log)
             assert status == Status.OK, status
 
     marked_in_bound = 0

@@ -99,6 +99,9 @@ class FileObjects:
         assert value.log_id == log_id and value.version == expected_version + 1, value
         return await self._write((value, expected_version))
 
+    def cached_lce(self, log_id: LogId) -> LastCleanEpoch | None:
+        return None  # reads are cheap here
+
     async def close(self) -> None:
         """Refuse new work, finish the work already queued (bounded by the lock timeout),
         and release the journal."""
