@@ -71,21 +71,21 @@ class FileObjects:
 
     def read_metadata_sync(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
         status = self.journal.refresh()
-        return status, self.journal.tables.metadata.get(log_id) if status == Status.OK else None
+        return self.journal.tables.get_metadata(log_id) if status == Status.OK else (status, None)
 
     def read_lce_sync(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
         status = self.journal.refresh()
-        return status, self.journal.tables.lce.get(log_id) if status == Status.OK else None
+        return self.journal.tables.get_lce(log_id) if status == Status.OK else (status, None)
 
     # ---- VersionedObjects --------------------------------------------------------------------
 
     async def read_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
         status = await self._refresh()
-        return status, self.journal.tables.metadata.get(log_id) if status == Status.OK else None
+        return self.journal.tables.get_metadata(log_id) if status == Status.OK else (status, None)
 
     async def read_lce(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
         status = await self._refresh()
-        return status, self.journal.tables.lce.get(log_id) if status == Status.OK else None
+        return self.journal.tables.get_lce(log_id) if status == Status.OK else (status, None)
 
     async def write_metadata(
         self, log_id: LogId, value: LogMetadata, *, expected_version: int

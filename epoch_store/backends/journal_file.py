@@ -60,20 +60,32 @@ Write = tuple[journal.Record, int]
 
 @dataclass(slots=True)
 class Tables:
-    """The current value of every object, replaced as a whole on reload so that a reader on
-    another thread never sees a half-built state."""
+    """The current record of every object, replaced as a whole on reload so that a reader on
+    another thread never sees a half-built state. Records are decoded when read."""
 
-    metadata: dict[LogId, LogMetadata] = field(default_factory=dict)
-    lce: dict[LogId, LastCleanEpoch] = field(default_factory=dict)
+    metadata: journal.Objects = field(default_factory=dict)
+    lce: journal.Objects = field(default_factory=dict)
+    interned: journal.Interned = field(default_factory=journal.Interned)
 
-    def apply(self, values: list[journal.Record]) -> None:
-        metadata, lce = self.metadata, self.lce
-        for value in values:
-            if type(value) is LogMetadata:
-                metadata[value.log_id] = value
-            else:
-                assert type(value) is LastCleanEpoch
-                lce[value.log_id] = value
+    def get_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
+        raw = self.metadata.get(log_id)
+        if raw is None:
+            return Status.OK, None
+        value = journal.decode_metadata(raw, log_id, self.interned)
+        return (Status.OK, value) if not isinstance(value, str) else _bad_record(log_id, value)
+
+    def get_lce(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
+        raw = self.lce.get(log_id)
+        if raw is None:
+            return Status.OK, None
+        value = journal.decode_lce(raw, log_id)
+        return (Status.OK, value) if not isinstance(value, str) else _bad_record(log_id, value)
+
+
+def _bad_record(log_id: LogId, problem: str) -> tuple[Status, None]:
+    logger.error("epoch store journal: the record of log %d is corrupt (%s); repair the "
+                 "journal or restore it", log_id, problem)
+    return Status.INTERNAL, None
 
 
 class Journal:
@@ -94,7 +106,6 @@ class Journal:
         self._compact_bytes_min = compact_bytes_min
         self._compact_ratio = compact_ratio
         self.tables = Tables()
-        self._interned = journal.Interned()
         self._fd: int | None = None
         self._ino = -1
         self._offset = 0
@@ -184,7 +195,6 @@ class Journal:
             self.close()
             self._fd = os.open(self.path, os.O_RDWR)
             self._ino, self._offset, self._torn_bytes, self._problem = st.st_ino, 0, 0, None
-            self._interned = journal.Interned()
             tables = Tables()
             problem = journal.check_header(os.pread(self._fd, journal.HEADER.size, 0))
             if problem is not None:
@@ -196,8 +206,7 @@ class Journal:
             return self._corrupt(f"shrank to {st.st_size} bytes below {self._offset} read")
         if st.st_size > self._offset:
             data = os.pread(self._fd, st.st_size - self._offset, self._offset)
-            found = journal.scan(data, self._interned)
-            tables.apply(found.records)
+            found = journal.scan(data, tables.metadata, tables.lce)
             self._offset += found.valid_bytes
             self._torn_bytes = found.torn_bytes
             if found.problem is not None:
@@ -229,6 +238,7 @@ class Journal:
         legacy = _legacy_records(self.root_dir)
         data = journal.header() + b"".join(
             journal.encode_frames([journal.encode_record(v) for v in legacy]))
+        # Read back by the catch-up that follows, like any other journal.
         self._replace_with(data)
         if legacy:
             logger.info("epoch store %s: imported %d objects of the per-log layout into %s; "
@@ -248,25 +258,31 @@ class Journal:
 
     def _commit_locked(self, writes: list[Write]) -> list[Status]:
         assert self._fd is not None
-        metadata, lce = self.tables.metadata, self.tables.lce
+        tables = self.tables
         staged: dict[tuple[bool, LogId], journal.Record] = {}
         statuses: list[Status] = []
-        accepted: list[journal.Record] = []
+        accepted: list[tuple[bool, LogId, bytes]] = []
         for value, expected_version in writes:
             is_meta = type(value) is LogMetadata
             key = (is_meta, value.log_id)
-            current = staged.get(key) or (metadata if is_meta else lce).get(value.log_id)
+            current: journal.Record | None = staged.get(key)
+            if current is None:
+                status, current = (tables.get_metadata(value.log_id) if is_meta
+                                   else tables.get_lce(value.log_id))
+                if status != Status.OK:
+                    statuses.append(status)  # a corrupt record is never written over
+                    continue
             stored_version = 0 if current is None else current.version
             if stored_version != expected_version:
                 statuses.append(Status.AGAIN)
                 continue
             assert value.version == expected_version + 1, (value, expected_version)
             staged[key] = value
-            accepted.append(value)
+            accepted.append((is_meta, value.log_id, journal.encode_record(value)))
             statuses.append(Status.OK)
         if not accepted:
             return statuses
-        frames = journal.encode_frames([journal.encode_record(v) for v in accepted])
+        frames = journal.encode_frames([raw for _, _, raw in accepted])
         assert len(frames) == 1, "a commit's writes must fit in one frame"
         try:
             _write_all(self._fd, frames[0], self._offset)
@@ -279,7 +295,8 @@ class Journal:
                 os.fsync(self._fd)
             return [status if s == Status.OK else s for s in statuses]
         self._offset += len(frames[0])
-        self.tables.apply(accepted)
+        for is_meta, log_id, raw in accepted:
+            (tables.metadata if is_meta else tables.lce)[log_id] = raw
         self.commits_count += 1
         self._maybe_compact()
         return statuses
@@ -289,10 +306,9 @@ class Journal:
         live_bytes = journal.HEADER.size + objects * RECORD_BYTES_ESTIMATE
         if self._offset < max(self._compact_bytes_min, self._compact_ratio * live_bytes):
             return
-        values: list[journal.Record] = [*self.tables.metadata.values(),
-                                        *self.tables.lce.values()]
-        data = journal.header() + b"".join(
-            journal.encode_frames([journal.encode_record(v) for v in values]))
+        # Records are kept encoded: compaction only copies them.
+        records = [*self.tables.metadata.values(), *self.tables.lce.values()]
+        data = journal.header() + b"".join(journal.encode_frames(records))
         try:
             self._replace_with(data)
         except OSError as exc:

@@ -7,19 +7,25 @@ changed by that commit::
     header  = b"SEQLOGEJ" u32 format
     frame   = u32 payload_bytes, u32 crc32(payload), payload
     payload = record*
-    record  = u8 kind=1 (metadata) u64 log_id u32 version u32 next_epoch u8 replication_factor
-              u8 nodeset_size (u8 id_bytes id)* u8 writer_bytes (0: none) writer
-            | u8 kind=2 (lce) u64 log_id u32 version u32 epoch u64 tail_lsn
+    record  = u16 record_bytes u8 kind u64 log_id body
+    body    = (kind 1, metadata) u32 version u32 next_epoch u8 replication_factor
+                  u8 nodeset_size (u8 id_bytes id)* u8 writer_bytes (0: none) writer
+            | (kind 2, lce) u32 version u32 epoch u64 tail_lsn
 
 Records hold whole values (never deltas), so the last record of an object is its value, and a
-compacted journal is simply one record per object.
+compacted journal is simply one record per object. Records are kept in memory as these bytes
+(about 60-80 bytes per object, so a million logs fit in a few hundred megabytes) and decoded
+and validated when read; ``scan`` only splits frames into records, which keeps loading a large
+journal fast.
 
 Bytes are untrusted (a crash can tear the last frame; an operator can hand-edit the file):
-``scan`` never raises. A frame that is cut short or fails its CRC ends the readable journal.
-When everything from it to the end of the file fits in one commit (``COMMIT_BYTES_MAX``), it is
-the torn tail of a commit that never finished (its writer died before fsync returned, so nobody
-was told it succeeded) and is ignored; anything longer, or a CRC-valid frame holding invalid
-records, is corruption, which the store refuses to write over.
+nothing here raises on bad input. A frame that is cut short or fails its CRC ends the readable
+journal. When everything from it to the end of the file fits in one commit
+(``COMMIT_BYTES_MAX``), it is the torn tail of a commit that never finished (its writer died
+before fsync returned, so nobody was told it succeeded) and is ignored; anything longer, or a
+CRC-valid frame that does not split into records, is corruption, which the store refuses to
+write over. A record that splits but does not decode to a valid value makes its log's object
+unreadable (``INTERNAL``) and leaves the other logs alone.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from shared.limits import NODESET_SIZE_MAX
 from shared.types import (
     EPOCH_MAX,
     EPOCH_MIN,
+    LOG_ID_MAX,
     Epoch,
     LogId,
     Lsn,
@@ -54,11 +61,13 @@ frame."""
 
 KIND_METADATA = 1
 KIND_LCE = 2
-_META_HEAD = struct.Struct("<BQIIBB")
-_LCE = struct.Struct("<BQIIQ")
-_VERSION_MAX = 2**32 - 1
+RECORD_HEAD = struct.Struct("<HBQ")
+_META_BODY = struct.Struct("<IIBB")
+_LCE_BODY = struct.Struct("<IIQ")
 
 Record = LogMetadata | LastCleanEpoch
+Objects = dict[LogId, bytes]
+"""Encoded records by log id: one table for metadata, one for last clean epochs."""
 
 
 def header() -> bytes:
@@ -79,17 +88,17 @@ def check_header(raw: bytes) -> str | None:
 
 def encode_record(value: Record) -> bytes:
     if isinstance(value, LogMetadata):
-        ids = [n.encode() for n in value.nodeset]
+        parts = [b"", _META_BODY.pack(value.version, value.next_epoch,
+                                      value.replication_factor, len(value.nodeset))]
+        for node in value.nodeset:
+            raw = node.encode()
+            parts.append(bytes((len(raw),)) + raw)
         writer = b"" if value.last_writer is None else value.last_writer.encode()
-        parts = [_META_HEAD.pack(KIND_METADATA, value.log_id, value.version, value.next_epoch,
-                                 value.replication_factor, len(ids))]
-        for node in ids:
-            parts.append(bytes((len(node),)))
-            parts.append(node)
-        parts.append(bytes((len(writer),)))
-        parts.append(writer)
-        return b"".join(parts)
-    return _LCE.pack(KIND_LCE, value.log_id, value.version, value.epoch, value.tail_lsn)
+        parts.append(bytes((len(writer),)) + writer)
+        body = b"".join(parts)
+        return RECORD_HEAD.pack(RECORD_HEAD.size + len(body), KIND_METADATA, value.log_id) + body
+    body = _LCE_BODY.pack(value.version, value.epoch, value.tail_lsn)
+    return RECORD_HEAD.pack(RECORD_HEAD.size + len(body), KIND_LCE, value.log_id) + body
 
 
 def encode_frame(payload: bytes) -> bytes:
@@ -113,8 +122,27 @@ def encode_frames(records: list[bytes]) -> list[bytes]:
     return frames
 
 
-class _Bad(Exception):
-    """A record that does not decode to a valid value (internal to ``decode_records``)."""
+def split_records(payload: bytes, metadata: Objects, lce: Objects) -> str | None:
+    """Store each record of one frame's payload in its table (later ones win); None, or why
+    the payload does not split into records (then nothing was stored)."""
+    found: list[tuple[int, int, bytes]] = []
+    pos, end = 0, len(payload)
+    unpack = RECORD_HEAD.unpack_from
+    while pos < end:
+        if end - pos < RECORD_HEAD.size:
+            return f"record head cut short at payload offset {pos}"
+        size, kind, log_id = unpack(payload, pos)
+        if size < RECORD_HEAD.size or pos + size > end:
+            return f"bad record size {size} at payload offset {pos}"
+        if kind != KIND_METADATA and kind != KIND_LCE:
+            return f"unknown record kind {kind} at payload offset {pos}"
+        if not 0 < log_id <= LOG_ID_MAX:
+            return f"bad log id {log_id} at payload offset {pos}"
+        found.append((kind, log_id, payload[pos:pos + size]))
+        pos += size
+    for kind, log_id, raw in found:
+        (metadata if kind == KIND_METADATA else lce)[LogId(log_id)] = raw
+    return None
 
 
 class Interned:
@@ -126,13 +154,17 @@ class Interned:
         self.writers: dict[bytes, NodeId] = {}
 
 
+class _Bad(Exception):
+    """A record that does not decode to a valid value (internal to the decoders)."""
+
+
 def _node_ids(raw: bytes) -> list[str]:
     """The node ids of ``raw`` (u8 size, ASCII id, repeated), validated."""
     ids, pos = [], 0
     while pos < len(raw):
         end = pos + 1 + raw[pos]
         if end > len(raw):
-            raise _Bad("node id past the end of the frame")
+            raise _Bad("node id past the end of the record")
         try:
             text = raw[pos + 1:end].decode("ascii")
         except UnicodeDecodeError:
@@ -144,86 +176,83 @@ def _node_ids(raw: bytes) -> list[str]:
     return ids
 
 
-def _skip_ids(payload: bytes, pos: int, count: int) -> int:
+def _skip_ids(raw: bytes, pos: int, count: int) -> int:
     for _ in range(count):
-        if pos >= len(payload):
+        if pos >= len(raw):
             raise _Bad("node id cut short")
-        pos += 1 + payload[pos]
-    if pos > len(payload):
-        raise _Bad("node id past the end of the frame")
+        pos += 1 + raw[pos]
+    if pos > len(raw):
+        raise _Bad("node id past the end of the record")
     return pos
 
 
-def _metadata(payload: bytes, pos: int, interned: Interned) -> tuple[LogMetadata, int]:
-    if pos + _META_HEAD.size > len(payload):
-        raise _Bad("metadata record cut short")
-    _, log_id, version, next_epoch, factor, count = _META_HEAD.unpack_from(payload, pos)
-    pos += _META_HEAD.size
-    if not 0 < count <= NODESET_SIZE_MAX:
-        raise _Bad(f"bad nodeset size {count}")
-    end = _skip_ids(payload, pos, count)
-    raw = payload[pos:end]
-    nodeset = interned.nodesets.get(raw)
-    if nodeset is None:
-        ids = _node_ids(raw)
-        if len(set(ids)) != len(ids):
-            raise _Bad("duplicate node in nodeset")
-        nodeset = interned.nodesets[raw] = tuple(NodeId(n) for n in ids)
-    pos = _skip_ids(payload, end, 1)
-    writer: NodeId | None = None
-    if pos - end > 1:
-        raw = payload[end:pos]
-        writer = interned.writers.get(raw)
-        if writer is None:
-            writer = interned.writers[raw] = NodeId(_node_ids(raw)[0])
-    if not log_id_valid(log_id) or version < 1:
-        raise _Bad(f"bad log id {log_id} or version {version}")
-    if not EPOCH_MIN <= next_epoch <= EPOCH_MAX or not 1 <= factor <= count:
-        raise _Bad(f"bad next_epoch {next_epoch} or replication factor {factor}")
-    return LogMetadata(log_id=LogId(log_id), next_epoch=Epoch(next_epoch), nodeset=nodeset,
-                       replication_factor=factor, last_writer=writer, version=version), pos
+def _check_head(raw: bytes, kind: int, log_id: LogId) -> None:
+    if len(raw) < RECORD_HEAD.size:
+        raise _Bad("record head cut short")
+    size, stored_kind, stored_log = RECORD_HEAD.unpack_from(raw)
+    if size != len(raw) or stored_kind != kind or stored_log != log_id:
+        raise _Bad(f"record of kind {stored_kind}, log {stored_log}, {size} bytes")
 
 
-def _lce(payload: bytes, pos: int) -> tuple[LastCleanEpoch, int]:
-    if pos + _LCE.size > len(payload):
-        raise _Bad("lce record cut short")
-    _, log_id, version, epoch, tail_lsn = _LCE.unpack_from(payload, pos)
-    if not log_id_valid(log_id) or version < 1 or not epoch_valid(epoch):
-        raise _Bad(f"bad log id {log_id}, version {version} or epoch {epoch}")
-    if not lsn_valid(tail_lsn) or lsn_to_epoch(Lsn(tail_lsn)) > epoch:
-        raise _Bad(f"bad tail lsn {tail_lsn}")
-    return LastCleanEpoch(log_id=LogId(log_id), epoch=Epoch(epoch), tail_lsn=Lsn(tail_lsn),
-                          version=version), pos + _LCE.size
-
-
-def decode_records(
-    payload: bytes, interned: Interned | None = None
-) -> list[Record] | str:
-    """The records of one frame's payload, or why it holds an invalid one."""
-    interned = interned or Interned()
-    out: list[Record] = []
-    pos = 0
+def decode_metadata(raw: bytes, log_id: LogId, interned: Interned) -> LogMetadata | str:
+    """The metadata of ``log_id`` in the record ``raw``, or why it is not valid."""
     try:
-        while pos < len(payload):
-            kind = payload[pos]
-            if kind == KIND_METADATA:
-                meta, pos = _metadata(payload, pos, interned)
-                out.append(meta)
-            elif kind == KIND_LCE:
-                lce, pos = _lce(payload, pos)
-                out.append(lce)
-            else:
-                return f"unknown record kind {kind} at payload offset {pos}"
+        _check_head(raw, KIND_METADATA, log_id)
+        pos = RECORD_HEAD.size
+        if len(raw) < pos + _META_BODY.size:
+            raise _Bad("metadata record cut short")
+        version, next_epoch, factor, count = _META_BODY.unpack_from(raw, pos)
+        pos += _META_BODY.size
+        if not 0 < count <= NODESET_SIZE_MAX:
+            raise _Bad(f"bad nodeset size {count}")
+        end = _skip_ids(raw, pos, count)
+        ids_raw = raw[pos:end]
+        nodeset = interned.nodesets.get(ids_raw)
+        if nodeset is None:
+            ids = _node_ids(ids_raw)
+            if len(set(ids)) != len(ids):
+                raise _Bad("duplicate node in nodeset")
+            nodeset = interned.nodesets[ids_raw] = tuple(NodeId(n) for n in ids)
+        pos = _skip_ids(raw, end, 1)
+        if pos != len(raw):
+            raise _Bad("bytes after the writer")
+        writer: NodeId | None = None
+        if pos - end > 1:
+            writer_raw = raw[end:pos]
+            writer = interned.writers.get(writer_raw)
+            if writer is None:
+                writer = interned.writers[writer_raw] = NodeId(_node_ids(writer_raw)[0])
+        if not log_id_valid(log_id) or version < 1:
+            raise _Bad(f"bad log id {log_id} or version {version}")
+        if not EPOCH_MIN <= next_epoch <= EPOCH_MAX or not 1 <= factor <= count:
+            raise _Bad(f"bad next_epoch {next_epoch} or replication factor {factor}")
     except _Bad as exc:
-        return f"{exc} (payload offset {pos})"
-    return out
+        return str(exc)
+    return LogMetadata(log_id=log_id, next_epoch=Epoch(next_epoch), nodeset=nodeset,
+                       replication_factor=factor, last_writer=writer, version=version)
+
+
+def decode_lce(raw: bytes, log_id: LogId) -> LastCleanEpoch | str:
+    """The last clean epoch of ``log_id`` in the record ``raw``, or why it is not valid."""
+    try:
+        _check_head(raw, KIND_LCE, log_id)
+        if len(raw) != RECORD_HEAD.size + _LCE_BODY.size:
+            raise _Bad("lce record of the wrong size")
+        version, epoch, tail_lsn = _LCE_BODY.unpack_from(raw, RECORD_HEAD.size)
+        if not log_id_valid(log_id) or version < 1 or not epoch_valid(epoch):
+            raise _Bad(f"bad log id {log_id}, version {version} or epoch {epoch}")
+        if not lsn_valid(tail_lsn) or lsn_to_epoch(Lsn(tail_lsn)) > epoch:
+            raise _Bad(f"bad tail lsn {tail_lsn}")
+    except _Bad as exc:
+        return str(exc)
+    return LastCleanEpoch(log_id=log_id, epoch=Epoch(epoch), tail_lsn=Lsn(tail_lsn),
+                          version=version)
 
 
 @dataclass(frozen=True, slots=True)
 class Scan:
     """What ``scan`` found in ``data`` (bytes of a journal from some frame boundary on)."""
 
-    records: list[Record]
     valid_bytes: int
     """Bytes of whole, valid frames from the start of ``data``: where the next frame goes."""
     torn_bytes: int
@@ -232,13 +261,12 @@ class Scan:
     """Corruption that stops the journal (not a torn tail), or None."""
 
 
-def scan(
-    data: bytes, interned: Interned | None = None
-) -> Scan:
-    """The valid frames at the start of ``data`` and how the rest looks. Never raises."""
-    records: list[Record] = []
+def scan(data: bytes, metadata: Objects, lce: Objects) -> Scan:
+    """Store the records of the valid frames at the start of ``data`` in the tables, and say
+    how the rest looks. Never raises."""
     pos = 0
     end = len(data)
+    view = memoryview(data)
     while pos < end:
         bad: str | None = None
         if end - pos < FRAME_HEADER.size:
@@ -250,19 +278,16 @@ def scan(
                 bad = f"bad frame size {size}"
             elif body_end > end:
                 bad = "frame cut short"
+            elif zlib.crc32(view[pos + FRAME_HEADER.size:body_end]) != crc:
+                bad = "frame CRC mismatch"
             else:
-                payload = data[pos + FRAME_HEADER.size:body_end]
-                if zlib.crc32(payload) != crc:
-                    bad = "frame CRC mismatch"
-                else:
-                    decoded = decode_records(payload, interned)
-                    if isinstance(decoded, str):
-                        return Scan(records, pos, 0, f"invalid record at byte {pos}: {decoded}")
-                    records.extend(decoded)
-                    pos = body_end
-                    continue
+                problem = split_records(data[pos + FRAME_HEADER.size:body_end], metadata, lce)
+                if problem is not None:
+                    return Scan(pos, 0, f"invalid frame at byte {pos}: {problem}")
+                pos = body_end
+                continue
         rest = end - pos
         if rest <= FRAME_HEADER.size + COMMIT_BYTES_MAX:
-            return Scan(records, pos, rest, None)
-        return Scan(records, pos, 0, f"{bad} at byte {pos}, {rest} bytes before the end")
-    return Scan(records, pos, 0, None)
+            return Scan(pos, rest, None)
+        return Scan(pos, 0, f"{bad} at byte {pos}, {rest} bytes before the end")
+    return Scan(pos, 0, None)

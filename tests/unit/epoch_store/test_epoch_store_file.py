@@ -86,7 +86,7 @@ async def test_a_torn_tail_is_ignored_then_truncated(tmp_path: Path) -> None:
     assert await writer.set_last_clean_epoch(LOG, Epoch(2), Lsn(0)) == Status.OK
     assert writer.files.journal.torn_tails_count == 1
     await writer.close()
-    found = journal.scan(path.read_bytes()[journal.HEADER.size:])
+    found = journal.scan(path.read_bytes()[journal.HEADER.size:], {}, {})
     assert found.problem is None and found.torn_bytes == 0
 
 
@@ -110,6 +110,21 @@ async def test_corruption_answers_internal_and_is_not_overwritten(
         assert path.read_bytes() == bytes(data)
     finally:
         await other.close()
+
+
+async def test_an_invalid_record_fails_its_log_only(
+    store: FileEpochStore, tmp_path: Path
+) -> None:
+    await store.activate(LOG, writer=W, provision=SPEC)
+    raw = bytearray(journal.encode_record(
+        LastCleanEpoch(log_id=LOG, epoch=Epoch(1), tail_lsn=Lsn(0), version=1)))
+    raw[journal.RECORD_HEAD.size + 4:journal.RECORD_HEAD.size + 8] = bytes(4)  # epoch 0
+    with journal_path(tmp_path).open("ab") as f:
+        f.write(journal.encode_frame(bytes(raw)))
+    assert await store.get_last_clean_epoch(LOG) == (Status.INTERNAL, None)
+    assert await store.set_last_clean_epoch(LOG, Epoch(2), Lsn(0)) == Status.INTERNAL
+    assert (await store.activate(LogId(6), writer=W, provision=SPEC))[:2] == (Status.OK, 1)
+    assert await store.set_last_clean_epoch(LogId(6), Epoch(1), Lsn(0)) == Status.OK
 
 
 async def test_a_held_lock_times_out(store: FileEpochStore, tmp_path: Path) -> None:

@@ -50,13 +50,43 @@ def frames_of(batches: list[list[journal.Record]]) -> bytes:
                     for batch in batches)
 
 
+def scanned(data: bytes) -> tuple[journal.Scan, list[journal.Record]]:
+    """``scan`` of ``data`` and the values it stored (the last one per object), decoded."""
+    metadata: journal.Objects = {}
+    lce: journal.Objects = {}
+    found = journal.scan(data, metadata, lce)
+    interned = journal.Interned()
+    values: list[journal.Record] = []
+    for log_id, raw in metadata.items():
+        meta = journal.decode_metadata(raw, log_id, interned)
+        assert not isinstance(meta, str), meta
+        values.append(meta)
+    for log_id, raw in lce.items():
+        value = journal.decode_lce(raw, log_id)
+        assert not isinstance(value, str), value
+        values.append(value)
+    return found, values
+
+
+def last_values(batches: list[list[journal.Record]]) -> list[journal.Record]:
+    latest: dict[tuple[bool, int], journal.Record] = {}
+    for batch in batches:
+        for value in batch:
+            latest[(isinstance(value, LogMetadata), value.log_id)] = value
+    return sorted(latest.values(), key=_order)
+
+
+def _order(value: journal.Record) -> tuple[bool, int]:
+    return (not isinstance(value, LogMetadata), value.log_id)
+
+
 @given(st.lists(records, min_size=1, max_size=5))
 def test_frames_round_trip(batches: list[list[journal.Record]]) -> None:
     data = frames_of(batches)
-    found = journal.scan(data)
+    found, values = scanned(data)
     assert found.problem is None and found.torn_bytes == 0
     assert found.valid_bytes == len(data)
-    assert found.records == [r for batch in batches for r in batch]
+    assert sorted(values, key=_order) == last_values(batches)
 
 
 @settings(max_examples=20)
@@ -67,50 +97,69 @@ def test_a_cut_anywhere_in_the_last_frame_is_a_torn_tail(
     head = frames_of(batches[:-1])
     last = frames_of(batches[-1:])
     for cut in range(len(last)):
-        found = journal.scan(head + last[:cut])
+        found, values = scanned(head + last[:cut])
         assert found.problem is None
         assert found.valid_bytes == len(head)
         assert found.torn_bytes == cut
-        assert found.records == [r for batch in batches[:-1] for r in batch]
+        assert sorted(values, key=_order) == last_values(batches[:-1])
 
 
 def test_zeros_after_the_last_frame_are_a_torn_tail() -> None:
     value = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(2), tail_lsn=Lsn(0), version=1)
     good = journal.encode_frame(journal.encode_record(value))
-    found = journal.scan(good + bytes(4096))
-    assert (found.records, found.valid_bytes, found.torn_bytes, found.problem) == (
+    found, values = scanned(good + bytes(4096))
+    assert (values, found.valid_bytes, found.torn_bytes, found.problem) == (
         [value], len(good), 4096, None)
 
 
 def test_garbage_longer_than_a_commit_is_corruption() -> None:
     value = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(2), tail_lsn=Lsn(0), version=1)
     good = journal.encode_frame(journal.encode_record(value))
-    found = journal.scan(good + b"\xff" * (journal.COMMIT_BYTES_MAX + 64))
-    assert found.records == [value] and found.problem is not None
+    found, values = scanned(good + b"\xff" * (journal.COMMIT_BYTES_MAX + 64))
+    assert values == [value] and found.problem is not None
 
 
-def test_a_valid_frame_with_an_invalid_record_is_corruption() -> None:
-    bad = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(2), tail_lsn=Lsn(0), version=1)
-    payload = bytearray(journal.encode_record(bad))
-    payload[1 + 8 + 4:1 + 8 + 4 + 4] = (0).to_bytes(4, "little")  # epoch 0 is not storable
-    found = journal.scan(journal.encode_frame(bytes(payload)))
-    assert found.records == [] and found.problem is not None and found.torn_bytes == 0
+def test_a_valid_frame_that_does_not_split_into_records_is_corruption() -> None:
+    value = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(2), tail_lsn=Lsn(0), version=1)
+    payload = journal.encode_record(value) + b"\x03"  # a record head cut short
+    found, values = scanned(journal.encode_frame(payload))
+    assert values == [] and found.problem is not None and found.torn_bytes == 0
+
+
+def test_an_invalid_record_is_refused_when_decoded() -> None:
+    value = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(2), tail_lsn=Lsn(0), version=1)
+    raw = bytearray(journal.encode_record(value))
+    raw[journal.RECORD_HEAD.size + 4:journal.RECORD_HEAD.size + 8] = bytes(4)  # epoch 0
+    assert isinstance(journal.decode_lce(bytes(raw), LogId(1)), str)
+    assert isinstance(journal.decode_lce(journal.encode_record(value), LogId(2)), str)
 
 
 @given(st.binary(max_size=4096))
 def test_scan_never_raises_on_arbitrary_bytes(data: bytes) -> None:
-    found = journal.scan(data)
+    found = journal.scan(data, {}, {})
     assert 0 <= found.valid_bytes <= len(data)
     assert found.valid_bytes + found.torn_bytes <= len(data)
 
 
 @given(st.binary(min_size=1, max_size=2048))
-def test_decode_never_raises_on_a_payload_with_a_valid_crc(payload: bytes) -> None:
-    # A CRC-valid frame around hostile bytes reaches the record decoder.
+def test_hostile_records_in_a_frame_with_a_valid_crc_never_raise(payload: bytes) -> None:
+    # A CRC-valid frame around hostile bytes reaches the record splitter and the decoders.
     frame = journal.FRAME_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-    found = journal.scan(frame)
+    metadata: journal.Objects = {}
+    lce: journal.Objects = {}
+    found = journal.scan(frame, metadata, lce)
     assert found.problem is not None or found.valid_bytes == len(frame)
-    assert journal.decode_records(payload) is not None
+    interned = journal.Interned()
+    for log_id, raw in metadata.items():
+        journal.decode_metadata(raw, log_id, interned)
+    for log_id, raw in lce.items():
+        journal.decode_lce(raw, log_id)
+
+
+@given(st.binary(max_size=300), st.integers(1, LOG_ID_MAX))
+def test_decoders_never_raise(raw: bytes, log_id: int) -> None:
+    journal.decode_metadata(raw, LogId(log_id), journal.Interned())
+    journal.decode_lce(raw, LogId(log_id))
 
 
 @given(records, st.data())
@@ -121,8 +170,8 @@ def test_a_flipped_byte_never_yields_records_that_were_not_written(
     index = data.draw(st.integers(0, len(frame) - 1))
     flipped = bytearray(frame)
     flipped[index] ^= data.draw(st.integers(1, 255))
-    found = journal.scan(bytes(flipped))
-    assert found.records in ([], batch)
+    _, values = scanned(bytes(flipped))
+    assert sorted(values, key=_order) in ([], last_values([batch]))
 
 
 def test_header_is_checked() -> None:
