@@ -52,6 +52,8 @@ COMPACT_SUFFIX = ".compact"
 LEGACY_LOGS_DIR = "logs"
 _LEGACY_SEQUENCER, _LEGACY_LCE = "sequencer.json", "lce.json"
 RECORD_BYTES_ESTIMATE = 40
+READ_CHUNK_BYTES = 4 * journal.COMMIT_BYTES_MAX
+"""Largest read while catching up; more than one frame, so every chunk makes progress."""
 """Rough bytes of one record, to estimate the size of a compacted journal."""
 
 Write = tuple[journal.Record, int]
@@ -204,16 +206,22 @@ class Journal:
             return Status.INTERNAL
         if st.st_size < self._offset:
             return self._corrupt(f"shrank to {st.st_size} bytes below {self._offset} read")
-        if st.st_size > self._offset:
-            data = os.pread(self._fd, st.st_size - self._offset, self._offset)
-            found = journal.scan(data, tables.metadata, tables.lce)
+        self._torn_bytes = 0
+        while st.st_size > self._offset:
+            # In chunks, so that loading a large journal does not hold all of it at once.
+            remaining = st.st_size - self._offset
+            size = min(remaining, READ_CHUNK_BYTES)
+            found = journal.scan(os.pread(self._fd, size, self._offset),
+                                 tables.metadata, tables.lce)
             self._offset += found.valid_bytes
-            self._torn_bytes = found.torn_bytes
             if found.problem is not None:
                 self.tables = tables
                 return self._corrupt(found.problem)
-        else:
-            self._torn_bytes = 0
+            if size == remaining:
+                self._torn_bytes = found.torn_bytes
+                break
+            # Not at the end: a frame cut by the chunk's end is read again with the next one.
+            assert found.valid_bytes > 0, "a chunk holds at least one whole frame"
         self.tables = tables
         if exclusive and self._torn_bytes:
             logger.warning("epoch store journal %s: dropping a torn tail of %d bytes at %d "
