@@ -12,8 +12,9 @@ one catch-up serves every read waiting for it).
 All blocking I/O runs on this store's own worker thread, never on the event loop; one thread,
 because commits are serial anyway (they hold the exclusive lock).
 
-A corrupt journal (anything but a torn last commit) answers ``INTERNAL`` to every call and is
-never written over: an operator must repair or restore it.
+A journal whose frames are damaged (anything but a torn last commit) answers ``INTERNAL`` to
+every call and is never written over; a record that does not decode fails only its log's object
+(``INTERNAL`` to reads and writes of it). Either way an operator must repair or restore it.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ from epoch_store.backends.cas import CasEpochStore, CasRetry
 from epoch_store.backends.journal_file import Journal, Write
 from epoch_store.core import journal
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
+from shared.limits import NODESET_SIZE_MAX
 from shared.status import Status
 from shared.types import LogId
 
 logger = logging.getLogger(__name__)
 
 _R = TypeVar("_R")
-RECORD_BYTES_MAX = 2 + 8 + 4 + 4 + 1 + 1 + 127 * 64 + 64
-"""Upper bound of one encoded record (a full nodeset of the longest node ids)."""
+RECORD_BYTES_MAX = journal.RECORD_HEAD.size + 4 + 4 + 1 + 1 + NODESET_SIZE_MAX * 64 + 64
+"""Upper bound of one encoded record (a full nodeset of the longest node ids, and a writer)."""
 
 
 class FileObjects:
@@ -178,8 +180,8 @@ class FileObjects:
 
 def _record_bytes_bound(value: journal.Record) -> int:
     if type(value) is LogMetadata:
-        return 32 + sum(1 + len(n) for n in value.nodeset) + 64
-    return 32
+        return journal.RECORD_HEAD.size + 10 + sum(1 + len(n) for n in value.nodeset) + 64
+    return journal.RECORD_HEAD.size + 16
 
 
 def _resolve(future: asyncio.Future[Status], status: Status) -> None:

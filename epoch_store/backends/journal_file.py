@@ -91,6 +91,10 @@ def _bad_record(log_id: LogId, problem: str) -> tuple[Status, None]:
 
 
 class Journal:
+    """One process's handle on the journal of a store directory: the loaded state and the
+    blocking operations on it. Not thread safe: one worker thread calls it (readers on other
+    threads only look up ``tables``)."""
+
     def __init__(
         self,
         root_dir: str,
@@ -137,8 +141,9 @@ class Journal:
 
     def commit(self, writes: list[Write]) -> list[Status]:
         """Compare-and-swap every write, in order, and store the accepted ones with one write
-        and one fsync. Answers one status per write: ``OK``, ``AGAIN`` (version differs), or
-        for all of them ``TIMEDOUT``/``INTERNAL``/``NOSPC``. The writes' records must fit in
+        and one fsync. Answers one status per write: ``OK``, ``AGAIN`` (version differs),
+        ``INTERNAL`` (the stored record is corrupt: never written over), or for all of them
+        ``TIMEDOUT``/``INTERNAL``/``NOSPC``. The writes' records must fit in
         one frame (``journal.COMMIT_BYTES_MAX``; callers split larger batches)."""
         try:
             file_io.ensure_dir(self.root_dir)
