@@ -81,8 +81,11 @@ def _read_files(
     if root is None:
         raise ValueError(f"read_log_state needs a file:///dir or zk:// URL, got {url!r}")
     objects = FileObjects(root)
-    status, meta = objects.read_metadata_sync(log_id)
-    if status != Status.OK or meta is None:
-        return status, None, None
-    status, lce = objects.read_lce_sync(log_id)
-    return status, meta, lce
+    try:
+        status, meta = objects.read_metadata_sync(log_id)
+        if status != Status.OK or meta is None:
+            return status, None, None
+        status, lce = objects.read_lce_sync(log_id)
+        return status, meta, lce
+    finally:
+        objects.journal.close()
