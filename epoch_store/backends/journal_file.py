@@ -65,19 +65,20 @@ class Tables:
     """The current record of every object, replaced as a whole on reload so that a reader on
     another thread never sees a half-built state. Records are decoded when read."""
 
-    metadata: journal.Objects = field(default_factory=dict)
-    lce: journal.Objects = field(default_factory=dict)
+    objects: journal.Objects = field(default_factory=dict)
     interned: journal.Interned = field(default_factory=journal.Interned)
 
     def get_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
-        raw = self.metadata.get(log_id)
+        current = self.objects.get(log_id)
+        raw = None if current is None else journal.split_log(current)[0]
         if raw is None:
             return Status.OK, None
         value = journal.decode_metadata(raw, log_id, self.interned)
         return (Status.OK, value) if not isinstance(value, str) else _bad_record(log_id, value)
 
     def get_lce(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
-        raw = self.lce.get(log_id)
+        current = self.objects.get(log_id)
+        raw = None if current is None else journal.split_log(current)[1]
         if raw is None:
             return Status.OK, None
         value = journal.decode_lce(raw, log_id)
@@ -216,8 +217,7 @@ class Journal:
             # In chunks, so that loading a large journal does not hold all of it at once.
             remaining = st.st_size - self._offset
             size = min(remaining, READ_CHUNK_BYTES)
-            found = journal.scan(os.pread(self._fd, size, self._offset),
-                                 tables.metadata, tables.lce)
+            found = journal.scan(os.pread(self._fd, size, self._offset), tables.objects)
             self._offset += found.valid_bytes
             if found.problem is not None:
                 self.tables = tables
@@ -274,7 +274,7 @@ class Journal:
         tables = self.tables
         staged: dict[tuple[bool, LogId], journal.Record] = {}
         statuses: list[Status] = []
-        accepted: list[tuple[bool, LogId, bytes]] = []
+        accepted: list[tuple[LogId, bytes]] = []
         for value, expected_version in writes:
             is_meta = type(value) is LogMetadata
             key = (is_meta, value.log_id)
@@ -291,11 +291,11 @@ class Journal:
                 continue
             assert value.version == expected_version + 1, (value, expected_version)
             staged[key] = value
-            accepted.append((is_meta, value.log_id, journal.encode_record(value)))
+            accepted.append((value.log_id, journal.encode_record(value)))
             statuses.append(Status.OK)
         if not accepted:
             return statuses
-        frames = journal.encode_frames([raw for _, _, raw in accepted])
+        frames = journal.encode_frames([raw for _, raw in accepted])
         assert len(frames) == 1, "a commit's writes must fit in one frame"
         try:
             _write_all(self._fd, frames[0], self._offset)
@@ -308,20 +308,21 @@ class Journal:
                 os.fsync(self._fd)
             return [status if s == Status.OK else s for s in statuses]
         self._offset += len(frames[0])
-        for is_meta, log_id, raw in accepted:
-            (tables.metadata if is_meta else tables.lce)[log_id] = raw
+        objects = tables.objects
+        for log_id, raw in accepted:
+            objects[log_id] = journal.merged(objects.get(log_id), raw)
         self.commits_count += 1
         self._maybe_compact()
         return statuses
 
     def _maybe_compact(self) -> None:
-        objects = len(self.tables.metadata) + len(self.tables.lce)
+        objects = 2 * len(self.tables.objects)
         live_bytes = journal.HEADER.size + objects * RECORD_BYTES_ESTIMATE
         if self._offset < max(self._compact_bytes_min, self._compact_ratio * live_bytes):
             return
         # Records are kept encoded: compaction only copies them.
-        records = [*self.tables.metadata.values(), *self.tables.lce.values()]
-        data = journal.header() + b"".join(journal.encode_frames(records))
+        values = list(self.tables.objects.values())
+        data = journal.header() + b"".join(journal.encode_frames(values))
         try:
             self._replace_with(data)
         except OSError as exc:

@@ -86,7 +86,7 @@ async def test_a_torn_tail_is_ignored_then_truncated(tmp_path: Path) -> None:
     assert await writer.set_last_clean_epoch(LOG, Epoch(2), Lsn(0)) == Status.OK
     assert writer.files.journal.torn_tails_count == 1
     await writer.close()
-    found = journal.scan(path.read_bytes()[journal.HEADER.size:], {}, {})
+    found = journal.scan(path.read_bytes()[journal.HEADER.size:], {})
     assert found.problem is None and found.torn_bytes == 0
 
 

@@ -52,19 +52,20 @@ def frames_of(batches: list[list[journal.Record]]) -> bytes:
 
 def scanned(data: bytes) -> tuple[journal.Scan, list[journal.Record]]:
     """``scan`` of ``data`` and the values it stored (the last one per object), decoded."""
-    metadata: journal.Objects = {}
-    lce: journal.Objects = {}
-    found = journal.scan(data, metadata, lce)
+    objects: journal.Objects = {}
+    found = journal.scan(data, objects)
     interned = journal.Interned()
     values: list[journal.Record] = []
-    for log_id, raw in metadata.items():
-        meta = journal.decode_metadata(raw, log_id, interned)
-        assert not isinstance(meta, str), meta
-        values.append(meta)
-    for log_id, raw in lce.items():
-        value = journal.decode_lce(raw, log_id)
-        assert not isinstance(value, str), value
-        values.append(value)
+    for log_id, current in objects.items():
+        meta_raw, lce_raw = journal.split_log(current)
+        if meta_raw is not None:
+            meta = journal.decode_metadata(meta_raw, log_id, interned)
+            assert not isinstance(meta, str), meta
+            values.append(meta)
+        if lce_raw is not None:
+            value = journal.decode_lce(lce_raw, log_id)
+            assert not isinstance(value, str), value
+            values.append(value)
     return found, values
 
 
@@ -136,7 +137,7 @@ def test_an_invalid_record_is_refused_when_decoded() -> None:
 
 @given(st.binary(max_size=4096))
 def test_scan_never_raises_on_arbitrary_bytes(data: bytes) -> None:
-    found = journal.scan(data, {}, {})
+    found = journal.scan(data, {})
     assert 0 <= found.valid_bytes <= len(data)
     assert found.valid_bytes + found.torn_bytes <= len(data)
 
@@ -145,15 +146,16 @@ def test_scan_never_raises_on_arbitrary_bytes(data: bytes) -> None:
 def test_hostile_records_in_a_frame_with_a_valid_crc_never_raise(payload: bytes) -> None:
     # A CRC-valid frame around hostile bytes reaches the record splitter and the decoders.
     frame = journal.FRAME_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
-    metadata: journal.Objects = {}
-    lce: journal.Objects = {}
-    found = journal.scan(frame, metadata, lce)
+    objects: journal.Objects = {}
+    found = journal.scan(frame, objects)
     assert found.problem is not None or found.valid_bytes == len(frame)
     interned = journal.Interned()
-    for log_id, raw in metadata.items():
-        journal.decode_metadata(raw, log_id, interned)
-    for log_id, raw in lce.items():
-        journal.decode_lce(raw, log_id)
+    for log_id, current in objects.items():
+        meta_raw, lce_raw = journal.split_log(current)
+        if meta_raw is not None:
+            journal.decode_metadata(meta_raw, log_id, interned)
+        if lce_raw is not None:
+            journal.decode_lce(lce_raw, log_id)
 
 
 @given(st.binary(max_size=300), st.integers(1, LOG_ID_MAX))
