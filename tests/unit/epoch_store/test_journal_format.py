@@ -4,6 +4,7 @@ tails at every byte, and fuzzing of the parser with hostile bytes."""
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -87,6 +88,18 @@ def test_frames_round_trip(batches: list[list[journal.Record]]) -> None:
     found, values = scanned(data)
     assert found.problem is None and found.torn_bytes == 0
     assert found.valid_bytes == len(data)
+    assert sorted(values, key=_order) == last_values(batches)
+
+
+@given(st.lists(st.lists((metadata() | lce()).flatmap(
+    lambda v: st.integers(1, 3).map(lambda log: replace(v, log_id=LogId(log)))),
+    min_size=1, max_size=6), min_size=1, max_size=4))
+def test_the_last_value_of_each_object_wins_when_logs_repeat(
+    batches: list[list[journal.Record]],
+) -> None:
+    # Three logs only: metadata and last clean epoch records of one log interleave.
+    found, values = scanned(frames_of(batches))
+    assert found.problem is None
     assert sorted(values, key=_order) == last_values(batches)
 
 
