@@ -204,6 +204,21 @@ class SegmentWriter:
     def segment_id(self) -> int:
         return self._segment_id
 
+    @property
+    def zeroed_ahead_bytes(self) -> int:
+        """Zero-filled, synced bytes ahead of the write position in the current segment."""
+        return self._zeroed_end - self._segment_bytes
+
+    @property
+    def preparing(self) -> bool:
+        """The preparer is zero-filling (the current segment or the spare)."""
+        return self._preparing
+
+    @property
+    def spare_bytes(self) -> int:
+        """Zeroed bytes of the spare waiting to become the next segment (0: none yet)."""
+        return self._spare_bytes
+
     def append(self, chunks: list[bytes], *, fsync: bool) -> AppendResult:
         """Write ``chunks`` contiguously with one write call (rolling first if they do not fit
         the current segment), then fsync once if asked. On failure nothing of the batch stays
