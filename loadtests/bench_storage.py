@@ -41,6 +41,7 @@ from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.codec import Message, decode, encode
 from shared.wire.read import Read, ReadReply
 from shared.wire.store import Store, Stored, payloads_checksum
+from storage_node import segment_files
 from storage_node.runtime import StorageNode
 
 NODE = NodeId("bench-storage")
@@ -61,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     p.add_argument("--tail", action="store_true",
                    help="STOREs carry the release pointer; measure delivery to a tailing reader")
+    p.add_argument("--preallocate-bytes", type=int, default=None,
+                   help="zero-filled space kept ahead of the writes (segment_files; 0: off)")
     p.add_argument("--no-codec", dest="codec", action="store_false",
                    help="hand Store objects to the node instead of decoding frames")
     return p
@@ -205,7 +208,22 @@ class Tailer:
             self._issue()
 
 
+def io_write_bytes() -> int:
+    """Bytes this process dirtied for the disk (``/proc/self/io`` write_bytes: the data and
+    the zero-filled space ahead of it; 0 where there is no such file)."""
+    try:
+        with open("/proc/self/io") as file:
+            for line in file:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
+    if args.preallocate_bytes is not None:
+        segment_files.PREALLOCATE_BYTES = args.preallocate_bytes
     config = StorageConfig(fsync=args.fsync, disk_free_bytes_min=0)
     node = StorageNode(node_id=NODE, data_dir=data_dir, config=config)
     await node.start()
@@ -219,10 +237,12 @@ async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
         await driver.run(args.warmup, measure=False)
         driver.prepare(args.records)
         before = node.stats()
+        io_start = io_write_bytes()
         cpu_start, wall_start = cpu_s(), time.perf_counter()
         await driver.run(args.records, measure=True)
         wall_s = time.perf_counter() - wall_start
         cpu_used_s = cpu_s() - cpu_start
+        io_bytes = io_write_bytes() - io_start
         after = node.stats()
         tailer.stop()
     finally:
@@ -248,6 +268,12 @@ async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
         "cpu_util": round(cpu_used_s / wall_s, 2),
         "cpu_us_per_record": round(cpu_used_s / (args.records * args.batch) * 1e6, 2),
         "inline_commits": after.get("inline_commits", 0) - before.get("inline_commits", 0),
+        "fdatasyncs": after.get("fdatasyncs", 0) - before.get("fdatasyncs", 0),
+        "zero_fill_bytes": after.get("zero_fill_bytes", 0) - before.get("zero_fill_bytes", 0),
+        "bytes_written": after["bytes_written"] - before["bytes_written"],
+        "io_write_bytes_per_byte_written": (
+            round(io_bytes / (after["bytes_written"] - before["bytes_written"]), 2)
+            if after["bytes_written"] > before["bytes_written"] else None),
         "codec": args.codec,
         **({"tail_delivered": len(tail), "tail_p50_ms": round(percentile(tail, 50), 3),
             "tail_p99_ms": round(percentile(tail, 99), 3),

@@ -95,7 +95,7 @@ class SegmentWriter:
 
     def __init__(self, segments_dir: str, *, segment_bytes_max: int, fsync: FsyncMode,
                  disk_free_bytes_min: int,
-                 preallocate_bytes: int = PREALLOCATE_BYTES) -> None:
+                 preallocate_bytes: int | None = None) -> None:
         self._dir = segments_dir
         self._segment_bytes_max = segment_bytes_max
         self._fsync = fsync
@@ -115,6 +115,8 @@ class SegmentWriter:
         self.fdatasyncs_count = 0
         self.zero_fill_bytes = 0
         """Zero bytes the preparer wrote (the extra disk traffic of preallocation)."""
+        if preallocate_bytes is None:
+            preallocate_bytes = PREALLOCATE_BYTES  # looked up now: benchmarks set it to 0
         self._preallocate_bytes = preallocate_bytes if fsync != "never" else 0
         self._lock = threading.Lock()
         """Held by the preparer while it writes past ``_zeroed_end``, and by the writer when it
