@@ -315,25 +315,23 @@ class SegmentWriter:
         return self._segment_id, fsyncs
 
     def _roll(self) -> int:
-        """Switch to a fresh segment. The new file is opened first so that a failure leaves
-        the current segment in place and nothing changed."""
+        """Switch to a fresh segment. The current one is synced first, so that a next
+        segment on disk means this one is durable (unless ``fsync`` is ``never``): a torn tail
+        can only be in the newest segment. A failure leaves the current segment in place."""
         next_id = self._segment_id + 1
+        fsyncs = 0
         with self._lock:
+            if self._zeroed_end > self._segment_bytes:
+                # What is left of the zeroed space: a closed segment holds data only. Not
+                # synced for itself: a zero tail is a clean end for the scan as well.
+                os.ftruncate(self._fd, self._segment_bytes)
+                self._zeroed_end = self._segment_bytes
+            if self._fsync != "never" and self.dirty_since_ms is not None:
+                self._sync_now()
+                fsyncs += 1
             spare_bytes, self._spare_bytes = self._spare_bytes, 0
             new_fd = (self._open_spare(next_id) if spare_bytes
                       else self._open_segment(next_id))
-            fsyncs = 0
-            try:
-                if self._zeroed_end > self._segment_bytes:
-                    # What is left of the zeroed space: a closed segment holds data only. Not
-                    # synced: a zero tail is a clean end for the scan as well.
-                    os.ftruncate(self._fd, self._segment_bytes)
-                if self._fsync != "never" and self.dirty_since_ms is not None:
-                    self._sync_now()
-                    fsyncs += 1
-            except OSError:
-                os.close(new_fd)
-                raise
             os.close(self._fd)
             self._fd, self._segment_id, self._segment_bytes = new_fd, next_id, 0
             self._zeroed_end = spare_bytes
