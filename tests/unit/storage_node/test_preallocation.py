@@ -312,3 +312,32 @@ async def test_a_zero_tail_is_not_reported_as_torn_and_sizes_are_data_lengths(
         reply = await read(node, make_read(1, release_lsn=lsn(1, 9)))
         assert [r[0] for r in reply.records] == [lsn(1, i) for i in range(1, 7)]
     assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+
+
+def test_the_writer_and_the_preparer_race_without_losing_a_byte(tmp_path: Path) -> None:
+    # Small zeroed space and segments, commits as fast as they come: the writer keeps
+    # running past the zeroed space (and into the preparer's zero-filling) and rolls often.
+    directory = str(tmp_path / "live")
+    writer = SegmentWriter(directory, segment_bytes_max=SEGMENT_MAX, fsync="always",
+                           disk_free_bytes_min=0, preallocate_bytes=16 * 1024)
+    writer.recover(lambda segment_id, scanned: None)
+    written: dict[int, list[int]] = {}
+    try:
+        for i in range(1, 1500):
+            chunk = entry(i, 50 + (i * 7919) % 3000)
+            result = writer.append([chunk], fsync=True)
+            assert result.status is Status.OK
+            written.setdefault(result.segment_id, []).append(result.offset)
+        assert writer.segment_id >= 3
+        assert 0 < writer.fdatasyncs_count < 1499  # both paths taken
+        crashed = str(tmp_path / "crashed")
+        shutil.copytree(directory, crashed)
+    finally:
+        writer.close()
+    for copy in (crashed, directory):  # as a crash left it, and after a clean close
+        again, found = new_writer(copy)
+        again.close()
+        offsets: dict[int, list[int]] = {}
+        for segment_id, scanned in found:
+            offsets.setdefault(segment_id, []).append(scanned.offset)
+        assert offsets == written
