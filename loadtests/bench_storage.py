@@ -20,6 +20,15 @@ from just before ``on_message`` to the STORED(OK) reply, i.e. queueing + group c
 (per ``--fsync``). ``--warmup`` records go first, unmeasured. Prints one JSON line with the
 commit statistics (records per fsync shows the group commit at work).
 
+Preallocation (``storage_node/segment_files.py``): ``fdatasyncs`` counts the commits made
+inside zero-filled space, ``zero_fill_bytes`` the zeros written meanwhile, and
+``file_bytes_per_byte_written`` is (entry bytes + zeros) / entry bytes (2.0 in the long run:
+every segment byte is written as a zero first). ``--preallocate-bytes 0`` turns it off for an
+A/B in the same code. What reaches the disk is best counted at the block device (writes in
+``/sys/block/DEV/stat``, on a file system no one else uses):
+``proc_io_write_bytes_per_byte_written`` (``/proc/self/io``) counts page-cache dirtying, not
+disk writes.
+
 Run from the repo root: ``.venv/bin/python -m loadtests.bench_storage [--records N] ...``.
 """
 
