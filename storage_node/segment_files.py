@@ -198,6 +198,14 @@ class SegmentWriter:
             self._segment_bytes = self._zeroed_end = 0
         sizes[self._segment_id] = self._segment_bytes
         self.check_disk(force=True)
+        if (self._preallocate_bytes and not self.disk_low
+                and self.zeroed_ahead_bytes < self._preallocate_bytes // 2):
+            # Before serving, not behind the first commits (an inline one would wait on the
+            # event loop for the preparer's lock).
+            try:
+                self._extend(self._segment_id)
+            except OSError as error:
+                log.warning("segment %d: zero-filling ahead failed: %s", self._segment_id, error)
         self._maybe_prepare()
         return RecoveryReport(len(ids) + (1 if roll or not ids else 0), torn_bytes,
                               len(corrupt_ids), sizes, frozenset(corrupt_ids))
