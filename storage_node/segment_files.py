@@ -205,6 +205,7 @@ class SegmentWriter:
             try:
                 self._extend(self._segment_id)
             except OSError as error:
+                self._prepare_failed_segment = self._segment_id
                 log.warning("segment %d: zero-filling ahead failed: %s", self._segment_id, error)
         self._maybe_prepare()
         return RecoveryReport(len(ids) + (1 if roll or not ids else 0), torn_bytes,
