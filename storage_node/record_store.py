@@ -361,6 +361,8 @@ class RecordStore:
                       live_bytes=sum(self._index.refs.live_bytes.values()),
                       segment_id=self._writer.segment_id,
                       write_calls=self._writer.write_calls_count,
+                      fdatasyncs=self._writer.fdatasyncs_count,
+                      zero_fill_bytes=self._writer.zero_fill_bytes,
                       disk_low=int(self._writer.disk_low), broken=int(self._broken),
                       producers=self._durable.producers.producers_count,
                       producers_forgotten=self._durable.producers.forgotten_count,
