@@ -10,7 +10,9 @@ Measured so that neither the generator nor the readers hide or add delay:
   samples. ``generator_late`` reports how late appends actually left (the generator's own
   health: if its p99 is large, the generator is the bottleneck, not the cluster).
 - The generator sends with ``Client.append_future`` (no Task per append) and never waits for
-  answers before sending; every append due by now leaves in the same loop iteration.
+  answers before sending; every append due by now leaves in the same loop iteration, and it
+  sleeps at least 1 ms between sends (no busy polling: it shares the cores with the cluster).
+  Its CPU per record is reported (``generator_cpu_us_per_record``).
 - Each reader runs in its own process (uvloop): decoding 1 KiB records for one reader must not
   delay the other's clock or the generator's sends. The due time travels in the payload
   (``#`` + 10-digit sequence + 20-digit ``CLOCK_MONOTONIC`` ns), and CLOCK_MONOTONIC is one
@@ -41,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from loadtests.bench_append import loadavg, percentile, process_cpu_s, run_on_loop
+from loadtests.bench_append import cpu_s, loadavg, percentile, process_cpu_s, run_on_loop
 from seqlog import Client, Gap, Record
 from services import local_cluster as lc
 
@@ -50,6 +52,7 @@ MARK = b"#"
 SEQ_DIGITS = 10
 DUE_DIGITS = 20
 HEADER_BYTES = 1 + SEQ_DIGITS + DUE_DIGITS
+SLEEP_NS_MIN = 1_000_000
 DRAIN_TIMEOUT_S = 60.0
 """How long readers may take after the last append to deliver everything."""
 
@@ -181,6 +184,7 @@ async def generate(client: Client, log_id: int, rate: float, seconds: float,
             finished.set_result(None)
 
     started_ns = now_ns()
+    cpu_started_s = cpu_s()
     seq = 0
     while seq < total:
         t = now_ns()
@@ -196,14 +200,19 @@ async def generate(client: Client, log_id: int, rate: float, seconds: float,
             seq += 1
         inflight_max = max(inflight_max, inflight)
         if seq < total:
-            await asyncio.sleep(max(started_ns + int(seq * interval_ns) - now_ns(), 0) / 1e9)
+            # At least 1 ms: uvloop's timers have millisecond resolution, and a shorter sleep
+            # becomes a busy poll that would take a core from the cluster it measures.
+            await asyncio.sleep(max(started_ns + int(seq * interval_ns) - now_ns(),
+                                    SLEEP_NS_MIN) / 1e9)
     await asyncio.wait_for(finished, DRAIN_TIMEOUT_S)
     elapsed_s = (now_ns() - started_ns) / 1e9
+    cpu_used_s = cpu_s() - cpu_started_s
     return {"offered_per_s": round(rate), "records": total, "seconds": round(elapsed_s, 2),
             "errors": len(errors), "error_examples": errors[:3],
             "inflight_max": inflight_max,
             "append_ack": stats_ms(acked), "append_service": stats_ms(service),
-            "generator_late": stats_ms(late)}
+            "generator_late": stats_ms(late),
+            "generator_cpu_us_per_record": round(cpu_used_s * 1e6 / total, 1)}
 
 
 def _cpu(pids: dict[str, int]) -> dict[str, float | None]:
