@@ -17,6 +17,9 @@ Measured so that neither the generator nor the readers hide or add delay:
   delay the other's clock or the generator's sends. The due time travels in the payload
   (``#`` + 10-digit sequence + 20-digit ``CLOCK_MONOTONIC`` ns), and CLOCK_MONOTONIC is one
   clock for every process on the machine.
+- ``direct_after_ack`` / ``http_after_ack``: record by record, acknowledged -> delivered
+  (negative when a reader got it before the generator processed the answer): the read
+  side's own share, which the append's latency does not blur.
 - CPU per record: user+system CPU of every node process over the measured phase (from
   /proc/PID/stat), divided by the records appended, split into sequencer and storage nodes.
 
@@ -99,7 +102,7 @@ def parse_payload(data: bytes) -> tuple[int, int] | None:
 async def _read(kind: str, urls: list[str], log_id: int, start_lsn: int, total: int,
                 ready: multiprocessing.queues.Queue[Any]) -> dict[str, Any]:
     latencies: list[int] = []
-    seen: set[int] = set()
+    delivered: dict[int, int] = {}
     now_ns = time.monotonic_ns
     async with Client(urls, timeout_ms=60_000) as client:
 
@@ -107,10 +110,10 @@ async def _read(kind: str, urls: list[str], log_id: int, start_lsn: int, total: 
             if isinstance(entry, Gap):
                 return False
             parsed = parse_payload(entry.payload)
-            if parsed is not None and parsed[0] not in seen:
-                seen.add(parsed[0])
-                latencies.append(now_ns() - parsed[1])
-            return len(seen) >= total
+            if parsed is not None and parsed[0] not in delivered:
+                t = delivered[parsed[0]] = now_ns()
+                latencies.append(t - parsed[1])
+            return len(delivered) >= total
 
         if kind == "direct":
             async with await client.reader(log_id, start_lsn, follow=True) as reader:
@@ -123,7 +126,7 @@ async def _read(kind: str, urls: list[str], log_id: int, start_lsn: int, total: 
             async for entry in client.follow(log_id, start_lsn):
                 if take(entry):
                     break
-    return {"latency": latencies}
+    return {"latency": latencies, "delivered": delivered}
 
 
 def _reader_main(kind: str, urls: list[str], log_id: int, start_lsn: int, total: int,
@@ -163,6 +166,7 @@ async def generate(client: Client, log_id: int, rate: float, seconds: float,
     total = int(rate * seconds)
     interval_ns = 1e9 / rate
     acked: list[int] = []
+    acked_at: dict[int, int] = {}
     service: list[int] = []
     late: list[int] = []
     errors: list[str] = []
@@ -171,7 +175,7 @@ async def generate(client: Client, log_id: int, rate: float, seconds: float,
     finished = asyncio.get_running_loop().create_future()
     now_ns = time.monotonic_ns
 
-    def on_done(due_ns: int, sent_ns: int, future: asyncio.Future[Any]) -> None:
+    def on_done(seq: int, due_ns: int, sent_ns: int, future: asyncio.Future[Any]) -> None:
         nonlocal inflight
         inflight -= 1
         t = now_ns()
@@ -179,6 +183,7 @@ async def generate(client: Client, log_id: int, rate: float, seconds: float,
             errors.append(repr(future.exception()) if not future.cancelled() else "cancelled")
         else:
             acked.append(t - due_ns)
+            acked_at[seq] = t
             service.append(t - sent_ns)
         if len(acked) + len(errors) == total and not finished.done():
             finished.set_result(None)
@@ -196,7 +201,7 @@ async def generate(client: Client, log_id: int, rate: float, seconds: float,
             sent_ns = now_ns()
             late.append(sent_ns - due_ns)
             inflight += 1
-            future.add_done_callback(functools.partial(on_done, due_ns, sent_ns))
+            future.add_done_callback(functools.partial(on_done, seq, due_ns, sent_ns))
             seq += 1
         inflight_max = max(inflight_max, inflight)
         if seq < total:
@@ -212,7 +217,8 @@ async def generate(client: Client, log_id: int, rate: float, seconds: float,
             "inflight_max": inflight_max,
             "append_ack": stats_ms(acked), "append_service": stats_ms(service),
             "generator_late": stats_ms(late),
-            "generator_cpu_us_per_record": round(cpu_used_s * 1e6 / total, 1)}
+            "generator_cpu_us_per_record": round(cpu_used_s * 1e6 / total, 1),
+            "acked_at": acked_at}
 
 
 def _cpu(pids: dict[str, int]) -> dict[str, float | None]:
@@ -246,8 +252,15 @@ async def run_tail(urls: list[str], log_id: int, rate: float, seconds: float, si
         cpu_after = _cpu(pids)
     for _ in procs:
         kind, result = await asyncio.to_thread(results.get, True, DRAIN_TIMEOUT_S + 60)
-        out[f"{kind}_reader"] = (stats_ms(result["latency"]) if "latency" in result
-                                 else result)
+        if "latency" not in result:
+            out[f"{kind}_reader"] = result
+            continue
+        out[f"{kind}_reader"] = stats_ms(result["latency"])
+        # The read side's own share, record by record: acknowledged -> delivered.
+        out[f"{kind}_after_ack"] = stats_ms([
+            t - out["acked_at"][seq] for seq, t in result["delivered"].items()
+            if seq in out["acked_at"]])
+    out.pop("acked_at", None)
     for proc in procs:
         proc.join(10)
     if pids:
