@@ -344,13 +344,7 @@ class Client:
     async def follow(
         self, log_id: int, from_lsn: int = LSN_OLDEST, *, limit: int = 1000
     ) -> AsyncIterator[Record | Gap]:
-        """Every record and gap from ``from_lsn`` on, in LSN order, forever (long polls).
-
-        The polls go to the log's sequencer node, which knows the release pointer itself
-        (any other node asks it, one hop more per poll), so a client that has not learnt
-        the log's owner yet reads the cluster view first."""
-        if self._router.owner_url(_check_log(log_id)) is None:
-            await self._refresh_cluster()
+        """Every record and gap from ``from_lsn`` on, in LSN order, forever (long polls)."""
         next_lsn = from_lsn
         while True:
             result = await self.read(log_id, next_lsn, limit=limit, wait_ms=self._follow_wait_ms)

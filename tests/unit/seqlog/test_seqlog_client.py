@@ -15,8 +15,7 @@ from fake_seqlog_node import Canned, FakeCluster, FakeNode, error
 from seqlog import Client, Gap, LogError, Record, Status
 from seqlog.demo import coverage_problems
 from seqlog.results import ReadResult
-from shared.routing import sequencer_for
-from shared.types import LogId, Lsn, NodeId
+from shared.types import Lsn
 
 E1 = 1 << 32
 _protocol = ["binary"]
@@ -205,24 +204,6 @@ async def test_follow_yields_everything_in_order(nodes: tuple[FakeNode, FakeNode
                 break
     assert isinstance(seen[0], Gap)
     assert [e.payload for e in seen[1:] if isinstance(e, Record)] == [b"%d" % i for i in range(5)]
-
-
-async def test_follow_polls_the_logs_sequencer_node(nodes: tuple[FakeNode, FakeNode]) -> None:
-    # A client that only reads learns where the log lives before its first poll: only the
-    # log's sequencer node knows the release pointer without asking another node.
-    n1, n2 = nodes
-    log_id = next(log for log in range(1, 1000) if sequencer_for(
-        LogId(log), [(NodeId("n1"), 1.0), (NodeId("n2"), 1.0)]) == "n2")
-    async with fast_client(n2.url) as writer:
-        await writer.append_batch(log_id, [b"a", b"b"])
-    async with fast_client(n1.url) as client:
-        seen = []
-        async for entry in client.follow(log_id):
-            seen.append(entry)
-            if len(seen) == 3:
-                break
-    assert [e.payload for e in seen if isinstance(e, Record)] == [b"a", b"b"]
-    assert n1.hits["records"] == 0 and n2.hits["records"] >= 1
 
 
 @pytest.mark.parametrize("log_id", [0, -1, 2**62, True])
