@@ -21,8 +21,9 @@ Measured so that neither the generator nor the readers hide or add delay:
   (negative when a reader got it before the generator processed the answer): the read
   side's own share, which the append's latency does not blur.
 - Every benchmark process uses the nodes' garbage-collector settings (``quiet_gc``).
-- CPU per record: user+system CPU of every node process over the measured phase (from
-  /proc/PID/stat), divided by the records appended, split into sequencer and storage nodes.
+- CPU per record: each reader's own (``*_reader.cpu_us_per_record``), and the user+system
+  CPU of every node process over the measured phase (from /proc/PID/stat), divided by the
+  records appended, split into sequencer and storage nodes.
 
 ``--rate`` fixes the offered rate; otherwise ``--probe-s`` seconds of closed-loop appends with
 ``--probe-inflight`` in flight find the maximum and ``--fraction`` of it is offered (what
@@ -106,6 +107,7 @@ async def _read(kind: str, urls: list[str], log_id: int, start_lsn: int, total: 
                 ready: multiprocessing.queues.Queue[Any]) -> dict[str, Any]:
     latencies: list[int] = []
     delivered: dict[int, int] = {}
+    cpu_started_s = cpu_s()
     now_ns = time.monotonic_ns
     async with Client(urls, timeout_ms=60_000) as client:
 
@@ -129,7 +131,8 @@ async def _read(kind: str, urls: list[str], log_id: int, start_lsn: int, total: 
             async for entry in client.follow(log_id, start_lsn):
                 if take(entry):
                     break
-    return {"latency": latencies, "delivered": delivered}
+    return {"latency": latencies, "delivered": delivered,
+            "cpu_us_per_record": round((cpu_s() - cpu_started_s) * 1e6 / max(total, 1), 1)}
 
 
 def quiet_gc() -> None:
@@ -268,7 +271,8 @@ async def run_tail(urls: list[str], log_id: int, rate: float, seconds: float, si
         if "latency" not in result:
             out[f"{kind}_reader"] = result
             continue
-        out[f"{kind}_reader"] = stats_ms(result["latency"])
+        out[f"{kind}_reader"] = {**stats_ms(result["latency"]),
+                                 "cpu_us_per_record": result["cpu_us_per_record"]}
         # The read side's own share, record by record: acknowledged -> delivered.
         out[f"{kind}_after_ack"] = stats_ms([
             t - out["acked_at"][seq] for seq, t in result["delivered"].items()
