@@ -95,9 +95,9 @@ class RoundResult:
 
 
 class ReadRound:
-    __slots__ = ("_answers", "_asked", "_blocks", "_bytes_max", "_failed", "_full",
-                 "_moved_ms", "_notice", "_order", "_quorum_ms", "_records_max",
-                 "_speculative_delay_ms", "_started_ms", "request", "span")
+    __slots__ = ("_answers", "_asked", "_blocks", "_bytes_max", "_failed", "_order",
+                 "_quorum_ms",
+                 "_records_max", "_speculative_delay_ms", "_started_ms", "request", "span")
 
     def __init__(self, *, log_id: LogId, span: NodesetSpan, from_lsn: Lsn, release_lsn: Lsn,
                  records_max: int, bytes_max: int, wait_ms: int, speculative_delay_ms: int,
@@ -119,20 +119,6 @@ class ReadRound:
         self._failed: dict[NodeId, Status] = {}
         self._quorum_ms: int | None = None
         self._blocks: BlockCache = {}
-        self._notice: Read | None = None
-        """A long poll where every node holds every record (R = nodeset size): the nodes
-        after the first f-majority get this READ, which answers with one record at most. Every
-        release reaches every node at about the same time, so the full READs answer as early,
-        and the others' copies would only be read, sent and decoded to be thrown away."""
-        self._full: frozenset[NodeId] = frozenset(self._order)
-        self._moved_ms: int | None = None
-        """When an answer first carried a release above the round's."""
-        if (wait_ms > 0 and span.replication_factor == len(span.nodeset)
-                and len(self._order) > self.needed):
-            self._full = frozenset(self._order[:self.needed])
-            self._notice = Read(log_id=log_id, from_lsn=from_lsn,
-                                until_lsn=self.request.until_lsn, release_lsn=release_lsn,
-                                records_max=1, bytes_max=1, wait_ms=wait_ms)
 
     @property
     def needed(self) -> int:
@@ -140,25 +126,6 @@ class ReadRound:
 
     def _inflight(self) -> int:
         return len(self._asked) - len(self._answers) - len(self._failed)
-
-    def request_for(self, node: NodeId) -> Read:
-        """The READ to send ``node``: ``request``, or a one-record notice (see ``_notice``)."""
-        notice = self._notice
-        return self.request if notice is None or node in self._full else notice
-
-    def _full_pending(self) -> bool:
-        """A node asked for the full READ has neither answered nor failed yet."""
-        return any(n in self._asked and n not in self._answers and n not in self._failed
-                   for n in self._full)
-
-    def _merge_answers(self) -> list[NodeAnswer]:
-        """The answers to merge: the full ones when they are an f-majority (a notice's one
-        record would cut the merge short), else all."""
-        if self._notice is not None:
-            full = [a for n, a in self._answers.items() if n in self._full]
-            if len(full) >= self.needed:
-                return full
-        return list(self._answers.values())
 
     def to_ask(self, now_ms: int) -> list[NodeId]:
         """Nodes to send the READ to now (each once). A catch-up round asks an f-majority
@@ -192,8 +159,6 @@ class ReadRound:
             self._answers[node] = NodeAnswer(
                 records=records, next_lsn=reply.next_lsn, release_lsn=reply.release_lsn,
                 markers=reply.markers, trim_lsn=reply.trim_lsn)
-            if self._moved_ms is None and reply.release_lsn > self.request.release_lsn:
-                self._moved_ms = now_ms
             if self._quorum_ms is None and len(self._answers) >= self.needed:
                 self._quorum_ms = now_ms
         else:
@@ -203,15 +168,11 @@ class ReadRound:
     def wake_ms(self) -> int | None:
         """When ``to_ask`` or ``result`` may change without another reply: the end of the
         speculative delay (since the start, or since the f-majority answered)."""
-        wakes: list[int] = []
-        if self._moved_ms is not None and self._notice is not None and self._full_pending():
-            wakes.append(self._moved_ms + self._speculative_delay_ms)
         if self._quorum_ms is not None:
-            if self._inflight():
-                wakes.append(self._quorum_ms + self._speculative_delay_ms)
-        elif len(self._asked) < len(self._order):
-            wakes.append(self._started_ms + self._speculative_delay_ms)
-        return min(wakes) if wakes else None
+            return self._quorum_ms + self._speculative_delay_ms if self._inflight() else None
+        if len(self._asked) < len(self._order):
+            return self._started_ms + self._speculative_delay_ms
+        return None
 
     def result(self, now_ms: int) -> RoundResult | None:
         """How the round ends now, or None to wait for more replies (or ``wake_ms``)."""
@@ -224,29 +185,23 @@ class ReadRound:
             return RoundResult(end="SHORT", release_lsn=release, answered=answered,
                                needed=self.needed, failures=tuple(self._failed.items()))
         if inflight and self.request.wait_ms > 0:
-            answers = self._merge_answers()
-            if len(answers) >= self.needed:
+            if answered >= self.needed:
                 # The nodes still holding the READ are not slow, they wait for a release
                 # that has reached others: an f-majority that brought records past the
                 # cursor is merged now, not after them nor after another round trip.
-                merged = merge(answers, self.request.from_lsn, release, self._records_max,
-                               self._bytes_max)
-                if merged.next_lsn > self.request.from_lsn and (
-                        self._notice is None or not self._full_pending()):
+                merged = merge(list(self._answers.values()), self.request.from_lsn, release,
+                               self._records_max, self._bytes_max)
+                if merged.next_lsn > self.request.from_lsn:
                     return RoundResult(end="MERGED", release_lsn=release, merged=merged,
                                        answered=answered, needed=self.needed)
             if release > self.request.release_lsn:
-                if (self._notice is not None and self._full_pending()
-                        and self._moved_ms is not None
-                        and now_ms < self._moved_ms + self._speculative_delay_ms):
-                    return None  # the full READs have the same release coming: wait for them
                 return RoundResult(end="RELEASE_MOVED", release_lsn=release,
                                    answered=answered, needed=self.needed)
         if answered < self.needed or (
                 inflight and self._quorum_ms is not None
                 and now_ms < self._quorum_ms + self._speculative_delay_ms):
             return None
-        merged = merge(self._merge_answers(), self.request.from_lsn, release,
+        merged = merge(list(self._answers.values()), self.request.from_lsn, release,
                        self._records_max, self._bytes_max)
         return RoundResult(end="MERGED", release_lsn=release, merged=merged, answered=answered,
                            needed=self.needed)

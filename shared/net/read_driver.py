@@ -41,7 +41,7 @@ async def run_round(pool: RoundTransport, read_round: ReadRound,
 
     while True:
         for node in read_round.to_ask(now_ms()):
-            pool.request(node, read_round.request_for(node), answer(node),
+            pool.request(node, read_round.request, answer(node),
                          timeout_ms=timeout_ms + read_round.request.wait_ms)
         result = read_round.result(now_ms())
         if result is not None:

@@ -147,7 +147,7 @@ def test_long_poll_merges_an_f_majority_with_records_without_waiting_for_held_re
                        replication_factor=3)
     r = new_round(release=lsn(1, 0), wait_ms=5_000, span=span)
     assert r.to_ask(0) == []  # a long poll asked every node at once
-    r.on_reply(NodeId("n1"), reply(1, 2, release=lsn(1, 2)), 1)
+    r.on_reply(NodeId("n2"), reply(1, 2, release=lsn(1, 2)), 1)
     result = r.result(1)
     assert result is not None and result.end == "MERGED" and result.merged is not None
     assert [rec[0] for rec in result.merged.records] == [lsn(1, 1), lsn(1, 2)]
@@ -163,47 +163,6 @@ def test_long_poll_merges_an_f_majority_with_records_without_waiting_for_held_re
     idle = new_round(release=lsn(1, 0), wait_ms=5_000, span=span)
     idle.on_reply(NodeId("n1"), reply(release=lsn(1, 0), next_esn=1), 1)
     assert idle.result(1) is None
-
-
-def test_long_poll_with_every_record_on_every_node_reads_records_from_an_f_majority_only() -> None:
-    # R = nodeset size: every release reaches every node. Only the first f-majority of the
-    # preferred order is asked for records; the others' READs answer with one record at most.
-    span = NodesetSpan(first_epoch=Epoch(1), last_epoch=EPOCH_MAX, nodeset=NODES[:3],
-                       replication_factor=3)
-    r = ReadRound(log_id=LogId(1), span=span, from_lsn=lsn(1, 1), release_lsn=lsn(1, 0),
-                  records_max=100, bytes_max=1 << 20, wait_ms=5_000, speculative_delay_ms=20,
-                  started_ms=0, order=(NodeId("n3"), NodeId("n1")))
-    assert r.to_ask(0) == ["n3", "n1", "n2"]
-    assert r.request_for(NodeId("n3")) == r.request
-    notice = r.request_for(NodeId("n1"))
-    assert notice == r.request_for(NodeId("n2"))
-    assert (notice.records_max, notice.bytes_max, notice.wait_ms) == (1, 1, 5_000)
-    assert (notice.from_lsn, notice.until_lsn) == (r.request.from_lsn, r.request.until_lsn)
-    # A notice answers first: its release moved, and the full READ has it coming too.
-    r.on_reply(NodeId("n1"), reply(1, release=lsn(1, 3), next_esn=2), 1)
-    assert r.result(1) is None and r.wake_ms() == 21
-    r.on_reply(NodeId("n3"), reply(1, 2, 3, release=lsn(1, 3)), 2)
-    result = r.result(2)
-    assert result is not None and result.end == "MERGED" and result.merged is not None
-    # The notice's one record does not cut the merge short.
-    assert [rec[0] for rec in result.merged.records] == [lsn(1, 1), lsn(1, 2), lsn(1, 3)]
-    # A full READ that never answers costs the speculative delay, then the round restarts.
-    late = ReadRound(log_id=LogId(1), span=span, from_lsn=lsn(1, 1), release_lsn=lsn(1, 0),
-                     records_max=100, bytes_max=1 << 20, wait_ms=5_000,
-                     speculative_delay_ms=20, started_ms=0)
-    late.to_ask(0)
-    late.on_reply(NodeId("n2"), reply(1, release=lsn(1, 3), next_esn=2), 5)
-    assert late.result(24) is None
-    moved = late.result(25)
-    assert moved is not None and moved.end == "RELEASE_MOVED"
-    assert moved.release_lsn == lsn(1, 3)
-    # Catch-up rounds, and nodesets where R is smaller, read everything from every node.
-    catch_up = ReadRound(log_id=LogId(1), span=span, from_lsn=lsn(1, 1),
-                         release_lsn=lsn(1, 3), records_max=100, bytes_max=1 << 20, wait_ms=0,
-                         speculative_delay_ms=20, started_ms=0)
-    assert all(catch_up.request_for(n) == catch_up.request for n in span.nodeset)
-    wide = new_round(release=lsn(1, 0), wait_ms=5_000)
-    assert all(wide.request_for(n) == wide.request for n in NODES)
 
 
 def test_span_read_ends_its_last_epoch_with_a_bridge() -> None:
