@@ -460,8 +460,12 @@ class StorageNode:
         # Seal first (a node that missed the SEAL gets it now, so that no STORE of the
         # recovered epochs is accepted any more), and decide what to purge only once that seal
         # is written: the writer is FIFO, so every STORE accepted before it is on disk and in
-        # the index by then, and none of them can slip past the purge.
+        # the index by then, and none of them can slip past the purge. A node sealed higher
+        # already writes its own seal again, as the barrier (the purge still applies: see
+        # ``StoreMachine.clean_status``).
         self._machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by)
+        state = self._machine.state(clean.log_id)
+        assert state.sealed_by is not None
 
         def sealed(status: Status) -> None:
             if status is not Status.OK:
@@ -470,7 +474,7 @@ class StorageNode:
                 self._purge(clean, reply)
 
         status = self._store.submit_seal(
-            SealEntry(clean.log_id, clean.seal_epoch, clean.sealed_by), sealed)
+            SealEntry(clean.log_id, state.sealed_epoch, state.sealed_by), sealed)
         if status is not Status.OK:
             reply(self._machine.cleaned(clean, status))
 
@@ -481,7 +485,7 @@ class StorageNode:
             clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
         stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)
         if not stores:
-            reply(self._machine.cleaned(clean, Status.OK))
+            reply(self._machine.cleaned_after_purge(clean, Status.OK))
             return
         pending = [len(stores)]
         failed: list[Status] = []
@@ -491,10 +495,11 @@ class StorageNode:
                 failed.append(status)
             pending[0] -= 1
             if pending[0] == 0:
-                reply(self._machine.cleaned(clean, failed[0] if failed else Status.OK))
+                reply(self._machine.cleaned_after_purge(
+                    clean, failed[0] if failed else Status.OK))
 
         for store in stores:
-            decision = self._machine.on_store(store, disk_low=self._store.disk_low)
+            decision = self._machine.on_purge_store(store, disk_low=self._store.disk_low)
             if decision.status is not Status.OK:
                 persisted(decision.status)
                 continue

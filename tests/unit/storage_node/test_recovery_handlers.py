@@ -131,3 +131,29 @@ async def test_clean_purges_a_store_still_queued_when_it_arrives(tmp_path: Path)
         assert answer.records == ()
         assert answer.markers == ((lsn(1, 50), lsn(1, 50), int(RECOVERY_HOLE),
                                    recovery_wave(1, 0)),)
+
+
+async def test_clean_purges_strays_on_a_node_sealed_by_a_newer_recovery(
+        tmp_path: Path) -> None:
+    """A node that missed epoch 1's recovery (seal 1) and was sealed by a newer one (seal 3)
+    before epoch 1's CLEAN reached it still purges its strays: the outcome is final. It
+    answers PREEMPTED (a recovery member sealed higher must stop) and keeps its seal."""
+    data_dir = str(tmp_path)
+    async with running_node(data_dir) as node:
+        for esn, payload in ((1, b"kept"), (7, b"stray-a"), (9, b"stray-b")):
+            assert (await store(node, make_store(lsn(1, esn), (payload,)))).status is Status.OK
+        newer = await request(node, Seal(log_id=LOG, seal_epoch=Epoch(3), sealed_by=NodeId("s3"),
+                                         from_epoch=Epoch(2)))
+        assert isinstance(newer, Sealed) and newer.status is Status.OK
+        cleaned = await request(node, Clean(log_id=LOG, epoch=Epoch(1), seal_epoch=Epoch(1),
+                                            sealed_by=SEQ_B, bridge_esn=Esn(2), holes=()))
+        assert isinstance(cleaned, Cleaned)
+        assert (cleaned.status, cleaned.sealed_epoch) == (Status.PREEMPTED, 3)
+        assert node.stats()["purged_records"] == 2
+    async with running_node(data_dir) as node:
+        assert (node.log_state(LOG).sealed_epoch, node.log_state(LOG).sealed_by) == (3, "s3")
+        answer = await read(node, make_read(lsn(1, 1), release_lsn=lsn(2, 0)))
+        assert [(r[0], r[3]) for r in answer.records] == [(lsn(1, 1), b"kept")]
+        assert answer.markers == (
+            (lsn(1, 7), lsn(1, 7), int(RECOVERY_HOLE), recovery_wave(1, 0)),
+            (lsn(1, 9), lsn(1, 9), int(RECOVERY_HOLE), recovery_wave(1, 0)))
