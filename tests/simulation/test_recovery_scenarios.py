@@ -8,8 +8,10 @@ import pytest
 
 from sequencer.core.recovery import Phase
 from sequencer.core.sequencer import Sequencer, SequencerState
+from shared.read_merge import merge
 from shared.status import Status
-from shared.types import NodeId, lsn_to_epoch
+from shared.types import Lsn, NodeId, lsn_to_epoch
+from tests.simulation.checkers import disk_answer
 from tests.simulation.runner import heal_and_check
 from tests.simulation.sim_client import ClientAppend
 from tests.simulation.sim_cluster import SimCluster
@@ -209,6 +211,15 @@ def test_stray_copies_purged_by_a_late_clean_after_a_newer_seal(
         wait(cluster, lambda: cluster.storage[N1].machine.state(LOG).sealed_epoch >= 2,
              "n1 sealed by epoch 3's recovery")
         assert not all(cluster.storage[N1].disk.records[(LOG, lsn)].is_hole for lsn in strays)
+        # Meanwhile no reader is served a stray: through every f-majority (with n1 or not)
+        # each stray LSN reads as a gap (n2 and n3 hold recovery's hole or bridge there).
+        release = core_of(cluster, S1).release_lsn
+        for members in ((N1, N2), (N1, N3), (N2, N3)):
+            merged = merge([disk_answer(cluster.storage[m], LOG, release) for m in members],
+                           Lsn(1), release, 10**9, 2**62)
+            assert not {r[0] for r in merged.records} & set(strays), members
+            assert all(any(g.lo <= lsn <= g.hi and g.kind in ("HOLE", "BRIDGE")
+                           for g in merged.gaps) for lsn in strays), (members, merged.gaps)
         cluster.network.heal()
         # s2 (preempted, still alive) re-sends the CLEAN it owes n1 with its broadcasts.
         wait(cluster, lambda: all(cluster.storage[N1].disk.records[(LOG, lsn)].is_hole
