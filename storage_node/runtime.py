@@ -465,7 +465,6 @@ class StorageNode:
         # ``StoreMachine.clean_status``).
         self._machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by)
         state = self._machine.state(clean.log_id)
-        assert state.sealed_by is not None
 
         def sealed(status: Status) -> None:
             if status is not Status.OK:
@@ -474,7 +473,8 @@ class StorageNode:
                 self._purge(clean, reply)
 
         status = self._store.submit_seal(
-            SealEntry(clean.log_id, state.sealed_epoch, state.sealed_by), sealed)
+            SealEntry(clean.log_id, state.sealed_epoch, state.sealed_by or clean.sealed_by),
+            sealed)
         if status is not Status.OK:
             reply(self._machine.cleaned(clean, status))
 
