@@ -157,3 +157,25 @@ async def test_clean_purges_strays_on_a_node_sealed_by_a_newer_recovery(
         assert answer.markers == (
             (lsn(1, 7), lsn(1, 7), int(RECOVERY_HOLE), recovery_wave(1, 0)),
             (lsn(1, 9), lsn(1, 9), int(RECOVERY_HOLE), recovery_wave(1, 0)))
+
+
+async def test_a_read_starting_past_a_bridge_carries_the_bridge(tmp_path: Path) -> None:
+    """A READ from past the bridge of its epoch gets the bridge's marker (so that readers do
+    not take a stray copy behind it for a record), from memory and after a restart's scan."""
+    data_dir = str(tmp_path)
+    async with running_node(data_dir) as node:
+        assert (await store(node, make_store(lsn(1, 1), (b"a",)))).status is Status.OK
+        assert (await store(node, recovery_store(2, int(RECOVERY_BRIDGE), (b"",)))).status is (
+            Status.OK)
+        assert (await store(node, make_store(lsn(2, 1), (b"b",)))).status is Status.OK
+        answer = await read(node, make_read(lsn(1, 5), release_lsn=lsn(2, 1)))
+        bridge = (lsn(1, 2), lsn(1, 2), int(RECOVERY_BRIDGE), recovery_wave(1, 1))
+        assert answer.markers == (bridge,)
+        assert [r[0] for r in answer.records] == [lsn(2, 1)]
+        # Reads from the bridge on, or in another epoch, are as before.
+        assert (await read(node, make_read(lsn(1, 2), release_lsn=lsn(2, 1)))).markers == (
+            bridge,)
+        assert (await read(node, make_read(lsn(2, 1), release_lsn=lsn(2, 1)))).markers == ()
+    async with running_node(data_dir) as node:
+        answer = await read(node, make_read(lsn(1, 3), release_lsn=lsn(2, 1)))
+        assert answer.markers == (bridge,)
