@@ -106,6 +106,12 @@ def merge(
         gaps.append(Gap("TRIM", Lsn(cursor), trim_lsn))
         cursor = trim_lsn + 1
     best = _best_copies(answers, Lsn(cursor), until)
+    ended = _ended_before(answers, Lsn(cursor), best)
+    if ended is not None:
+        # The read starts past the bridge that ends this epoch: nothing of it is a record.
+        end = min(compose_lsn(lsn_to_epoch(Lsn(cursor)), ESN_MAX) + 1, release_lsn)
+        gaps.append(Gap("BRIDGE", Lsn(cursor), Lsn(max(end, cursor))))
+        cursor = max(end, cursor) + 1
     payload_bytes = 0
     for lsn in sorted(best):
         if lsn < cursor:
@@ -162,6 +168,32 @@ def _best_copies(answers: list[NodeAnswer], from_lsn: Lsn,
                 if current is None or precedence > current[0]:
                     best[lsn] = (precedence, 0, record)
     return best
+
+
+def _ended_before(answers: list[NodeAnswer], from_lsn: Lsn,
+                  best: dict[int, tuple[tuple[int, int], int, WireRecord | None]]) -> Lsn | None:
+    """The bridge that ends ``from_lsn``'s epoch below ``from_lsn``, if a node reports one
+    (storage nodes add it to a READ that starts past it) and no copy in that epoch from
+    ``from_lsn`` on outranks it (a later recovery attempt that decided otherwise wrote its
+    copies with a higher precedence, so a stale bridge of an abandoned attempt ends
+    nothing). Without it a READ starting past the bridge would see only the stray copies
+    that nodes which missed recovery keep there."""
+    epoch = lsn_to_epoch(from_lsn)
+    bridge: tuple[tuple[int, int], int] | None = None
+    for answer in answers:
+        for first, _last, flags, seal in answer.markers:
+            if (first < from_lsn and flags & RecordFlags.BRIDGE
+                    and lsn_to_epoch(Lsn(first)) == epoch):
+                found = (copy_precedence(flags, seal), first)
+                if bridge is None or found > bridge:
+                    bridge = found
+    if bridge is None:
+        return None
+    epoch_end = compose_lsn(epoch, ESN_MAX)
+    for lsn, (precedence, _, _) in best.items():
+        if lsn <= epoch_end and precedence > bridge[0]:
+            return None
+    return Lsn(bridge[1])
 
 
 def _gaps_between(lo: Lsn, hi: Lsn) -> list[Gap]:

@@ -56,6 +56,11 @@ class DurableState:
         self._seals: dict[LogId, tuple[Epoch, NodeId | None]] = {}
         self._tails: dict[LogId, dict[Epoch, tuple[int, int]]] = {}
         self._trims: dict[LogId, Lsn] = {}
+        self._bridges: dict[LogId, dict[Epoch, Lsn]] = {}
+        """Per log and epoch, the highest LSN where a bridge was written: a READ that starts
+        past it in its epoch carries it, so that no reader is served a stray copy behind it
+        (``shared.read_merge``). Not in checkpoints: a bridge is a live entry a reclaim keeps,
+        so a restart's scan finds it again."""
         self.segment_logs: dict[int, set[LogId]] = {}
         self._live = False
         """False while the recovery scan runs: trimmed records are dropped from the index at
@@ -72,6 +77,8 @@ class DurableState:
             self._on_store(segment_id, scanned.offset, scanned.length, log_id, entry.first_lsn,
                            entry.last_lsn, entry.sequencer_node, entry.last_known_good,
                            index_time(entry.flags, entry.timestamp_ms))
+            if entry.flags & _BRIDGE:
+                self._note_bridge(log_id, entry.last_lsn)
             if entry.producers:
                 self.producers.add(log_id, entry.producers, entry.timestamp_ms)
         elif isinstance(entry, ReleaseEntry):
@@ -102,6 +109,8 @@ class DurableState:
             last_lsn = store.last_lsn
             insert(log_id, Location(segment_id, offset, length, first_lsn, last_lsn, Lsn(0),
                                     -1 if store.flags & _HOLE else store.timestamp_ms))
+            if store.flags & _BRIDGE:
+                self._note_bridge(log_id, last_lsn)
             last = last_by_log.get(log_id)
             if last is None or last_lsn > last[0]:
                 last_by_log[log_id] = (last_lsn, store.sequencer_node)
@@ -129,6 +138,21 @@ class DurableState:
         logs.add(log_id)
         if release_lsn > self._releases.get(log_id, 0):
             self._releases[log_id] = release_lsn
+
+    def _note_bridge(self, log_id: LogId, lsn: Lsn) -> None:
+        bridges = self._bridges.setdefault(log_id, {})
+        epoch = Epoch(lsn >> 32)
+        if lsn > bridges.get(epoch, 0):
+            bridges[epoch] = lsn
+
+    def bridge_below(self, log_id: LogId, lsn: Lsn) -> Lsn | None:
+        """The highest LSN below ``lsn`` in its epoch where a bridge was written, if any (the
+        copy there may have been replaced since: the caller reads it to know)."""
+        bridges = self._bridges.get(log_id)
+        if not bridges:
+            return None
+        bridge = bridges.get(Epoch(lsn >> 32))
+        return bridge if bridge is not None and bridge < lsn else None
 
     def _on_store(self, segment_id: int, offset: int, length: int, log_id: LogId,
                   first_lsn: Lsn, last_lsn: Lsn, node: NodeId, last_known_good: int,
@@ -216,4 +240,5 @@ def index_time(flags: int, timestamp_ms: int) -> int:
 
 
 _HOLE = int(RecordFlags.HOLE)
+_BRIDGE = int(RecordFlags.BRIDGE)
 """A plain int: an int & IntFlag goes through enum's Python code (once per STORE here)."""

@@ -336,6 +336,11 @@ class RecordStore:
         return self._durable.producers.entries(log_id, producer_id,
                                                self._durable.trim_lsn(log_id))
 
+    def bridge_below(self, log_id: LogId, lsn: Lsn) -> Lsn | None:
+        """Where a bridge was written below ``lsn`` in its epoch (no I/O; see
+        ``DurableState.bridge_below``)."""
+        return self._durable.bridge_below(log_id, lsn)
+
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
         return self._index.ranges(log_id, from_lsn, until_lsn)

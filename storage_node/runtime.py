@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from shared.wire.producer import GetProducer, ProducerEntry, ProducerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
-from shared.wire.store import Store
+from shared.wire.store import RecordFlags, Store
 from shared.wire.trim import FindTime, FoundTime, Trim
 from storage_node.core.retention import BacklogTable, plan_age_trims
 from storage_node.core.store_machine import (
@@ -359,6 +360,8 @@ class StorageNode:
         until_lsn = self._machine.readable_until(read)
         trim_lsn = self._machine.trim_lsn(read.log_id)
         from_lsn = Lsn(max(read.from_lsn, trim_lsn + 1))
+        if self._bridge_below(read.log_id, from_lsn, trim_lsn) is not None:
+            return False  # the bridge's copy is read too (``_serve_read``)
         try:
             result = self._store.read_now(read.log_id, from_lsn, until_lsn, read.records_max,
                                           read.bytes_max)
@@ -381,11 +384,33 @@ class StorageNode:
             result = await self._store.read(read.log_id, from_lsn, until_lsn,
                                             read.records_max, read.bytes_max)
             answer = _read_answer(read, result, release_lsn, trim_lsn)
+            bridge = self._bridge_below(read.log_id, from_lsn, trim_lsn)
+            if bridge is not None and from_lsn <= until_lsn:
+                answer = await self._with_bridge(answer, bridge)
         except Exception:
             log.exception("storage node %s: read of log %d failed", self.node_id, read.log_id)
             answer = ReadReply(status=Status.INTERNAL, log_id=read.log_id,
                                release_lsn=release_lsn, records=(), next_lsn=read.from_lsn)
         reply(answer)
+
+    def _bridge_below(self, log_id: LogId, from_lsn: Lsn, trim_lsn: Lsn) -> Lsn | None:
+        bridge = self._store.bridge_below(log_id, from_lsn)
+        return bridge if bridge is not None and bridge > trim_lsn else None
+
+    async def _with_bridge(self, answer: ReadReply, bridge: Lsn) -> ReadReply:
+        """``answer`` with the marker of the bridge that ends its epoch before its first LSN,
+        if this node still holds a bridge there: a READ that starts past the bridge (a
+        reader's chosen LSN, a producer lookup's check) would otherwise see nothing of it,
+        and the merge could serve a stray copy that a node which missed recovery keeps
+        behind it (``shared.read_merge``)."""
+        found = await self._store.read_copies(answer.log_id, bridge, bridge, 1, 1 << 20)
+        if found.status is not Status.OK or not found.copies:
+            return answer
+        lsn, _, _, _, flags, wave, _ = found.copies[0]
+        if lsn != bridge or not flags & RecordFlags.BRIDGE:
+            return answer
+        return dataclasses.replace(answer, markers=((bridge, bridge, flags, wave),
+                                                    *answer.markers))
 
     # ---- epoch recovery ----
 
@@ -460,8 +485,11 @@ class StorageNode:
         # Seal first (a node that missed the SEAL gets it now, so that no STORE of the
         # recovered epochs is accepted any more), and decide what to purge only once that seal
         # is written: the writer is FIFO, so every STORE accepted before it is on disk and in
-        # the index by then, and none of them can slip past the purge.
+        # the index by then, and none of them can slip past the purge. A node sealed higher
+        # already writes its own seal again, as the barrier (the purge still applies: see
+        # ``StoreMachine.clean_status``).
         self._machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by)
+        state = self._machine.state(clean.log_id)
 
         def sealed(status: Status) -> None:
             if status is not Status.OK:
@@ -470,7 +498,8 @@ class StorageNode:
                 self._purge(clean, reply)
 
         status = self._store.submit_seal(
-            SealEntry(clean.log_id, clean.seal_epoch, clean.sealed_by), sealed)
+            SealEntry(clean.log_id, state.sealed_epoch, state.sealed_by or clean.sealed_by),
+            sealed)
         if status is not Status.OK:
             reply(self._machine.cleaned(clean, status))
 
@@ -481,7 +510,7 @@ class StorageNode:
             clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
         stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)
         if not stores:
-            reply(self._machine.cleaned(clean, Status.OK))
+            reply(self._machine.cleaned_after_purge(clean, Status.OK))
             return
         pending = [len(stores)]
         failed: list[Status] = []
@@ -491,10 +520,11 @@ class StorageNode:
                 failed.append(status)
             pending[0] -= 1
             if pending[0] == 0:
-                reply(self._machine.cleaned(clean, failed[0] if failed else Status.OK))
+                reply(self._machine.cleaned_after_purge(
+                    clean, failed[0] if failed else Status.OK))
 
         for store in stores:
-            decision = self._machine.on_store(store, disk_low=self._store.disk_low)
+            decision = self._machine.on_purge_store(store, disk_low=self._store.disk_low)
             if decision.status is not Status.OK:
                 persisted(decision.status)
                 continue

@@ -393,7 +393,8 @@ class Sequencer:
         """The answer (or failure ``Status``) to a request recovery sent."""
         owed = self._cleans_owed.get(node)
         if owed and type(request) is Clean and request in owed:
-            if type(reply) is Cleaned and reply.status is Status.OK:
+            # PREEMPTED: the node is sealed by a newer recovery, and purged all the same.
+            if type(reply) is Cleaned and reply.status in (Status.OK, Status.PREEMPTED):
                 owed.remove(request)
                 if not owed:
                     del self._cleans_owed[node]

@@ -48,6 +48,7 @@ from shared.wire.release import Release
 from shared.wire.store import (
     RECOVERY_BRIDGE,
     RECOVERY_HOLE,
+    RecordFlags,
     Store,
     Stored,
     payloads_checksum,
@@ -243,6 +244,21 @@ class StoreMachine:
         refusal = stored_reply(store, status) if status != Status.OK else None
         return StoreDecision(status=status, reply=refusal, release_lsn=None)
 
+    def on_purge_store(self, store: Store, *, disk_low: bool) -> StoreDecision:
+        """A hole or bridge this node writes over its own copies to apply a CLEAN
+        (``recovery_hole_stores``). Not checked against the seal: the CLEAN's outcome is
+        final whatever newer seal the node holds (see ``clean_status``)."""
+        status = store_fields_status(store, self._node_id_ok)
+        if status is Status.OK and (not store.flags & RecordFlags.HOLE or not epoch_valid(
+                seal_epoch_of_wave(store.wave))):
+            status = Status.BADMSG
+        elif status is Status.OK and not self._accept_writes:
+            status = Status.DISABLED
+        elif status is Status.OK and disk_low:
+            status = Status.NOSPC
+        refusal = stored_reply(store, status) if status != Status.OK else None
+        return StoreDecision(status=status, reply=refusal, release_lsn=None)
+
     def on_persisted(self, store: Store) -> Stored:
         """The STORE is durable (per the fsync mode): note it and build the reply."""
         log = self._log(store.log_id)
@@ -326,7 +342,15 @@ class StoreMachine:
                       next_esn=request.from_esn, sealed_epoch=sealed_epoch, sealed_by=sealed_by)
 
     def clean_status(self, clean: Clean) -> Cleaned | None:
-        """None when the CLEAN may be applied; otherwise the answer (BADMSG, PREEMPTED)."""
+        """None when the CLEAN may be applied; otherwise the answer (BADMSG).
+
+        A CLEAN is applied (its purge) even on a node sealed above ``clean.seal_epoch``: it
+        is sent only once its recovery wrote every decision to R nodes of an f-majority that
+        had sealed, so any later recovery of the epoch digests those copies and decides the
+        same (LogDevice: a recovered epoch is immutable). A node that missed that recovery
+        and was sealed by a newer one before the CLEAN reached it would otherwise keep its
+        stray copies for good. ``cleaned_after_purge`` still answers PREEMPTED then, so that
+        a recovery whose member was sealed by a newer one stops."""
         valid = (log_id_valid(clean.log_id) and epoch_valid(clean.epoch)
                  and epoch_valid(clean.seal_epoch) and clean.epoch <= clean.seal_epoch
                  and 0 <= clean.bridge_esn <= ESN_MAX and node_id_valid(clean.sealed_by)
@@ -335,9 +359,16 @@ class StoreMachine:
                          for r in clean.holes))
         if not valid:
             return self.cleaned(clean, Status.BADMSG)
-        if self.state(clean.log_id).effective_seal[0] > clean.seal_epoch:
-            return self.cleaned(clean, Status.PREEMPTED)
         return None
+
+    def cleaned_after_purge(self, clean: Clean, status: Status) -> Cleaned:
+        """CLEANED once the purge of a valid CLEAN is done (``status`` is how the writes
+        went): PREEMPTED when this node is sealed above the recovery that sent it, even though
+        it purged (the sender may then forget the CLEAN: nothing of it is left to do)."""
+        if status is Status.OK and self.state(clean.log_id).effective_seal[0] > (
+                clean.seal_epoch):
+            status = Status.PREEMPTED
+        return self.cleaned(clean, status)
 
     def cleaned(self, clean: Clean, status: Status) -> Cleaned:
         state = self.state(clean.log_id) if log_id_valid(clean.log_id) else _EMPTY

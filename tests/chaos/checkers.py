@@ -8,7 +8,10 @@ records of a failed-over log (a log that stops releasing is not a violation, onl
   and after the run it is on at least R storage nodes with its payload (and no node holds a
   hole or bridge plug over it).
 - ``one_payload_per_lsn``: no LSN is seen (acked, read or on disk) with two payloads.
-- ``no_duplicates``: no payload is seen at two LSNs (the workload never retries a payload).
+- ``no_duplicates``: no payload is seen at two LSNs (the workload never retries a payload),
+  acked, read, or on disk as clients can see it (``visible_copies``): a stray copy that a
+  node kept where recovery plugged the LSN or ended the epoch, which no reader is served, is
+  counted as ``stray_copies`` instead.
 - ``reader_order``: each reader's answers cover their ranges exactly once, in increasing LSN
   order, each starting where the previous ended, never past the release pointer.
 - ``readers_agree``: where readers (through different nodes) covered the same LSN, none saw
@@ -35,6 +38,8 @@ RECORD = "record"
 HOLE_FLAG = 2
 """``RecordFlags.HOLE`` of a storage node's recovery marker: a plugged hole or a bridge (a
 marker without it is a record recovery re-replicated)."""
+BRIDGE_FLAG = 4
+"""``RecordFlags.BRIDGE``: the marker ends its epoch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +156,7 @@ def acked_not_lost(events: list[Event]) -> list[Violation]:
         scanned_logs.add(e["log"])
         for lsn, payload in e["records"]:
             held[(e["log"], lsn)][payload].add(e["node"])
-        for first, last, flags in e.get("markers", []):
+        for first, last, flags, *_ in e.get("markers", []):
             if flags & HOLE_FLAG:
                 plugs[e["log"]].append((first, last, e["node"], flags))
     storage_nodes = _storage_nodes(events)
@@ -202,16 +207,82 @@ def one_payload_per_lsn(events: list[Event]) -> list[Violation]:
     return violations
 
 
+_Copy = tuple[tuple[int, int], bool, bool, str | None]
+"""(precedence, is a hole, is a bridge, payload) of one copy of an LSN."""
+_Marker = tuple[int, int, int, int]
+
+
+def _offer(best: dict[int, _Copy], lsn: int, candidate: _Copy) -> None:
+    current = best.get(lsn)
+    # On a tie a record beats a plug: the checker errs towards seeing more.
+    if current is None or (candidate[0], not candidate[1]) > (current[0], not current[1]):
+        best[lsn] = candidate
+
+
+def _covering(markers: list[_Marker], firsts: list[int], lsn: int) -> _Marker | None:
+    i = bisect.bisect_right(firsts, lsn) - 1
+    return markers[i] if i >= 0 and markers[i][1] >= lsn else None
+
+
+def visible_copies(events: list[Event]) -> tuple[dict[int, dict[int, str]], int]:
+    """Per log, the records on the scanned disks as a reader that merges every node would get
+    them (LogDevice's digest precedence, written independently of ``shared.read_merge``): per
+    LSN the copy with the highest precedence wins, a copy written by recovery (its marker's
+    wave: seal epoch, then attempt) over any sequencer copy; a winning hole hides the LSN and a
+    winning bridge the rest of its epoch. Also how many node copies that leaves unseen (stray
+    copies of appends recovery never saw, kept by a node that missed its CLEAN)."""
+    by_log: dict[int, list[Event]] = defaultdict(list)
+    for e in _copies(events):
+        by_log[e["log"]].append(e)
+    visible: dict[int, dict[int, str]] = {}
+    strays = 0
+    for log, scans in by_log.items():
+        best: dict[int, _Copy] = {}
+        all_lsns = sorted({lsn for e in scans for lsn, _ in e["records"]})
+        for e in scans:
+            markers = sorted((int(m[0]), int(m[1]), int(m[2]), int(m[3]) if len(m) > 3 else 0)
+                             for m in e.get("markers", []))
+            firsts = [m[0] for m in markers]
+            for first, last, flags, wave in markers:
+                if flags & HOLE_FLAG:
+                    # A plug matters where it starts (a bridge ends its epoch there) and where
+                    # any node holds a copy.
+                    _offer(best, first, ((1, wave), True, bool(flags & BRIDGE_FLAG), None))
+                    for lsn in _in_range(all_lsns, first + 1, last):
+                        _offer(best, lsn, ((1, wave), True, False, None))
+            for lsn, payload in e["records"]:
+                marker = _covering(markers, firsts, lsn)
+                recovered = marker is not None and not marker[2] & HOLE_FLAG
+                precedence = (1, marker[3]) if marker is not None and recovered else (0, 0)
+                _offer(best, lsn, (precedence, False, False, payload))
+        shown: dict[int, str] = {}
+        ended_epoch = -1
+        for lsn in sorted(best):
+            _, hole, bridge, payload = best[lsn]
+            if lsn >> 32 == ended_epoch:
+                continue
+            if bridge:
+                ended_epoch = lsn >> 32
+            elif not hole and payload is not None:
+                shown[lsn] = payload
+        visible[log] = shown
+        strays += sum(1 for e in scans for lsn, payload in e["records"]
+                      if shown.get(lsn) != payload)
+    return visible, strays
+
+
 def no_duplicates(events: list[Event]) -> list[Violation]:
     where: dict[tuple[int, str], set[int]] = defaultdict(set)
     for op in ops(events).values():
         if op.outcome == "ok":
             for lsn, payload in zip(op.lsns, op.payloads, strict=False):
                 where[(op.log, payload)].add(lsn)
-    for e in events:
-        if e["ev"] in ("read", "copies"):
-            for lsn, payload in e["records"]:
-                where[(e["log"], payload)].add(lsn)
+    for e in _reads(events):
+        for lsn, payload in e["records"]:
+            where[(e["log"], payload)].add(lsn)
+    for log, shown in visible_copies(events)[0].items():
+        for lsn, payload in shown.items():
+            where[(log, payload)].add(lsn)
     return [Violation("no_duplicates", log, f"payload {payload!r} is at LSNs {sorted(lsns)}")
             for (log, payload), lsns in sorted(where.items()) if len(lsns) > 1]
 
@@ -445,6 +516,7 @@ def figures(events: list[Event], violations: list[Violation]) -> dict[str, Any]:
         "lost_acked_records": by_check["acked_not_lost"],
         "duplicate_lsn_conflicts": by_check["one_payload_per_lsn"],
         "duplicated_payloads": by_check["no_duplicates"],
+        "stray_copies": visible_copies(events)[1],
         "ordering_violations": by_check["reader_order"],
         "agreement_violations": by_check["readers_agree"],
         "release_regressions": by_check["release_monotonic"],

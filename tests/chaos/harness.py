@@ -246,7 +246,7 @@ class ChaosCluster:
                 return None
             records += [[int(r[0]), payload_text(r[3])] for r in reply.records]
             found_markers = getattr(reply, "markers", ())
-            markers += [[int(m[0]), int(m[1]), int(m[2])] for m in found_markers]
+            markers += [[int(m[0]), int(m[1]), int(m[2]), int(m[3])] for m in found_markers]
             if (not reply.records and not found_markers) or reply.next_lsn <= cursor:
                 break
             cursor = reply.next_lsn

@@ -16,8 +16,8 @@ The kinds and their fields:
   ``next``, ``release``, ``records`` ([lsn, payload]), ``gaps`` ([type, lo, hi]).
 - ``tail``: ``node``, ``inc``, ``log``, ``release``: one GET /v1/logs/{id}/tail answer.
 - ``copies``: ``node``, ``log``, ``records`` ([lsn, payload]), ``markers``
-  ([first_lsn, last_lsn, flags]): everything a storage node holds, released or not, read
-  over the node-to-node protocol after the run.
+  ([first_lsn, last_lsn, flags, wave]; older histories lack the wave): everything a storage
+  node holds, released or not, read over the node-to-node protocol after the run.
 - ``fault``: ``action`` and its parameters, when the fault scheduler acts.
 - ``end``: the workload stopped.
 

@@ -137,6 +137,37 @@ def test_a_payload_at_two_lsns_is_flagged() -> None:
     assert "'y' is at LSNs [13, 14]" in _only("no_duplicates", h.events)[0].detail
 
 
+E1, E3 = 1 << 32, 3 << 32
+
+
+def test_a_stray_copy_behind_a_recovery_plug_is_not_a_duplicate() -> None:
+    """Chaos seed 3: st2 missed epoch 1's recovery and kept the sequencer's copy of 'y' at
+    e1n255, where recovery put the bridge on st1 and st3; the idempotent retry wrote 'y' at
+    e3n1. No reader can be served e1n255, so only e3n1 counts."""
+    h = H().append(["y"], "unknown").append(["y"], "ok", [E3 + 1])
+    h.copies("st2", [(E1 + 254, "x"), (E1 + 255, "y"), (E1 + 256, "z")])
+    for node in ("st1", "st3"):
+        h.copies(node, [(E1 + 254, "x"), (E3 + 1, "y")],
+                 markers=[(E1 + 255, E1 + 255, 7, 1 << 8)])
+    assert not [v for v in checkers.check(h.events) if v.check == "no_duplicates"]
+    assert checkers.visible_copies(h.events) == (
+        {LOG: {E1 + 254: "x", E3 + 1: "y"}}, 2)
+    # A hole plug hides its LSN only, in any epoch.
+    h = H().append(["y"], "ok", [E3 + 1]).copies("st2", [(E1 + 9, "y"), (E1 + 10, "w")])
+    h.copies("st1", [(E1 + 10, "w"), (E3 + 1, "y")], markers=[(E1 + 9, E1 + 9, 3, 1 << 8)])
+    assert not [v for v in checkers.check(h.events) if v.check == "no_duplicates"]
+    assert checkers.visible_copies(h.events)[0] == {LOG: {E1 + 10: "w", E3 + 1: "y"}}
+
+
+def test_a_copy_that_outranks_the_plug_is_seen_and_a_duplicate() -> None:
+    # A plug of an abandoned recovery attempt (wave 1<<8 | 1) loses to the record a later
+    # attempt re-replicated there (wave 1<<8 | 2): readers see 'y' at e1n9 and at e3n1.
+    h = H().append(["y"], "ok", [E3 + 1])
+    h.copies("st1", [(E3 + 1, "y")], markers=[(E1 + 9, E1 + 9, 3, 1 << 8 | 1)])
+    h.copies("st2", [(E1 + 9, "y")], markers=[(E1 + 9, E1 + 9, 1, 1 << 8 | 2)])
+    assert "is at LSNs" in _only("no_duplicates", h.events)[0].detail
+
+
 def test_a_retried_payload_written_twice_is_flagged_and_a_failed_retry_is_not() -> None:
     # An idempotent writer's first attempt ended unknown and wrote at 13; its retry failed.
     h = H().append(["y"], "unknown").append(["y"], "fail").copies("st1", [(13, "y")])

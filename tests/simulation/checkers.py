@@ -261,7 +261,7 @@ class SafetyChecker:
         views: dict[tuple[NodeId, ...], tuple[object, object]] = {}
         size = f_majority(len(nodeset), replication)
         for members in itertools.combinations(sorted(nodeset), size):
-            answers = [_answer(nodes[m], log_id, release_lsn) for m in members]
+            answers = [disk_answer(nodes[m], log_id, release_lsn) for m in members]
             merged = merge(answers, Lsn(1), release_lsn, 10**9, 2**62)
             view = ([(r[0], r[3]) for r in merged.records],
                     [(g.kind, g.lo, g.hi) for g in merged.gaps])
@@ -292,7 +292,8 @@ def merged_gaps(view: tuple[object, object]) -> list[tuple[str, int, int]]:
     return gaps
 
 
-def _answer(node: SimStorageNode, log_id: LogId, release_lsn: Lsn) -> NodeAnswer:
+def disk_answer(node: SimStorageNode, log_id: LogId, release_lsn: Lsn) -> NodeAnswer:
+    """What ``node`` answers a READ of ``log_id`` up to ``release_lsn``, from its disk."""
     records = []
     markers = []
     for (log, lsn), record in sorted(node.disk.records.items()):

@@ -245,10 +245,10 @@ class SimStorageNode:
         held = sorted(lsn_to_esn(lsn) for (log_id, lsn) in self.disk.records
                       if log_id == clean.log_id and lsn_to_epoch(lsn) == clean.epoch)
         stores = recovery_hole_stores(clean, purge_ranges([(e, e) for e in held], clean), 0)
-        refusals = [d.status for d in (self.machine.on_store(s, disk_low=False) for s in stores)
-                    if d.status != Status.OK]
+        refusals = [d.status for d in (self.machine.on_purge_store(s, disk_low=False)
+                                       for s in stores) if d.status != Status.OK]
         if refusals:
-            reply(self.machine.cleaned(clean, refusals[0]))
+            reply(self.machine.cleaned_after_purge(clean, refusals[0]))
             return
         accepted = stores
 
@@ -256,7 +256,7 @@ class SimStorageNode:
             for store in accepted:
                 self._write(store)
                 self.machine.on_persisted(store)
-            reply(self.machine.cleaned(clean, Status.OK))
+            reply(self.machine.cleaned_after_purge(clean, Status.OK))
 
         self._after_disk(persisted)
 

@@ -8,8 +8,10 @@ import pytest
 
 from sequencer.core.recovery import Phase
 from sequencer.core.sequencer import Sequencer, SequencerState
+from shared.read_merge import merge
 from shared.status import Status
-from shared.types import NodeId, lsn_to_epoch
+from shared.types import Lsn, NodeId, lsn_to_epoch
+from tests.simulation.checkers import disk_answer
 from tests.simulation.runner import heal_and_check
 from tests.simulation.sim_client import ClientAppend
 from tests.simulation.sim_cluster import SimCluster
@@ -169,4 +171,58 @@ def test_storage_node_that_missed_recovery_purges_its_stray_copies_when_back(
         # The release broadcast carries the recovery outcome n1 missed: it purges.
         wait(cluster, lambda: all(cluster.storage[N1].disk.records[(LOG, lsn)].is_hole
                                   for lsn in strays), "n1 purged its stray copies")
+        heal_and_check(cluster)
+
+
+def test_stray_copies_purged_by_a_late_clean_after_a_newer_seal(
+        request: pytest.FixtureRequest) -> None:
+    """The chaos seed-3 shape: n1 holds stray copies of epoch 1 and misses its recovery; before
+    the CLEAN it is owed arrives, n1 is sealed by a newer recovery (epoch 3's sequencer
+    recovering epoch 2). Epoch 1's outcome is final once its CLEAN was sent, so n1 must still
+    purge (it used to answer PREEMPTED and keep the strays on disk for good)."""
+    cluster = make_cluster(sequencer_nodes_count=2, storage_nodes_count=3, replication=2,
+                           partition_connfail_ratio=0.0)
+    with report(cluster, request):
+        assert append_and_wait(cluster, b"q:0", via=S1).outcome == Status.OK
+        # s1's next appends reach n1 only: single copies, never acknowledged.
+        cluster.partition([S1], [N2, N3], 60_000)
+        [cluster.append(LOG, (f"q:{i}".encode(),), via=S1) for i in range(1, 4)]
+        wait(cluster, lambda: any(r.payload == b"q:3" for r in cluster.storage[N1].disk.records
+                                  .values()), "stray copies on n1")
+        cluster.crash_sequencer(S1)
+        # s2 cannot reach n1: it recovers epoch 1 without it and owes n1 the CLEAN.
+        cluster.partition([S2], [N1], 60_000)
+        after = append_and_wait(cluster, b"q:s2", via=S2)
+        assert after.outcome == Status.OK and lsn_to_epoch(after.first_lsn) == 2
+        wait(cluster, lambda: core_of(cluster, S2).release_lsn >= after.last_lsn,
+             "recovery of epoch 1 without n1")
+        strays = [lsn for (log, lsn), r in cluster.storage[N1].disk.records.items()
+                  if log == LOG and lsn_to_epoch(lsn) == 1 and r.payload in (b"q:1", b"q:2",
+                                                                            b"q:3")]
+        assert strays
+        # The log moves to s1 (restarted; it reaches n1): epoch 3, whose recovery seals epoch
+        # 2 on n1 before s2's owed CLEAN of epoch 1 (seal epoch 1) can get there.
+        cluster.network.partitions = [p for p in cluster.network.partitions
+                                      if S1 not in p.side_a]
+        cluster.restart_sequencer(S1)
+        cluster.failover(LOG, S1)
+        third = append_and_wait(cluster, b"q:s1", via=S1)
+        assert third.outcome == Status.OK and lsn_to_epoch(third.first_lsn) == 3
+        wait(cluster, lambda: cluster.storage[N1].machine.state(LOG).sealed_epoch >= 2,
+             "n1 sealed by epoch 3's recovery")
+        assert not all(cluster.storage[N1].disk.records[(LOG, lsn)].is_hole for lsn in strays)
+        # Meanwhile no reader is served a stray: through every f-majority (with n1 or not)
+        # each stray LSN reads as a gap (n2 and n3 hold recovery's hole or bridge there).
+        release = core_of(cluster, S1).release_lsn
+        for members in ((N1, N2), (N1, N3), (N2, N3)):
+            merged = merge([disk_answer(cluster.storage[m], LOG, release) for m in members],
+                           Lsn(1), release, 10**9, 2**62)
+            assert not {r[0] for r in merged.records} & set(strays), members
+            assert all(any(g.lo <= lsn <= g.hi and g.kind in ("HOLE", "BRIDGE")
+                           for g in merged.gaps) for lsn in strays), (members, merged.gaps)
+        cluster.network.heal()
+        # s2 (preempted, still alive) re-sends the CLEAN it owes n1 with its broadcasts.
+        wait(cluster, lambda: all(cluster.storage[N1].disk.records[(LOG, lsn)].is_hole
+                                  for lsn in strays), "n1 purged its stray copies")
+        wait(cluster, lambda: not core_of(cluster, S2)._cleans_owed, "s2 owes no CLEAN")
         heal_and_check(cluster)

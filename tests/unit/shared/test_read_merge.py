@@ -98,3 +98,34 @@ def test_trim_point_becomes_one_trim_gap_even_if_a_node_missed_it() -> None:
     assert merge([trimmed], lsn(1, 2), lsn(1, 4), 100, 1 << 20).gaps == [
         Gap("TRIM", lsn(1, 2), lsn(1, 2))]
     assert merge([trimmed], lsn(1, 4), lsn(1, 4), 100, 1 << 20).gaps == []
+
+
+def test_a_read_starting_past_a_bridge_never_gets_the_stray_copies_behind_it() -> None:
+    """Chaos seed 1 (long run): recovery bridged epoch 15 at n1115 on st1-st3; st4 missed the
+    CLEAN and kept a stray copy at e15n1116. A producer lookup checked that candidate with a
+    read from e15n1116 and, seeing no bridge (it lies below the read), was served the stray:
+    the retry was acknowledged at LSNs every reader gets as a BRIDGE gap. Nodes now add the
+    bridge below a READ's start to their answer."""
+    bridge = (lsn(15, 1115), lsn(15, 1115), 7, 16 << 8)
+    stray = answer(rec(15, 1116), rec(17, 1), next_lsn=lsn(17, 2))
+    bridged = NodeAnswer(records=(rec(17, 1),), next_lsn=lsn(17, 2), release_lsn=lsn(17, 1),
+                         markers=(bridge,))
+    merged = merge([stray, bridged], lsn(15, 1116), lsn(17, 1), 100, 1 << 20)
+    assert [r[0] for r in merged.records] == [lsn(17, 1)]
+    assert merged.gaps == [Gap("BRIDGE", lsn(15, 1116), lsn(17, 0))]
+    # Without the bridge marker (as before) the stray was served.
+    plain = NodeAnswer(records=(rec(17, 1),), next_lsn=lsn(17, 2), release_lsn=lsn(17, 1))
+    before = merge([stray, plain], lsn(15, 1116), lsn(17, 1), 100, 1 << 20)
+    assert lsn(15, 1116) in [r[0] for r in before.records]
+
+
+def test_a_stale_bridge_below_the_read_ends_nothing_a_later_recovery_outranks() -> None:
+    # An abandoned recovery attempt left a bridge at e15n5 on one node; the next attempt
+    # decided records through e15n9 (copies written by recovery, attempt 2) and bridged at 10.
+    stale = (lsn(15, 5), lsn(15, 5), 7, 16 << 8 | 1)
+    kept = NodeAnswer(records=(rec(15, 7),), next_lsn=lsn(15, 8), release_lsn=lsn(17, 0),
+                      markers=((lsn(15, 7), lsn(15, 7), 1, 16 << 8 | 2),))
+    old = NodeAnswer(records=(), next_lsn=lsn(17, 1), release_lsn=lsn(17, 0), markers=(stale,))
+    merged = merge([kept, old], lsn(15, 7), lsn(17, 0), 100, 1 << 20)
+    assert [r[0] for r in merged.records] == [lsn(15, 7)]
+    assert merged.gaps == []

@@ -131,3 +131,51 @@ async def test_clean_purges_a_store_still_queued_when_it_arrives(tmp_path: Path)
         assert answer.records == ()
         assert answer.markers == ((lsn(1, 50), lsn(1, 50), int(RECOVERY_HOLE),
                                    recovery_wave(1, 0)),)
+
+
+async def test_clean_purges_strays_on_a_node_sealed_by_a_newer_recovery(
+        tmp_path: Path) -> None:
+    """A node that missed epoch 1's recovery (seal 1) and was sealed by a newer one (seal 3)
+    before epoch 1's CLEAN reached it still purges its strays: the outcome is final. It
+    answers PREEMPTED (a recovery member sealed higher must stop) and keeps its seal."""
+    data_dir = str(tmp_path)
+    async with running_node(data_dir) as node:
+        for esn, payload in ((1, b"kept"), (7, b"stray-a"), (9, b"stray-b")):
+            assert (await store(node, make_store(lsn(1, esn), (payload,)))).status is Status.OK
+        newer = await request(node, Seal(log_id=LOG, seal_epoch=Epoch(3), sealed_by=NodeId("s3"),
+                                         from_epoch=Epoch(2)))
+        assert isinstance(newer, Sealed) and newer.status is Status.OK
+        cleaned = await request(node, Clean(log_id=LOG, epoch=Epoch(1), seal_epoch=Epoch(1),
+                                            sealed_by=SEQ_B, bridge_esn=Esn(2), holes=()))
+        assert isinstance(cleaned, Cleaned)
+        assert (cleaned.status, cleaned.sealed_epoch) == (Status.PREEMPTED, 3)
+        assert node.stats()["purged_records"] == 2
+    async with running_node(data_dir) as node:
+        assert (node.log_state(LOG).sealed_epoch, node.log_state(LOG).sealed_by) == (3, "s3")
+        answer = await read(node, make_read(lsn(1, 1), release_lsn=lsn(2, 0)))
+        assert [(r[0], r[3]) for r in answer.records] == [(lsn(1, 1), b"kept")]
+        assert answer.markers == (
+            (lsn(1, 7), lsn(1, 7), int(RECOVERY_HOLE), recovery_wave(1, 0)),
+            (lsn(1, 9), lsn(1, 9), int(RECOVERY_HOLE), recovery_wave(1, 0)))
+
+
+async def test_a_read_starting_past_a_bridge_carries_the_bridge(tmp_path: Path) -> None:
+    """A READ from past the bridge of its epoch gets the bridge's marker (so that readers do
+    not take a stray copy behind it for a record), from memory and after a restart's scan."""
+    data_dir = str(tmp_path)
+    async with running_node(data_dir) as node:
+        assert (await store(node, make_store(lsn(1, 1), (b"a",)))).status is Status.OK
+        assert (await store(node, recovery_store(2, int(RECOVERY_BRIDGE), (b"",)))).status is (
+            Status.OK)
+        assert (await store(node, make_store(lsn(2, 1), (b"b",)))).status is Status.OK
+        answer = await read(node, make_read(lsn(1, 5), release_lsn=lsn(2, 1)))
+        bridge = (lsn(1, 2), lsn(1, 2), int(RECOVERY_BRIDGE), recovery_wave(1, 1))
+        assert answer.markers == (bridge,)
+        assert [r[0] for r in answer.records] == [lsn(2, 1)]
+        # Reads from the bridge on, or in another epoch, are as before.
+        assert (await read(node, make_read(lsn(1, 2), release_lsn=lsn(2, 1)))).markers == (
+            bridge,)
+        assert (await read(node, make_read(lsn(2, 1), release_lsn=lsn(2, 1)))).markers == ()
+    async with running_node(data_dir) as node:
+        answer = await read(node, make_read(lsn(1, 3), release_lsn=lsn(2, 1)))
+        assert answer.markers == (bridge,)
