@@ -73,11 +73,12 @@ class AppendResult:
     message: str
 
 
-AppendDone = Callable[[AppendResult], None]
-"""Receives the answer of one ``append_nowait``, exactly once."""
+AppendDone = Callable[[AppendResult | AppendReply], None]
+"""Receives the answer of one ``append_nowait``, exactly once: the core's ``AppendReply``
+itself (same fields; no copy per append), or an ``AppendResult`` made here."""
 
 
-def _deliver(done: AppendDone, result: AppendResult) -> None:
+def _deliver(done: AppendDone, result: AppendResult | AppendReply) -> None:
     # One caller's bug must not stop the effects of the appender that answered many.
     try:
         done(result)
@@ -126,7 +127,12 @@ class SequencerRuntime:
         self._staged_size: dict[tuple[LogId, str | None], tuple[int, int]] = {}
         """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
         self._flush_scheduled = False
-        self._expiries: deque[tuple[float, int]] = deque()
+        self._expiries: deque[tuple[float, list[int]]] = deque()
+        """(deadline, request ids): the appends of one loop iteration share one entry."""
+        self._expiry_batch: list[int] | None = None
+        """The request ids of this loop iteration's appends (the last ``_expiries`` entry)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """Cached: ``asyncio.get_running_loop`` costs a getpid syscall per call on 3.11."""
         self._append_timeout_s = config.append_timeout_ms / 1000
         self._expiry_task: asyncio.Task[None] | None = None
         self._drained = asyncio.Event()
@@ -170,19 +176,26 @@ class SequencerRuntime:
         request_id = self._next_request_id
         self._next_request_id = request_id + 1
         self._waiters[request_id] = done
-        self._expiries.append((asyncio.get_running_loop().time() + self._append_timeout_s,
-                               request_id))
+        batch = self._expiry_batch
+        if batch is None:
+            # Appends of one loop iteration share a deadline (the first one's: the others'
+            # come at most one iteration early), so expiry costs one entry per iteration.
+            batch = self._expiry_batch = []
+            self._expiries.append((self._running_loop().time() + self._append_timeout_s,
+                                   batch))
+        batch.append(request_id)
         self._stage(log_id, PendingAppend(request_id, payloads, key, self.clock.wall_ms(),
                                           producer, compression, records))
 
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
         producer: tuple[str, int] | None = None, *, compression: int = 0, records: int = 0,
-    ) -> AppendResult:
+    ) -> AppendResult | AppendReply:
         """``append_nowait`` as a coroutine."""
-        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[AppendResult | AppendReply] = (
+            asyncio.get_running_loop().create_future())
 
-        def done(result: AppendResult) -> None:
+        def done(result: AppendResult | AppendReply) -> None:
             if not future.done():
                 future.set_result(result)
 
@@ -193,7 +206,9 @@ class SequencerRuntime:
     def _stage(self, log_id: LogId, pending: PendingAppend) -> None:
         group_key = (log_id, pending.key)
         # A compressed batch counts its records, and its blob's bytes (what a STORE carries).
-        records, size = pending.records_count, sum(len(p) for p in pending.payloads)
+        payloads = pending.payloads
+        records = pending.records_count
+        size = len(payloads[0]) if len(payloads) == 1 else sum(map(len, payloads))
         staged_records, staged_size = self._staged_size.get(group_key, (0, 0))
         if staged_records and (
             staged_records + records > self.config.append_group_records_max
@@ -206,10 +221,17 @@ class SequencerRuntime:
         self._staged_size[group_key] = (staged_records + records, staged_size + size)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush_staged)
+            self._running_loop().call_soon(self._flush_staged)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
+        self._expiry_batch = None
         for group_key in list(self._staged):
             self._flush_group(group_key)
 
@@ -231,11 +253,14 @@ class SequencerRuntime:
             now_s = loop.time()
             expiries = self._expiries
             while expiries and expiries[0][0] <= now_s:
-                done = self._waiters.pop(expiries.popleft()[1], None)
-                if done is not None:
-                    _deliver(done, AppendResult(
-                        Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
-                        "append not confirmed in time; outcome unknown"))
+                if expiries[0][1] is self._expiry_batch:
+                    self._expiry_batch = None  # a timeout shorter than one loop iteration
+                for request_id in expiries.popleft()[1]:
+                    done = self._waiters.pop(request_id, None)
+                    if done is not None:
+                        _deliver(done, AppendResult(
+                            Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
+                            "append not confirmed in time; outcome unknown"))
 
     def release_lsn(self, log_id: LogId) -> Lsn:
         sequencer = self.sequencers.get(log_id)
@@ -287,9 +312,7 @@ class SequencerRuntime:
             elif type(effect) is AppendReply:
                 done = self._waiters.pop(effect.request_id, None)
                 if done is not None:
-                    _deliver(done, AppendResult(effect.status, effect.first_lsn,
-                                                effect.last_lsn, effect.timestamp_ms,
-                                                effect.message))
+                    _deliver(done, effect)
             elif type(effect) is ReleaseAdvanced:
                 event = self._release_events.pop(effect.log_id, None)
                 if event is not None:
@@ -465,7 +488,7 @@ class SequencerRuntime:
             self._timer_handle.cancel()
         self._armed_ms = deadline_ms
         delay_s = max(deadline_ms - self.clock.now_ms(), 0) / 1000
-        self._timer_handle = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
+        self._timer_handle = self._running_loop().call_later(delay_s, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer_handle, self._armed_ms = None, None

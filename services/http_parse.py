@@ -56,8 +56,11 @@ class Rejection:
     message: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class AppendRequest:
+    """A validated append (not frozen: one is built per HTTP append, and a frozen dataclass's
+    ``__init__`` costs a call per field)."""
+
     payloads: tuple[bytes, ...]
     key: str | None
     producer_id: str | None
@@ -199,8 +202,11 @@ def _append_options(
     # The one set of append rules (shared.append_validation), as for binary and forwarded
     # appends.
     rejection = _rejection(
-        (None if payloads_checked else check_payloads(payloads, api)) or check_key(key)
-        or check_producer(producer_id, producer_seq))
+        (None if payloads_checked else check_payloads(payloads, api))
+        # (The common absent key and producer skip their calls; the checks pass them.)
+        or (None if key is None else check_key(key))
+        or (None if producer_id is None and producer_seq is None
+            else check_producer(producer_id, producer_seq)))
     if rejection is not None:
         return rejection
     assert key is None or isinstance(key, str)
@@ -217,9 +223,10 @@ def parse_append(
     """``{"payload": bytes, "key"?, "producer_id"?, "producer_seq"?}``."""
     if "payload" not in doc:
         return Rejection(Status.BADMSG, "payload is missing")
-    payload = _payload(doc["payload"], "payload", media, api)
+    payload = _bytes_field(doc["payload"], "payload", media)
     if isinstance(payload, Rejection):
         return payload
+    # The payload's size is checked with the other options (``check_payloads``).
     return _append_options(doc, (payload,), api)
 
 
