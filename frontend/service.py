@@ -145,6 +145,13 @@ class FrontEnd:
         is one compressed batch (``shared.compression``) of ``records`` records.
         ``local_done``: instead of ``done``, takes the answer of an append this node's own
         sequencer runs, as it is (sequenced by ``node_id``; no ``AppendOutcome`` in between)."""
+        sequencer = self.sequencer
+        if (local_done is not None and sequencer is not None
+                and self.owner(log_id) == self.node_id):
+            # The hot case in one step: this node sequences the log (``_append_nowait``).
+            sequencer.append_nowait(log_id, payloads, key, producer, local_done,
+                                    compression=compression, records=records)
+            return
         if no_forward:
             redirect = self._redirect(log_id)
             if redirect is not None:

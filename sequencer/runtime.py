@@ -86,6 +86,7 @@ def _deliver(done: AppendDone, result: AppendResult | AppendReply) -> None:
         log.exception("append callback %r failed", done)
 
 
+_NOTHING_STAGED = (0, 0)
 _SHUTTING_DOWN = AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
 
 
@@ -131,6 +132,7 @@ class SequencerRuntime:
         """(deadline, request ids): the appends of one loop iteration share one entry."""
         self._expiry_batch: list[int] | None = None
         """The request ids of this loop iteration's appends (the last ``_expiries`` entry)."""
+        self._batch_wall_ms = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         """Cached: ``asyncio.get_running_loop`` costs a getpid syscall per call on 3.11."""
         self._append_timeout_s = config.append_timeout_ms / 1000
@@ -179,12 +181,14 @@ class SequencerRuntime:
         batch = self._expiry_batch
         if batch is None:
             # Appends of one loop iteration share a deadline (the first one's: the others'
-            # come at most one iteration early), so expiry costs one entry per iteration.
+            # come at most one iteration early), so expiry costs one entry per iteration; and
+            # a timestamp, as the appends of one appender do anyway (its first one's).
             batch = self._expiry_batch = []
             self._expiries.append((self._running_loop().time() + self._append_timeout_s,
                                    batch))
+            self._batch_wall_ms = self.clock.wall_ms()
         batch.append(request_id)
-        self._stage(log_id, PendingAppend(request_id, payloads, key, self.clock.wall_ms(),
+        self._stage(log_id, PendingAppend(request_id, payloads, key, self._batch_wall_ms,
                                           producer, compression, records))
 
     async def append(
@@ -207,17 +211,26 @@ class SequencerRuntime:
         group_key = (log_id, pending.key)
         # A compressed batch counts its records, and its blob's bytes (what a STORE carries).
         payloads = pending.payloads
-        records = pending.records_count
-        size = len(payloads[0]) if len(payloads) == 1 else sum(map(len, payloads))
-        staged_records, staged_size = self._staged_size.get(group_key, (0, 0))
+        if len(payloads) == 1:
+            size = len(payloads[0])
+            records = pending.records if pending.compression else 1
+        else:
+            size = sum(map(len, payloads))
+            records = pending.records if pending.compression else len(payloads)
+        staged_records, staged_size = self._staged_size.get(group_key, _NOTHING_STAGED)
         if staged_records and (
             staged_records + records > self.config.append_group_records_max
             or staged_size + size > self.config.append_group_bytes_max
         ):
             # Never grow a group past the limits: one append alone may reach them, never more.
             self._flush_group(group_key)
-            staged_records, staged_size = 0, 0
-        self._staged.setdefault(group_key, []).append(pending)
+            # (Its answers' callbacks may have staged more already.)
+            staged_records, staged_size = self._staged_size.get(group_key, _NOTHING_STAGED)
+        group = self._staged.get(group_key)
+        if group is None:
+            self._staged[group_key] = [pending]
+        else:
+            group.append(pending)
         self._staged_size[group_key] = (staged_records + records, staged_size + size)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -307,12 +320,12 @@ class SequencerRuntime:
 
     def _apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
         for effect in effects:
-            if type(effect) is Send:
-                self._send(sequencer, effect)
-            elif type(effect) is AppendReply:
+            if type(effect) is AppendReply:
                 done = self._waiters.pop(effect.request_id, None)
                 if done is not None:
                     _deliver(done, effect)
+            elif type(effect) is Send:
+                self._send(sequencer, effect)
             elif type(effect) is ReleaseAdvanced:
                 event = self._release_events.pop(effect.log_id, None)
                 if event is not None:

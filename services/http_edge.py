@@ -289,11 +289,10 @@ class _Request:
         if self.data is not None:
             return
         conn = self.conn
-        edge = conn.edge
-        edge.metrics.in_flight -= 1
-        edge.metrics.observe(self.route, self.method,
-                             code if not conn.lost else CLIENT_CLOSED_CODE,
-                             time.perf_counter() - self.started_s)
+        metrics = conn.edge.metrics
+        metrics.in_flight -= 1
+        metrics.observe(self.route, self.method, code if not conn.lost else CLIENT_CLOSED_CODE,
+                        time.perf_counter() - self.started_s)
         head = _heads.get((code, media))
         if head is None:
             head = _heads[(code, media)] = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n" % (
@@ -367,7 +366,9 @@ class _Request:
                 assert first_lsn > 0 and answer.last_lsn - first_lsn + 1 == count, answer
                 doc = {"first_lsn": first_lsn, "last_lsn": answer.last_lsn, "count": count,
                        "timestamp_ms": answer.timestamp_ms}
-            self.answer(200, doc, self.conn.edge.node_header)
+            media, edge = self.media, self.conn.edge
+            self.answer_bytes(200, edge.packer.pack(doc) if media == MSGPACK
+                              else encode_body(doc, media), media, edge.node_header)
         except Exception:
             self.internal()
 
@@ -415,6 +416,14 @@ class _Request:
 
 class _Connection(asyncio.Protocol):
     """One client connection on the lean path (httptools parser callbacks are methods)."""
+
+    # Slots: the parser callbacks set a dozen attributes per request.
+    __slots__ = ("_accept", "_body", "_body_bytes", "_chunks", "_chunks_bytes", "_closing",
+                 "_completed", "_content_length", "_content_type", "_expect", "_feeding",
+                 "_flush_scheduled", "_handover", "_head_bytes", "_headers_count",
+                 "_in_message", "_keep_alive", "_log_id", "_method", "_no_forward",
+                 "_read_paused", "_route", "_started_s", "_timer", "_url", "_write_paused",
+                 "edge", "idle_since_s", "lost", "parser", "queue", "tasks", "transport")
 
     def __init__(self, edge: EdgeServer) -> None:
         self.edge = edge
@@ -693,7 +702,7 @@ class _Connection(asyncio.Protocol):
         if not no_forward and b"?" in self._url:
             value = next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
             no_forward = value is not None and value.strip().lower().encode() in _TRUE_VALUES
-        request.count = append.records_count
+        request.count = append.records if append.compression else len(append.payloads)
         local = self.edge.append_local
         if local is not None and not append.compression:
             local(log_id, append.payloads, append.key, producer=producer,
