@@ -585,9 +585,9 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._route is None:
             self._pick_route()
-        self._head_bytes += len(name) + len(value)
-        self._headers_count += 1
-        if self._head_bytes > REQUEST_HEAD_BYTES_MAX or self._headers_count > HEADERS_COUNT_MAX:
+        head_bytes = self._head_bytes = self._head_bytes + len(name) + len(value)
+        headers_count = self._headers_count = self._headers_count + 1
+        if head_bytes > REQUEST_HEAD_BYTES_MAX or headers_count > HEADERS_COUNT_MAX:
             self._head_too_big()
         kind = _HEADER_KINDS.get(name)
         if kind is None:

@@ -201,14 +201,14 @@ def _append_options(
     producer_seq = doc.get("producer_seq")
     # The one set of append rules (shared.append_validation), as for binary and forwarded
     # appends.
-    rejection = _rejection(
+    invalid = (
         (None if payloads_checked else check_payloads(payloads, api))
         # (The common absent key and producer skip their calls; the checks pass them.)
         or (None if key is None else check_key(key))
         or (None if producer_id is None and producer_seq is None
             else check_producer(producer_id, producer_seq)))
-    if rejection is not None:
-        return rejection
+    if invalid is not None:
+        return Rejection(invalid.status, invalid.message)
     assert key is None or isinstance(key, str)
     assert producer_id is None or isinstance(producer_id, str)
     assert producer_seq is None or isinstance(producer_seq, int)
