@@ -183,7 +183,7 @@ class Client:
         if not self._binary_off:
             binary = self._binary or await self._binary_appends()
             if binary is not None:
-                future: asyncio.Future[AppendResult] = self._loop().create_future()
+                future: asyncio.Future[AppendResult] = binary.loop.create_future()
                 binary.submit(_message(log, (payload,), key, producer_id, producer_seq),
                               future, _append_result)
                 return await future
@@ -205,7 +205,7 @@ class Client:
         payload = _check_payload(payload)
         binary = self._binary
         if binary is not None and not self._binary_off:
-            future: asyncio.Future[AppendResult] = self._loop().create_future()
+            future: asyncio.Future[AppendResult] = binary.loop.create_future()
             binary.submit(_message(log, (payload,), key, producer_id, producer_seq), future,
                           _append_result)
             return future
@@ -240,7 +240,7 @@ class Client:
         if not self._binary_off:
             binary = self._binary or await self._binary_appends()
             if binary is not None:
-                future: asyncio.Future[BatchResult] = self._loop().create_future()
+                future: asyncio.Future[BatchResult] = binary.loop.create_future()
                 message = _message(log, tuple(items), key, producer_id, producer_seq)
                 if blob is not None:
                     message = replace(message, payloads=(blob,),
@@ -308,10 +308,6 @@ class Client:
 
     def _binary_unavailable(self) -> None:
         self._binary_off = True
-
-    @staticmethod
-    def _loop() -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
 
     def buffered_writer(self, **options: Unpack[BufferedWriterOptions]) -> BufferedWriter:
         """A writer that batches appends per log (``seqlog.buffered_writer``):

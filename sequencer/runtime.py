@@ -133,8 +133,6 @@ class SequencerRuntime:
         self._expiry_batch: list[int] | None = None
         """The request ids of this loop iteration's appends (the last ``_expiries`` entry)."""
         self._batch_wall_ms = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        """Cached: ``asyncio.get_running_loop`` costs a getpid syscall per call on 3.11."""
         self._append_timeout_s = config.append_timeout_ms / 1000
         self._expiry_task: asyncio.Task[None] | None = None
         self._drained = asyncio.Event()
@@ -146,6 +144,17 @@ class SequencerRuntime:
         """How often log recoveries entered each phase (SEALING counts attempts, DONE and
         PREEMPTED the ends), for /metrics."""
         self._unavailable: frozenset[NodeId] = frozenset()
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, looked up once: ``asyncio.get_running_loop()`` makes a getpid()
+        system call each time on Python 3.11, which was a tenth of the sequencer's CPU per
+        append."""
+        loop = self._event_loop
+        if loop is None:
+            loop = self._event_loop = asyncio.get_running_loop()
+        return loop
 
     def update_cluster(self, cluster: ClusterConfig) -> None:
         """Nodes were added or reweighted (services.membership): new logs get the new default
@@ -184,8 +193,7 @@ class SequencerRuntime:
             # come at most one iteration early), so expiry costs one entry per iteration; and
             # a timestamp, as the appends of one appender do anyway (its first one's).
             batch = self._expiry_batch = []
-            self._expiries.append((self._running_loop().time() + self._append_timeout_s,
-                                   batch))
+            self._expiries.append((self._loop.time() + self._append_timeout_s, batch))
             self._batch_wall_ms = self.clock.wall_ms()
         batch.append(request_id)
         self._stage(log_id, PendingAppend(request_id, payloads, key, self._batch_wall_ms,
@@ -196,8 +204,7 @@ class SequencerRuntime:
         producer: tuple[str, int] | None = None, *, compression: int = 0, records: int = 0,
     ) -> AppendResult | AppendReply:
         """``append_nowait`` as a coroutine."""
-        future: asyncio.Future[AppendResult | AppendReply] = (
-            asyncio.get_running_loop().create_future())
+        future: asyncio.Future[AppendResult | AppendReply] = self._loop.create_future()
 
         def done(result: AppendResult | AppendReply) -> None:
             if not future.done():
@@ -234,13 +241,7 @@ class SequencerRuntime:
         self._staged_size[group_key] = (staged_records + records, staged_size + size)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._running_loop().call_soon(self._flush_staged)
-
-    def _running_loop(self) -> asyncio.AbstractEventLoop:
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        return loop
+            self._loop.call_soon(self._flush_staged)
 
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
@@ -501,7 +502,7 @@ class SequencerRuntime:
             self._timer_handle.cancel()
         self._armed_ms = deadline_ms
         delay_s = max(deadline_ms - self.clock.now_ms(), 0) / 1000
-        self._timer_handle = self._running_loop().call_later(delay_s, self._on_timer)
+        self._timer_handle = self._loop.call_later(delay_s, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer_handle, self._armed_ms = None, None
