@@ -638,7 +638,9 @@ class _Connection(asyncio.Protocol):
             self._timer = None
         route = self._route
         assert route is not None
-        media = _answer_media(self._accept, self._content_type)
+        accept, content_type = self._accept, self._content_type
+        media = (_media_cache.get((accept, content_type))
+                 or _answer_media(accept, content_type))
         method = self._method
         request = _Request(self, route, _METHOD_NAMES.get(method) or method.decode("ascii"),
                            media, self._url, self._started_s, not self._keep_alive)
@@ -665,7 +667,8 @@ class _Connection(asyncio.Protocol):
             return
         route = request.route
         if route is ROUTE_APPEND or route is ROUTE_APPEND_BATCH:
-            body_media = _body_media(self._content_type)
+            content_type = self._content_type
+            body_media = _body_media_cache.get(content_type) or _body_media(content_type)
             if isinstance(body_media, Rejection):
                 request.rejected(body_media)
                 return
@@ -780,7 +783,10 @@ class _Connection(asyncio.Protocol):
                 return
             if not self._in_message:
                 self.idle_since_s = self.edge.loop.time()
-        self._update_reading()
+        if self._read_paused:
+            # Writing only ever un-pauses reading here: every change that pauses it (a
+            # full queue, a paused transport, closing, a handover) calls _update_reading.
+            self._update_reading()
 
     def _refuse(self, status: Status, message: str, *, code: int | None = None,
                 route: str | None = None) -> None:
