@@ -80,9 +80,12 @@ def _read_files(
     root = _file_root(url)
     if root is None:
         raise ValueError(f"read_log_state needs a file:///dir or zk:// URL, got {url!r}")
-    objects = FileObjects(root, io_threads_max=1)
-    status, meta = objects.read_metadata_sync(log_id)
-    if status != Status.OK or meta is None:
-        return status, None, None
-    status, lce = objects.read_lce_sync(log_id)
-    return status, meta, lce
+    objects = FileObjects(root)
+    try:
+        status, meta = objects.read_metadata_sync(log_id)
+        if status != Status.OK or meta is None:
+            return status, None, None
+        status, lce = objects.read_lce_sync(log_id)
+        return status, meta, lce
+    finally:
+        objects.journal.close()

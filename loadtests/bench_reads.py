@@ -17,8 +17,9 @@ store) unless ``--dir`` names a running one, and prints one JSON document:
    ``--probe-s`` seconds on a fresh log: the maximum rate.
 5. ``tail``: open-loop single appends at ``--tail-fraction`` (0.5) of that rate for
    ``--tail-s`` seconds on a fresh log, read by a tailing ``Client.reader`` and by an HTTP
-   long-poll follower (``Client.follow``) in the same process; latency = append sent ->
-   record delivered to the reader (p50/p99/max).
+   long-poll follower (``Client.follow``), each in its own process
+   (``loadtests.bench_tail.run_tail``): latency = the append's due time -> acknowledged /
+   delivered to the reader, so a stalled generator cannot hide delay (coordinated omission).
 
 Run from the repo root: ``.venv/bin/python -m loadtests.bench_reads [--records 1000000]``.
 """
@@ -37,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.bench_append import loadavg, percentile
-from seqlog import Client, Gap, Record
+from loadtests.bench_tail import run_tail
+from seqlog import Client, Record
 from services import local_cluster as lc
 
 READY_TIMEOUT_MS = 60_000
@@ -181,73 +183,8 @@ async def _max_append(client: Client, log_id: int, args: argparse.Namespace) -> 
             "records_per_s": round(done / elapsed)}
 
 
-async def _tail(client: Client, log_id: int, rate: float,
-                args: argparse.Namespace) -> dict[str, Any]:
-    sent_at: dict[int, float] = {}
-    acked: list[float] = []
-    direct: list[float] = []
-    http: list[float] = []
-    total = int(rate * args.tail_s)
-    await client.append(log_id, b"start")
-    start_lsn = (await client.tail(log_id)).release_lsn
-
-    async def follow_direct() -> None:
-        async with await client.reader(log_id, start_lsn, follow=True) as reader:
-            async for entry in reader:
-                if isinstance(entry, Record) and entry.payload[:1] == b"#":
-                    seq = int(entry.payload[1:17])
-                    direct.append(time.monotonic() - sent_at[seq])
-                    if len(direct) == total:
-                        return
-
-    async def follow_http() -> None:
-        async for entry in client.follow(log_id, start_lsn):
-            if isinstance(entry, Gap):
-                continue
-            if entry.payload[:1] == b"#":
-                seq = int(entry.payload[1:17])
-                http.append(time.monotonic() - sent_at[seq])
-                if len(http) == total:
-                    return
-
-    readers = [asyncio.ensure_future(follow_direct()), asyncio.ensure_future(follow_http())]
-    await asyncio.sleep(0.5)
-    pad = b"." * max(0, args.size - 17)
-    inflight: set[asyncio.Task[Any]] = set()
-    started = time.monotonic()
-    errors = 0
-    for seq in range(total):
-        due = started + seq / rate
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        sent_at[seq] = time.monotonic()
-        task = asyncio.ensure_future(_timed_append(client, log_id, b"#%016d" % seq + pad,
-                                                   acked))
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-        if len(inflight) > 1024:
-            errors += 1  # the cluster fell behind the offered rate
-            await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-    await asyncio.gather(*inflight, return_exceptions=True)
-    try:
-        await asyncio.wait_for(asyncio.gather(*readers), 60)
-    finally:
-        for task in readers:
-            task.cancel()
-    return {"offered_per_s": round(rate), "records": total, "backlogged_sends": errors,
-            "append_ack": _stats_ms(acked), "direct_reader": _stats_ms(direct),
-            "http_follow": _stats_ms(http)}
-
-
-async def _timed_append(client: Client, log_id: int, payload: bytes,
-                        latencies: list[float]) -> None:
-    started = time.monotonic()
-    await client.append(log_id, payload)
-    latencies.append(time.monotonic() - started)
-
-
-async def _run(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
+async def _run(args: argparse.Namespace, urls: list[str],
+               nodes: tuple[lc.NodeEntry, ...] = ()) -> dict[str, Any]:
     out: dict[str, Any] = {"loadavg_start": loadavg(), "records": args.records,
                            "size": args.size}
     async with Client(urls, timeout_ms=60_000) as client:
@@ -263,8 +200,9 @@ async def _run(args: argparse.Namespace, urls: list[str]) -> dict[str, Any]:
         _progress("max append rate")
         out["max_append"] = await _max_append(client, log_id + 1, args)
         rate = out["max_append"]["records_per_s"] * args.tail_fraction
-        _progress(f"tail latency at {rate:.0f} appends/s")
-        out["tail"] = await _tail(client, log_id + 2, rate, args)
+    _progress(f"tail latency at {rate:.0f} appends/s")
+    out["tail"] = await run_tail(urls, log_id + 2, rate, args.tail_s, args.size, "asyncio",
+                                 ["direct", "http"], nodes)
     out["loadavg_end"] = loadavg()
     return out
 
@@ -274,7 +212,7 @@ def main() -> int:
     if args.dir is not None:
         state = lc.load_state(args.dir)
         assert state is not None, f"no cluster in {args.dir}"
-        result = asyncio.run(_run(args, state.sequencer_urls))
+        result = asyncio.run(_run(args, state.sequencer_urls, state.nodes))
     else:
         with tempfile.TemporaryDirectory(prefix="seqlog-bench-reads-") as root:
             spec = lc.LocalClusterSpec(dir=Path(root), storage_nodes=3, sequencers=2,
@@ -282,7 +220,7 @@ def main() -> int:
                                        fsync="always")
             state = lc.up(spec, ready_timeout_ms=READY_TIMEOUT_MS)
             try:
-                result = asyncio.run(_run(args, state.sequencer_urls))
+                result = asyncio.run(_run(args, state.sequencer_urls, state.nodes))
             finally:
                 lc.down(Path(root))
     print(json.dumps(result, indent=2))

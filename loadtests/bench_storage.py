@@ -20,6 +20,15 @@ from just before ``on_message`` to the STORED(OK) reply, i.e. queueing + group c
 (per ``--fsync``). ``--warmup`` records go first, unmeasured. Prints one JSON line with the
 commit statistics (records per fsync shows the group commit at work).
 
+Preallocation (``storage_node/segment_files.py``): ``fdatasyncs`` counts the commits made
+inside zero-filled space, ``zero_fill_bytes`` the zeros written meanwhile, and
+``file_bytes_per_byte_written`` is (entry bytes + zeros) / entry bytes (2.0 in the long run:
+every segment byte is written as a zero first). ``--preallocate-bytes 0`` turns it off for an
+A/B in the same code. What reaches the disk is best counted at the block device (writes in
+``/sys/block/DEV/stat``, on a file system no one else uses):
+``proc_io_write_bytes_per_byte_written`` (``/proc/self/io``) counts page-cache dirtying, not
+disk writes.
+
 Run from the repo root: ``.venv/bin/python -m loadtests.bench_storage [--records N] ...``.
 """
 
@@ -41,6 +50,7 @@ from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.codec import Message, decode, encode
 from shared.wire.read import Read, ReadReply
 from shared.wire.store import Store, Stored, payloads_checksum
+from storage_node import segment_files
 from storage_node.runtime import StorageNode
 
 NODE = NodeId("bench-storage")
@@ -61,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     p.add_argument("--tail", action="store_true",
                    help="STOREs carry the release pointer; measure delivery to a tailing reader")
+    p.add_argument("--preallocate-bytes", type=int, default=None,
+                   help="zero-filled space kept ahead of the writes (segment_files; 0: off)")
     p.add_argument("--no-codec", dest="codec", action="store_false",
                    help="hand Store objects to the node instead of decoding frames")
     return p
@@ -205,7 +217,24 @@ class Tailer:
             self._issue()
 
 
+def io_write_bytes() -> int:
+    """``/proc/self/io`` write_bytes (0 where there is no such file). It counts what the
+    process dirtied in the page cache, which overstates the disk traffic: the kernel accounts
+    every page (and every large folio: 2 MiB for a zero-filled region on Linux 6.x) each time
+    a write dirties it again after an fsync cleaned it."""
+    try:
+        with open("/proc/self/io") as file:
+            for line in file:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
+    if args.preallocate_bytes is not None:
+        segment_files.PREALLOCATE_BYTES = args.preallocate_bytes
     config = StorageConfig(fsync=args.fsync, disk_free_bytes_min=0)
     node = StorageNode(node_id=NODE, data_dir=data_dir, config=config)
     await node.start()
@@ -219,10 +248,12 @@ async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
         await driver.run(args.warmup, measure=False)
         driver.prepare(args.records)
         before = node.stats()
+        io_start = io_write_bytes()
         cpu_start, wall_start = cpu_s(), time.perf_counter()
         await driver.run(args.records, measure=True)
         wall_s = time.perf_counter() - wall_start
         cpu_used_s = cpu_s() - cpu_start
+        io_bytes = io_write_bytes() - io_start
         after = node.stats()
         tailer.stop()
     finally:
@@ -248,6 +279,16 @@ async def bench(args: argparse.Namespace, data_dir: str) -> dict[str, Any]:
         "cpu_util": round(cpu_used_s / wall_s, 2),
         "cpu_us_per_record": round(cpu_used_s / (args.records * args.batch) * 1e6, 2),
         "inline_commits": after.get("inline_commits", 0) - before.get("inline_commits", 0),
+        "fdatasyncs": after.get("fdatasyncs", 0) - before.get("fdatasyncs", 0),
+        "zero_fill_bytes": after.get("zero_fill_bytes", 0) - before.get("zero_fill_bytes", 0),
+        "bytes_written": after["bytes_written"] - before["bytes_written"],
+        "file_bytes_per_byte_written": (
+            round(1 + (after.get("zero_fill_bytes", 0) - before.get("zero_fill_bytes", 0))
+                  / (after["bytes_written"] - before["bytes_written"]), 2)
+            if after["bytes_written"] > before["bytes_written"] else None),
+        "proc_io_write_bytes_per_byte_written": (
+            round(io_bytes / (after["bytes_written"] - before["bytes_written"]), 2)
+            if after["bytes_written"] > before["bytes_written"] else None),
         "codec": args.codec,
         **({"tail_delivered": len(tail), "tail_p50_ms": round(percentile(tail, 50), 3),
             "tail_p99_ms": round(percentile(tail, 99), 3),

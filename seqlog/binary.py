@@ -24,7 +24,7 @@ from shared.net.connection import OUTPUT_BUFFER_BYTES_MAX, FramedProtocol, wait_
 from shared.net.types import Counters
 from shared.status import LogError, Status
 from shared.types import CLIENT_ID_PREFIX, NodeId
-from shared.wire.codec import Message, encode
+from shared.wire.codec import Message, encode, encode_fields, encode_parts
 from shared.wire.hello import PROTOCOL_VERSION, Hello, HelloReply
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,8 @@ class BinaryConnection(FramedProtocol):
             marks.append(mark)
         if self._sweep is None:
             self._arm_sweep()
-        self.send(encode(message, correlation_id))
+        # As parts: a 1 MiB batch is not copied once more to join it to its header.
+        self.send_parts(encode_parts(message, encode_fields(message), correlation_id))
 
     def _arm_sweep(self) -> None:
         delay_s = min(self._timeout_s, SWEEP_INTERVAL_S_MAX)

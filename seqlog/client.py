@@ -51,7 +51,7 @@ from seqlog.results import (
 )
 from seqlog.routing import Router, normalize_url
 from shared.append_validation import check_key, check_producer
-from shared.compression import CODEC_NAMES, compress_batch
+from shared.compression import CODEC_NAMES, compress_whole, worth_compressing
 from shared.http_contract import (
     NO_FORWARD_HEADER,
     NOTHING_WRITTEN,
@@ -73,6 +73,7 @@ _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 URLS_CACHED_MAX = 4096
 """Parsed request URLs a client keeps (parsing one costs more than the rest of building a
 request); the cache starts over past it."""
+_ONLY_BYTES = frozenset((bytes,))
 
 
 class Client:
@@ -233,10 +234,12 @@ class Client:
         """An atomic batch. ``compression`` ("lz4" or "zstd") sends it compressed when that
         makes it smaller (docs/API-EXTENSIONS.md); readers get the plain payloads back."""
         log = _check_log(log_id)
-        items = [_check_payload(p) for p in payloads]
+        items = list(payloads)
+        if not _ONLY_BYTES.issuperset(map(type, items)):
+            items = [_check_payload(p) for p in items]
         if not items:
             raise LogError(Status.INVALID_PARAM, "a batch needs at least one payload")
-        blob = self._compress(items, compression)
+        blob = None if compression is None else self._compress(items, compression)
         if not self._binary_off:
             binary = self._binary or await self._binary_appends()
             if binary is not None:
@@ -403,17 +406,21 @@ class Client:
 
     # -- compressed batches -------------------------------------------------------------
 
-    def _compress(self, items: list[bytes], compression: str | None) -> bytes | None:
+    def _compress(self, items: list[bytes], compression: str) -> bytes | None:
         """The compressed batch to send instead of ``items``, or None to send them plain
-        (no ``compression``, or it would not make the batch smaller)."""
-        if compression is None:
-            return None
+        (it would not make the batch smaller). On the event loop: compressing 1 MiB batches
+        in a thread (zstd releases the GIL) took ~2.4 us per record of JSON lines off the
+        loop, but the batches then reached the storage nodes evenly spread rather than in
+        bursts, one fsync each instead of one per 2-3, and the cluster spent 1.5-2 us more
+        per record than the loop saved."""
         codec = CODEC_NAMES.get(compression)
         if codec is None:
             raise LogError(Status.INVALID_PARAM, f"unknown compression {compression!r}")
-        blob = compress_batch(items, codec)
-        plain_bytes = sum(len(p) for p in items)
+        plain_bytes = sum(map(len, items))
         self.batch_bytes_plain += plain_bytes
+        blob = None
+        if worth_compressing(items, codec, plain_bytes):
+            blob = compress_whole(items, codec, plain_bytes)
         self.batch_bytes_sent += plain_bytes if blob is None else len(blob)
         return blob
 

@@ -356,7 +356,9 @@ class SequencerRuntime:
             self._note_drained()
 
     def _note_drained(self) -> None:
-        if not any(s.appenders for s in self.sequencers.values()):
+        # Walks every log: once drained, never again (with 10,000 logs, walking them on each
+        # effect applied while stopping took longer than the shutdown bound).
+        if not self._drained.is_set() and not any(s.appenders for s in self.sequencers.values()):
             self._drained.set()
 
     def _send(self, sequencer: Sequencer, effect: Send) -> None:
@@ -550,7 +552,9 @@ class SequencerRuntime:
         drained = [(s, tail) for s in self.sequencers.values()
                    if (tail := s.drained_clean_tail()) is not None]
         for sequencer, _ in drained:
-            self._apply(sequencer, sequencer.release_broadcast())
+            # Only sends: not through _apply, which looks at every log when closing.
+            for effect in sequencer.release_broadcast():
+                self._send(sequencer, effect)
         if not drained:
             return
         remaining_s = max(deadline_s - loop.time(), DRAIN_MARK_CLEAN_TIMEOUT_S)

@@ -20,6 +20,8 @@ from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX, PRODUCER_SEQ_MAX
 from shared.status import Status
 from shared.types import LOG_ID_MAX, LOG_ID_MIN, log_id_valid
 
+_ONLY_BYTES = frozenset((bytes,))
+
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
@@ -61,19 +63,15 @@ def check_payloads(payloads: Sequence[object], api: ApiConfig) -> Invalid | None
     invalid = check_records_count(len(payloads), api)
     if invalid is not None:
         return invalid
-    total = 0
-    payload_bytes_max = api.payload_bytes_max
-    for payload in payloads:
-        # The common case in one pass without per-payload calls; the message only on failure.
-        if type(payload) is not bytes or len(payload) > payload_bytes_max:
-            single = len(payloads) == 1
-            for index, bad in enumerate(payloads):
-                invalid = check_payload(bad, "payload" if single else f"payloads[{index}]",
-                                        api)
-                if invalid is not None:
-                    return invalid
-        assert isinstance(payload, bytes)
-        total += len(payload)
+    # The common case in C loops (no Python step per payload); the message only on failure.
+    if not _ONLY_BYTES.issuperset(map(type, payloads)) or max(
+            map(len, payloads)) > api.payload_bytes_max:  # type: ignore[arg-type]
+        single = len(payloads) == 1
+        for index, bad in enumerate(payloads):
+            invalid = check_payload(bad, "payload" if single else f"payloads[{index}]", api)
+            if invalid is not None:
+                return invalid
+    total = sum(map(len, payloads))  # type: ignore[arg-type]
     if total > api.request_bytes_max:
         return Invalid(Status.TOOBIG, f"{total} payload bytes, over "
                                       f"request_bytes_max={api.request_bytes_max}")

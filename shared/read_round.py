@@ -10,10 +10,13 @@ f-majority did: a slow node delays a read by that much, not by its own latency (
 speculative reads, in a send-to-all form). A round that can no longer reach an f-majority
 ends ``SHORT``; the reader waits and asks again rather than skip anything.
 
-A long-poll round (``wait_ms > 0``) ends ``RELEASE_MOVED`` as soon as one node reports a
-release pointer above the one the round carried while others are still holding the READ:
-nodes outside the newest records' copysets learn the release late, so the reader asks again
-at once, handing every node the newer pointer.
+A long-poll round (``wait_ms > 0``) merges as soon as an f-majority has answered with
+records (or gaps) past the cursor, without waiting for the nodes that still hold the READ: the
+storage nodes answer a held READ the moment a release reaches them, so the first answers carry
+what a tailing reader waits for. Otherwise it ends ``RELEASE_MOVED`` as soon as one node
+reports a release pointer above the one the round carried while others are still holding the
+READ: nodes outside the newest records' copysets learn the release late, so the reader asks
+again at once, handing every node the newer pointer.
 """
 
 from __future__ import annotations
@@ -181,9 +184,19 @@ class ReadRound:
         if answered + inflight + unasked < self.needed:
             return RoundResult(end="SHORT", release_lsn=release, answered=answered,
                                needed=self.needed, failures=tuple(self._failed.items()))
-        if inflight and self.request.wait_ms > 0 and release > self.request.release_lsn:
-            return RoundResult(end="RELEASE_MOVED", release_lsn=release, answered=answered,
-                               needed=self.needed)
+        if inflight and self.request.wait_ms > 0:
+            if answered >= self.needed:
+                # The nodes still holding the READ are not slow, they wait for a release
+                # that has reached others: an f-majority that brought records past the
+                # cursor is merged now, not after them nor after another round trip.
+                merged = merge(list(self._answers.values()), self.request.from_lsn, release,
+                               self._records_max, self._bytes_max)
+                if merged.next_lsn > self.request.from_lsn:
+                    return RoundResult(end="MERGED", release_lsn=release, merged=merged,
+                                       answered=answered, needed=self.needed)
+            if release > self.request.release_lsn:
+                return RoundResult(end="RELEASE_MOVED", release_lsn=release,
+                                   answered=answered, needed=self.needed)
         if answered < self.needed or (
                 inflight and self._quorum_ms is not None
                 and now_ms < self._quorum_ms + self._speculative_delay_ms):

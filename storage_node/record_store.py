@@ -361,6 +361,8 @@ class RecordStore:
                       live_bytes=sum(self._index.refs.live_bytes.values()),
                       segment_id=self._writer.segment_id,
                       write_calls=self._writer.write_calls_count,
+                      fdatasyncs=self._writer.fdatasyncs_count,
+                      zero_fill_bytes=self._writer.zero_fill_bytes,
                       disk_low=int(self._writer.disk_low), broken=int(self._broken),
                       producers=self._durable.producers.producers_count,
                       producers_forgotten=self._durable.producers.forgotten_count,
@@ -832,7 +834,7 @@ class RecordStore:
 
     def _append_entries(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
                         fsync: bool) -> tuple[AppendResult, list[int]]:
-        chunks: list[bytes] = []
+        chunks: list[bytes | memoryview] = []
         lengths: list[int] = []
         for pending in batch:
             source = pending.chunk_source

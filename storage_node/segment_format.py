@@ -34,6 +34,18 @@ body is a msgpack array:
   are deleted or compacted, so that dropping their RELEASE, SEAL, TRIM and STORE entries loses
   no state.
 
+Zero tail: a segment may end in zero bytes after its last entry. The writer zero-fills (and
+fsyncs) the space ahead of its write position, so that a commit overwrites blocks that are
+already allocated and written and needs an ``fdatasync`` without a journal commit (PostgreSQL's
+``wal_init_zero``). No entry starts with a zero byte (``MAGIC``), so when everything from an
+entry boundary to the end of the file is zero, the data ends there: the scan reports it as
+``zero_tail_bytes`` (a clean end, neither torn nor corrupt). Anything else after the last good
+entry (a torn entry, even one followed by zeros; garbage) is reported exactly as in segments
+without a zero tail. Segments written before this have no zero tail and scan as before; the
+format of entries is unchanged, so an older version reads these segments too (it would cut
+the zero tail of the newest segment as a torn tail, and flag one in an older segment as a
+bad entry).
+
 Versioning: the entry type is the format version of an entry. A new layout gets a new type
 and readers keep every old one, so segments written by older versions stay readable (a
 downgrade cannot read the newer types: it would treat them as corruption).
@@ -151,6 +163,9 @@ class SegmentScan:
     good_after_bad: bool
     """A well-formed entry exists after ``bad_offset``: corruption in the middle, not a tail
     torn by a crash."""
+    zero_tail_bytes: int = 0
+    """Zero bytes from ``valid_bytes`` to the end (space the writer zero-filled ahead of its
+    writes): the clean end of the data, only when ``bad_offset`` is None."""
 
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -171,7 +186,7 @@ def _frame(entry_type: EntryType, body: bytes) -> bytes:
     return prefix + struct.pack("<I", crc) + body
 
 
-def store_entry_parts(store: Store) -> tuple[bytes, bytes]:
+def store_entry_parts(store: Store) -> tuple[bytes, bytes | memoryview]:
     """A STORE_FIELDS entry as (header, body): the body is the STORE's received bytes when it
     has them (no packing, no copy), so the writer joins both with its other chunks once."""
     body = store.wire_fields
@@ -469,11 +484,14 @@ def _records(first_lsn: int, timestamp_ms: int, key: str | None,
 
 
 def scan_segment(data: bytes) -> SegmentScan:
-    """Every good entry from the start of a segment up to the first bad one."""
+    """Every good entry from the start of a segment up to the first bad one, or up to a zero
+    tail (see the module docstring)."""
     entries: list[ScannedEntry] = []
     view = memoryview(data)
     offset = 0
     while offset < len(view):
+        if data[offset] == 0 and zeros_from(data, offset):
+            return SegmentScan(entries, offset, None, False, len(data) - offset)
         checked = check_entry(view, offset)
         meta = None
         if checked is not None:
@@ -487,6 +505,11 @@ def scan_segment(data: bytes) -> SegmentScan:
         entries.append(ScannedEntry(offset, length, meta))
         offset += length
     return SegmentScan(entries, offset, None, False)
+
+
+def zeros_from(data: bytes, offset: int) -> bool:
+    """Every byte from ``offset`` to the end is zero (``bytes.count`` of one byte: no copy)."""
+    return data.count(0, offset) == len(data) - offset
 
 
 def find_entry_after(data: bytes, start: int) -> int | None:

@@ -44,6 +44,13 @@ class VersionedObjects(Protocol):
 
     async def read_lce(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]: ...
 
+    def cached_lce(self, log_id: LogId) -> LastCleanEpoch | None:
+        """The LCE this handle last read or wrote, if it remembers one (else None): a guess
+        a first compare-and-swap may plan on instead of a read, for backends where reads are
+        costly. A stale guess only makes that write fail (its version moved on, and the
+        stored epoch only grows) and the retry reads."""
+        ...
+
     async def write_lce(
         self, log_id: LogId, value: LastCleanEpoch, *, expected_version: int
     ) -> Status: ...
@@ -173,8 +180,18 @@ class CasEpochStore:
         if status != Status.OK:
             return status
 
+        first_attempt = True
+
         async def attempt() -> tuple[Status, LastCleanEpoch | None]:
-            status, current, log_provisioned = await self._read_lce(log_id)
+            nonlocal first_attempt
+            guess = self._objects.cached_lce(log_id) if first_attempt else None
+            first_attempt = False
+            current: LastCleanEpoch | None
+            if guess is not None:
+                # A graceful stop marks thousands of epochs clean: no read for each.
+                status, current, log_provisioned = Status.OK, guess, True
+            else:
+                status, current, log_provisioned = await self._read_lce(log_id)
             if status != Status.OK:
                 return status, None
             status, after = core.plan_last_clean_epoch(

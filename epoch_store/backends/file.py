@@ -1,49 +1,44 @@
 """File epoch store: the embedded default, one directory shared by the node processes of one
 machine.
 
-Layout under the root directory::
+All logs live in one journal (``journal_file``: an append-only, CRC-framed, fsynced file of
+value updates, compacted now and then, guarded by one ``flock``), not in a directory per log.
+Writes are group-committed: every compare-and-swap that reaches this store while a commit is
+running, or in the same event-loop iteration, goes into the next commit, so that provisioning
+many logs or marking thousands of epochs clean at a graceful stop costs one write and one fsync
+per batch, not per log. Reads first catch up on what other processes appended (also batched:
+one catch-up serves every read waiting for it).
 
-    logs/<log_id>/sequencer.json   LogMetadata (epoch metadata, next epoch, last writer)
-    logs/<log_id>/lce.json         LastCleanEpoch
-    logs/<log_id>/lock             flock'ed by every writer of either object
+All blocking I/O runs on this store's own worker thread, never on the event loop; one thread,
+because commits are serial anyway (they hold the exclusive lock).
 
-A write takes the log's lock, re-reads the stored version, and replaces the object crash-safely
-only if that version is the expected one (``file_io``). Reads take no lock. All blocking I/O
-runs on this store's own small thread pool, never on the event loop (a dedicated pool, so that
-threads waiting for a lock held by another process cannot starve the loop's default executor).
-
-Unreadable or corrupt objects answer ``INTERNAL`` and are logged; a corrupt object is never
-overwritten, since its version cannot be checked: an operator must repair or remove it.
+A journal whose frames are damaged (anything but a torn last commit) answers ``INTERNAL`` to
+every call and is never written over; a record that does not decode fails only its log's object
+(``INTERNAL`` to reads and writes of it). Either way an operator must repair or restore it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import os
 import random
-from collections.abc import Callable
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from epoch_store.backends import file_io
 from epoch_store.backends.cas import CasEpochStore, CasRetry
-from epoch_store.core import records
+from epoch_store.backends.journal_file import Journal, Write
+from epoch_store.core import journal
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
+from shared.limits import NODESET_SIZE_MAX
 from shared.status import Status
 from shared.types import LogId
 
 logger = logging.getLogger(__name__)
 
-SEQUENCER_FILE = "sequencer.json"
-LCE_FILE = "lce.json"
-LOCK_FILE = "lock"
-TMP_SUFFIX = ".tmp"
-
-_Value = TypeVar("_Value", LogMetadata, LastCleanEpoch)
 _R = TypeVar("_R")
-_FromDict = Callable[[dict[str, Any], LogId], _Value | str]
+RECORD_BYTES_MAX = journal.RECORD_HEAD.size + 4 + 4 + 1 + 1 + NODESET_SIZE_MAX * 64 + 64
+"""Upper bound of one encoded record (a full nodeset of the longest node ids, and a writer)."""
 
 
 class FileObjects:
@@ -55,135 +50,143 @@ class FileObjects:
         root_dir: str,
         *,
         lock_timeout_ms: int = 10_000,
-        io_threads_max: int = 4,
-        io_requests_inflight_max: int = 256,
+        io_requests_inflight_max: int = 65_536,
+        compact_bytes_min: int = 64 * 1024 * 1024,
     ) -> None:
-        if not os.path.isabs(root_dir):
+        if not root_dir.startswith("/"):
             raise ValueError(f"epoch store directory must be absolute: {root_dir!r}")
-        assert 1 <= lock_timeout_ms <= 3_600_000, lock_timeout_ms
-        assert 1 <= io_threads_max <= 64, io_threads_max
-        assert 1 <= io_requests_inflight_max <= 100_000, io_requests_inflight_max
+        assert 1 <= io_requests_inflight_max <= 1_000_000, io_requests_inflight_max
         self.root_dir = root_dir
-        self._lock_timeout_ms = lock_timeout_ms
-        self._executor = ThreadPoolExecutor(io_threads_max, thread_name_prefix="epoch-store-io")
-        # Bounds the executor's otherwise unbounded work queue; callers beyond it wait here.
+        self.journal = Journal(root_dir, lock_timeout_ms=lock_timeout_ms,
+                               compact_bytes_min=compact_bytes_min)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="epoch-store-io")
+        # Bounds the queues below; callers beyond it wait here.
         self._inflight = asyncio.Semaphore(io_requests_inflight_max)
+        self._writes: deque[tuple[Write, asyncio.Future[Status]]] = deque()
+        self._readers: list[asyncio.Future[Status]] = []
+        self._worker: asyncio.Task[None] | None = None
         self._closed = False
+        self.commit_batches_count = 0
+        """Group commits run (each one write and one fsync for all the writes in it)."""
 
-    def log_dir(self, log_id: LogId) -> str:
-        return os.path.join(self.root_dir, "logs", str(int(log_id)))
+    # ---- blocking, for tooling -------------------------------------------------------------
 
     def read_metadata_sync(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
-        return self._read(log_id, SEQUENCER_FILE, records.metadata_from_dict)
+        status = self.journal.refresh()
+        return self.journal.tables.get_metadata(log_id) if status == Status.OK else (status, None)
 
     def read_lce_sync(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
-        return self._read(log_id, LCE_FILE, records.lce_from_dict)
+        status = self.journal.refresh()
+        return self.journal.tables.get_lce(log_id) if status == Status.OK else (status, None)
 
-    def write_metadata_sync(
-        self, log_id: LogId, value: LogMetadata, *, expected_version: int
-    ) -> Status:
-        return self._write(
-            log_id, SEQUENCER_FILE, value, records.metadata_to_dict(value),
-            expected_version, records.metadata_from_dict,
-        )
-
-    def write_lce_sync(
-        self, log_id: LogId, value: LastCleanEpoch, *, expected_version: int
-    ) -> Status:
-        return self._write(
-            log_id, LCE_FILE, value, records.lce_to_dict(value),
-            expected_version, records.lce_from_dict,
-        )
+    # ---- VersionedObjects --------------------------------------------------------------------
 
     async def read_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
-        return await self._run(lambda: self.read_metadata_sync(log_id), (Status.SHUTDOWN, None))
+        status = await self._refresh()
+        return self.journal.tables.get_metadata(log_id) if status == Status.OK else (status, None)
 
     async def read_lce(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
-        return await self._run(lambda: self.read_lce_sync(log_id), (Status.SHUTDOWN, None))
+        status = await self._refresh()
+        return self.journal.tables.get_lce(log_id) if status == Status.OK else (status, None)
 
     async def write_metadata(
         self, log_id: LogId, value: LogMetadata, *, expected_version: int
     ) -> Status:
-        return await self._run(
-            lambda: self.write_metadata_sync(log_id, value, expected_version=expected_version),
-            Status.SHUTDOWN,
-        )
+        assert value.log_id == log_id and value.version == expected_version + 1, value
+        return await self._write((value, expected_version))
 
     async def write_lce(
         self, log_id: LogId, value: LastCleanEpoch, *, expected_version: int
     ) -> Status:
-        return await self._run(
-            lambda: self.write_lce_sync(log_id, value, expected_version=expected_version),
-            Status.SHUTDOWN,
-        )
+        assert value.log_id == log_id and value.version == expected_version + 1, value
+        return await self._write((value, expected_version))
+
+    def cached_lce(self, log_id: LogId) -> LastCleanEpoch | None:
+        return None  # reads are cheap here
 
     async def close(self) -> None:
-        """Refuse new work and wait for the I/O already started (bounded by the lock
-        timeout)."""
+        """Refuse new work, finish the work already queued (bounded by the lock timeout),
+        and release the journal."""
         if self._closed:
             return
         self._closed = True
+        if self._worker is not None:
+            await asyncio.gather(self._worker, return_exceptions=True)
         await asyncio.to_thread(self._executor.shutdown, wait=True)
+        self.journal.close()
 
-    async def _run(self, work: Callable[[], _R], if_closed: _R) -> _R:
+    # ---- group commit ------------------------------------------------------------------------
+
+    async def _refresh(self) -> Status:
         async with self._inflight:
             if self._closed:
-                return if_closed
-            return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+                return Status.SHUTDOWN
+            future: asyncio.Future[Status] = asyncio.get_running_loop().create_future()
+            self._readers.append(future)
+            self._kick()
+            return await future
 
-    def _read(
-        self, log_id: LogId, name: str, from_dict: _FromDict[_Value]
-    ) -> tuple[Status, _Value | None]:
-        path = os.path.join(self.log_dir(log_id), name)
-        try:
-            raw = file_io.read_bytes(path, records.OBJECT_BYTES_MAX)
-        except OSError as exc:
-            return _io_failed("read", path, exc), None
-        if raw is None:
-            return Status.OK, None
-        data = records.decode(raw)
-        value = data if isinstance(data, str) else from_dict(data, log_id)
-        if isinstance(value, str):
-            logger.error("epoch store object %s is corrupt (%s); repair or remove it", path, value)
-            return Status.INTERNAL, None
-        return Status.OK, value
+    async def _write(self, write: Write) -> Status:
+        async with self._inflight:
+            if self._closed:
+                return Status.SHUTDOWN
+            future: asyncio.Future[Status] = asyncio.get_running_loop().create_future()
+            self._writes.append((write, future))
+            self._kick()
+            return await future
 
-    def _write(
-        self,
-        log_id: LogId,
-        name: str,
-        value: _Value,
-        data: dict[str, Any],
-        expected_version: int,
-        from_dict: _FromDict[_Value],
-    ) -> Status:
-        assert value.log_id == log_id and value.version == expected_version + 1, value
-        log_dir = self.log_dir(log_id)
-        path = os.path.join(log_dir, name)
-        try:
-            file_io.ensure_dir(log_dir)
-            lock_path = os.path.join(log_dir, LOCK_FILE)
-            with file_io.exclusive_lock(lock_path, self._lock_timeout_ms) as locked:
-                if not locked:
-                    logger.warning("epoch store lock %s not free within %d ms", lock_path,
-                                   self._lock_timeout_ms)
-                    return Status.TIMEDOUT
-                status, current = self._read(log_id, name, from_dict)
-                if status != Status.OK:
-                    return status
-                if (0 if current is None else current.version) != expected_version:
-                    return Status.AGAIN
-                file_io.replace_atomically(path, records.encode(data), path + TMP_SUFFIX)
-                return Status.OK
-        except OSError as exc:
-            return _io_failed("write", path, exc)
+    def _kick(self) -> None:
+        # The worker's first step runs in the next loop iteration, so everything queued in
+        # this one shares its first batch; what arrives while a batch runs shares the next.
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._work())
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._writes or self._readers:
+            readers, self._readers = self._readers, []
+            batch = self._take_batch()
+            try:
+                if batch:
+                    statuses = await loop.run_in_executor(
+                        self._executor, self.journal.commit, [w for w, _ in batch])
+                    self.commit_batches_count += 1
+                    for (_, future), status in zip(batch, statuses, strict=True):
+                        _resolve(future, status)
+                    # A commit caught up on the journal first: its readers are served too.
+                    status = Status.OK
+                else:
+                    status = await loop.run_in_executor(self._executor, self.journal.refresh)
+            except Exception:  # a bug: answer rather than leave callers hanging
+                logger.exception("epoch store journal I/O failed")
+                for _, future in batch:
+                    _resolve(future, Status.INTERNAL)
+                status = Status.INTERNAL
+            for future in readers:
+                _resolve(future, status)
+
+    def _take_batch(self) -> list[tuple[Write, asyncio.Future[Status]]]:
+        """The next writes that fit in one commit (one frame), skipping cancelled callers."""
+        batch: list[tuple[Write, asyncio.Future[Status]]] = []
+        budget = journal.COMMIT_BYTES_MAX
+        while self._writes and budget >= RECORD_BYTES_MAX:
+            write, future = self._writes.popleft()
+            if future.done():
+                continue
+            batch.append((write, future))
+            budget -= _record_bytes_bound(write[0])
+        return batch
 
 
-def _io_failed(action: str, path: str, exc: OSError) -> Status:
-    logger.error("epoch store could not %s %s: %s", action, path, exc)
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return Status.NOSPC
-    return Status.INTERNAL
+def _record_bytes_bound(value: journal.Record) -> int:
+    if type(value) is LogMetadata:
+        return journal.RECORD_HEAD.size + 10 + sum(1 + len(n) for n in value.nodeset) + 64
+    return journal.RECORD_HEAD.size + 16
+
+
+def _resolve(future: asyncio.Future[Status], status: Status) -> None:
+    if not future.done():
+        future.set_result(status)
 
 
 class FileEpochStore(CasEpochStore):
@@ -195,11 +198,10 @@ class FileEpochStore(CasEpochStore):
         root_dir: str,
         *,
         lock_timeout_ms: int = 10_000,
-        io_threads_max: int = 4,
+        compact_bytes_min: int = 64 * 1024 * 1024,
         retry: CasRetry | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self.files = FileObjects(
-            root_dir, lock_timeout_ms=lock_timeout_ms, io_threads_max=io_threads_max
-        )
+        self.files = FileObjects(root_dir, lock_timeout_ms=lock_timeout_ms,
+                                 compact_bytes_min=compact_bytes_min)
         super().__init__(self.files, retry=retry, rng=rng)

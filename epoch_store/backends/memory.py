@@ -56,6 +56,9 @@ class MemoryObjects:
     ) -> Status:
         return _cas(self.lce, log_id, value, expected_version)
 
+    def cached_lce(self, log_id: LogId) -> LastCleanEpoch | None:
+        return None  # reads are cheap here
+
     async def close(self) -> None:
         self.closed = True
 

@@ -12,6 +12,13 @@ version is ``stat.version + 1``; ``lce`` is created empty, so its version is ``s
 A log is provisioned by one ZooKeeper transaction creating all three znodes (its first
 activation's value included); every later change is ``set(version=...)``.
 
+Writes are batched: the writes of all logs that reach the store in one event-loop iteration (or
+while earlier batches are in flight) go to ZooKeeper as multi-operation transactions of at most
+``MULTI_OPS_MAX`` operations, so that provisioning many logs or marking thousands of epochs clean
+at a graceful stop costs a few requests, not one per log. A transaction applies all or none of
+its operations: when one log's operation fails (its version moved, its znode exists), that log
+gets its answer and the others, rolled back, go again in the next transaction.
+
 Connection loss and session expiry: an operation waits for a connection until its deadline
 and then answers ``CONNFAILED``. A write whose reply was lost may or may not have been applied,
 so it is never blindly retried: the object is re-read and the write counts as done only if the
@@ -27,7 +34,9 @@ import logging
 import random
 import re
 import secrets
-from dataclasses import replace
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -42,6 +51,7 @@ from kazoo.exceptions import (  # type: ignore[import-untyped]
 
 from epoch_store.backends.cas import CasEpochStore, CasRetry
 from epoch_store.backends.zk_session import CONNECTION_ERRORS, ZkOptions, ZkSession
+from epoch_store.core import metadata as core
 from epoch_store.core import records
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.status import Status
@@ -54,6 +64,11 @@ _HOST_RE = re.compile(r"[A-Za-z0-9_.\-]+:\d{1,5}")
 _READ_RETRY_DELAY_S = 0.02
 _PROVISION_ATTEMPTS_MAX = 4
 _UNSETTLED: tuple[type[Exception], ...] = (*CONNECTION_ERRORS, TimeoutError)
+LCE_SEEN_MAX = 1_000_000
+"""Logs whose last LCE ``ZooKeeperObjects`` remembers (about 150 bytes each)."""
+MULTI_OPS_MAX = 256
+"""Most operations in one ZooKeeper transaction (a few tens of kilobytes, far below the
+server's 1 MB request limit)."""
 
 
 def parse_zk_url(url: str) -> tuple[str, str, ZkOptions]:
@@ -108,6 +123,18 @@ def _stamped(data: dict[str, Any]) -> bytes:
     return records.encode(records.with_write_id(data, secrets.token_hex(8)))
 
 
+@dataclass(slots=True)
+class _Write:
+    """One log's part of a transaction."""
+
+    path: str
+    """The znode whose stored bytes tell, after a lost reply, whether the write applied."""
+    raw: bytes
+    add: Callable[[Any], None]
+    ops_count: int
+    future: asyncio.Future[Status]
+
+
 class ZooKeeperObjects:
     """``VersionedObjects`` in ZooKeeper znodes under ``root``."""
 
@@ -117,6 +144,13 @@ class ZooKeeperObjects:
         self.session = ZkSession(hosts, options or ZkOptions())
         self.ambiguous_writes_count = 0
         """Writes whose reply was lost and whose outcome was settled by re-reading."""
+        self.transactions_count = 0
+        """Multi-operation transactions sent (each carrying the writes of one or more logs)."""
+        self._lce_seen: dict[LogId, LastCleanEpoch] = {}
+        """The LCE last read or written per log, newest last (``cached_lce``), at most
+        ``LCE_SEEN_MAX``."""
+        self._queue: deque[_Write] = deque()
+        self._batcher: asyncio.Task[None] | None = None
 
     async def read_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
         path = log_path(self.root, log_id) + "/sequencer"
@@ -132,7 +166,25 @@ class ZooKeeperObjects:
         if status != Status.OK or raw is None:
             return status, None
         value = lce_from_znode(raw, version, log_id)
-        return (Status.OK, value) if not isinstance(value, str) else _corrupt(path, value)
+        if value is None:
+            # The empty znode of a provisioned log whose LCE was never set. Answered as such
+            # (version 0, the version a first write expects), so that nobody has to read the
+            # metadata to learn that the log exists.
+            value = core.no_last_clean_epoch(log_id)
+        if isinstance(value, str):
+            return _corrupt(path, value)
+        self._remember_lce(value)
+        return Status.OK, value
+
+    def cached_lce(self, log_id: LogId) -> LastCleanEpoch | None:
+        return self._lce_seen.get(log_id)
+
+    def _remember_lce(self, value: LastCleanEpoch) -> None:
+        seen = self._lce_seen
+        seen.pop(value.log_id, None)
+        if len(seen) >= LCE_SEEN_MAX:
+            del seen[next(iter(seen))]
+        seen[value.log_id] = value
 
     async def write_metadata(
         self, log_id: LogId, value: LogMetadata, *, expected_version: int
@@ -143,7 +195,7 @@ class ZooKeeperObjects:
             return await self._provision(log_id, raw)
         path = log_path(self.root, log_id) + "/sequencer"
         status = await self._write(
-            path, raw, lambda zk: zk.set_async(path, raw, version=expected_version - 1))
+            path, raw, lambda tx: tx.set_data(path, raw, version=expected_version - 1), 1)
         return Status.AGAIN if status == Status.NOTFOUND else status
 
     async def write_lce(
@@ -153,20 +205,22 @@ class ZooKeeperObjects:
         raw = _stamped(records.lce_to_dict(value))
         path = log_path(self.root, log_id) + "/lce"
         status = await self._write(
-            path, raw, lambda zk: zk.set_async(path, raw, version=expected_version))
+            path, raw, lambda tx: tx.set_data(path, raw, version=expected_version), 1)
         if status == Status.NOTFOUND and expected_version == 0:
             # Only a hand-edited store lacks the lce znode of a provisioned log: recreate it,
             # empty and then set, so that its version still maps as for any other lce.
-            def recreate(zk: Any) -> Any:
-                tx = zk.transaction()
+            def recreate(tx: Any) -> None:
                 tx.create(path, b"")
                 tx.set_data(path, raw, version=0)
-                return tx.commit_async()
 
-            status = await self._write(path, raw, recreate)
+            status = await self._write(path, raw, recreate, 2)
+        if status == Status.OK:
+            self._remember_lce(value)
         return Status.AGAIN if status == Status.NOTFOUND else status
 
     async def close(self) -> None:
+        if self._batcher is not None:
+            await asyncio.gather(self._batcher, return_exceptions=True)
         await self.session.close()
 
     def _deadline(self) -> float:
@@ -192,29 +246,87 @@ class ZooKeeperObjects:
                 return Status.INTERNAL, None, 0
             return Status.OK, bytes(data), int(stat.version)
 
-    async def _write(self, path: str, raw: bytes, request: Any) -> Status:
-        """Send one conditional write that stores ``raw`` at ``path``: ``OK``, ``AGAIN`` (the
-        version differs or the znode exists), ``NOTFOUND`` (a znode it needs is missing),
-        ``CONNFAILED`` (not sent), ``TIMEDOUT`` (sent, outcome unknown) or ``INTERNAL``."""
+    async def _write(
+        self, path: str, raw: bytes, add: Callable[[Any], None], ops_count: int
+    ) -> Status:
+        """One log's conditional write that stores ``raw`` at ``path``, made of ``ops_count``
+        operations that ``add`` puts into a transaction, sent in the next batch: ``OK``,
+        ``AGAIN`` (a version differs or a znode exists), ``NOTFOUND`` (a znode it needs is
+        missing), ``CONNFAILED`` (not sent), ``TIMEDOUT`` (sent, outcome unknown) or
+        ``INTERNAL``."""
+        future: asyncio.Future[Status] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Write(path, raw, add, ops_count, future))
+        if self._batcher is None or self._batcher.done():
+            # Its first step runs in the next loop iteration: writes of this one join it.
+            self._batcher = asyncio.get_running_loop().create_task(self._send_batches())
+        return await future
+
+    async def _send_batches(self) -> None:
+        while self._queue:
+            batches: list[list[_Write]] = []
+            while self._queue:
+                batch: list[_Write] = []
+                ops = 0
+                while self._queue and ops + self._queue[0].ops_count <= MULTI_OPS_MAX:
+                    write = self._queue.popleft()
+                    if not write.future.done():  # its caller gave up before it was sent
+                        batch.append(write)
+                        ops += write.ops_count
+                if batch:
+                    batches.append(batch)
+            # Batches go out together (ZooKeeper pipelines them); writes arriving meanwhile,
+            # and rolled-back ones, form the next round.
+            await asyncio.gather(*(self._send_batch(b) for b in batches))
+
+    async def _send_batch(self, batch: list[_Write]) -> None:
+        try:
+            statuses = await self._transaction(batch)
+        except Exception:  # a bug: answer rather than leave callers hanging
+            logger.exception("ZooKeeper transaction failed")
+            statuses = [Status.INTERNAL] * len(batch)
+        for write, status in zip(batch, statuses, strict=True):
+            if status is None:
+                self._queue.append(write)
+            elif not write.future.done():
+                write.future.set_result(status)
+
+    async def _transaction(self, batch: list[_Write]) -> list[Status | None]:
+        """Send ``batch`` as one transaction; a status per write, None for a write rolled
+        back because another one failed (to be sent again)."""
         deadline_s = self._deadline()
         if not await self.session.wait_connected(deadline_s):
-            return self._unreachable()
+            return [self._unreachable()] * len(batch)
+
+        def request(zk: Any) -> Any:
+            tx = zk.transaction()
+            for write in batch:
+                write.add(tx)
+            return tx.commit_async()
+
+        self.transactions_count += 1
         try:
-            result = await self.session.call(request, deadline_s)
-        except (BadVersionError, NodeExistsError):
-            return Status.AGAIN
-        except NoNodeError:
-            return Status.NOTFOUND
+            results = await self.session.call(request, deadline_s)
         except CONNECTION_ERRORS as exc:
-            return await self._settle(path, raw, deadline_s, exc)
+            settled = await asyncio.gather(
+                *(self._settle(w.path, w.raw, deadline_s, exc) for w in batch))
+            return list(settled)
         except TimeoutError:
-            return Status.SHUTDOWN if self.session.closed else Status.TIMEDOUT
+            return [Status.SHUTDOWN if self.session.closed else Status.TIMEDOUT] * len(batch)
         except KazooException as exc:
-            logger.error("ZooKeeper write of %s failed: %r", path, exc)
-            return Status.INTERNAL
-        if isinstance(result, list):  # a transaction: one result per operation
-            return _transaction_status(path, result)
-        return Status.OK
+            logger.error("ZooKeeper transaction of %d writes failed: %r", len(batch), exc)
+            return [Status.INTERNAL] * len(batch)
+        answers: list[Status | None] = []
+        position = 0
+        for write in batch:
+            part = results[position:position + write.ops_count]
+            position += write.ops_count
+            if not any(isinstance(r, Exception) for r in part):
+                answers.append(Status.OK)
+            elif all(isinstance(r, RolledBackError | RuntimeInconsistency) for r in part):
+                answers.append(None)
+            else:
+                answers.append(_transaction_status(write.path, part))
+        return answers
 
     async def _settle(self, path: str, raw: bytes, deadline_s: float, exc: Exception) -> Status:
         """The reply to a write of ``raw`` was lost: find out from the stored bytes whether it
@@ -240,13 +352,11 @@ class ZooKeeperObjects:
         paths = [base, seq_path, lce_path]
         for _ in range(_PROVISION_ATTEMPTS_MAX):
 
-            def transaction(zk: Any, paths: list[str] = paths) -> Any:
-                tx = zk.transaction()
+            def creates(tx: Any, paths: list[str] = paths) -> None:
                 for path in paths:
                     tx.create(path, raw if path == seq_path else b"")
-                return tx.commit_async()
 
-            status = await self._write(seq_path, raw, transaction)
+            status = await self._write(seq_path, raw, creates, len(paths))
             if status == Status.NOTFOUND:
                 status = await self._ensure_path(f"{self.root}/logs")
             elif status == Status.AGAIN and paths[0] == base:

@@ -269,7 +269,8 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
         if type_id == _STORE_TYPE_ID and len(fields) <= _STORE_FIELDS_COUNT:
             offset = _fields_offset(body)
             if offset is not None:
-                object.__setattr__(message, "wire_fields", body[offset:])
+                # A view, not a copy: a batch's 1 MiB is written from the received frame.
+                object.__setattr__(message, "wire_fields", memoryview(body)[offset:])
         return correlation_id, message
     except (ValueError, TypeError, KeyError, _Invalid, msgpack.UnpackException):
         return Status.BADMSG

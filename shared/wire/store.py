@@ -121,8 +121,8 @@ class Store:
     """``shared.compression.Codec`` of a compressed batch (see the module docstring)."""
     records: int = field(default=0, metadata=EXTENSION)
     """With ``compression``: how many records the blob holds."""
-    wire_fields: bytes | None = field(default=None, init=False, compare=False, repr=False,
-                                      metadata={"wire": False})
+    wire_fields: bytes | memoryview | None = field(
+        default=None, init=False, compare=False, repr=False, metadata={"wire": False})
     """Not sent: the packed field array this STORE arrived as, set by the codec when it
     decodes one (None when built locally). The storage node writes these bytes to disk as they
     are instead of packing the STORE again. Not an ``__init__`` argument, so that

@@ -191,3 +191,34 @@ async def test_closed_store_answers_shutdown(store: CasEpochStore) -> None:
     assert await store.activate(LOG, writer=N1, provision=SPEC) == (Status.SHUTDOWN, 0, None)
     assert await store.get_metadata(LOG) == (Status.SHUTDOWN, None)
     assert await store.set_last_clean_epoch(LOG, Epoch(1), Lsn(0)) == Status.SHUTDOWN
+
+
+async def test_a_stale_handle_never_lowers_the_last_clean_epoch(open_store: StoreOpener) -> None:
+    first, second = open_store(), open_store()
+    await first.activate(LOG, writer=N1, provision=SPEC)
+    # ``first`` has seen the LCE (a backend may remember it); ``second`` then moves it on.
+    assert (await first.get_last_clean_epoch(LOG))[1] is not None
+    assert await second.set_last_clean_epoch(LOG, Epoch(3), Lsn(0)) == Status.OK
+    assert await first.set_last_clean_epoch(LOG, Epoch(2), Lsn(0)) == Status.STALE
+    assert await first.set_last_clean_epoch(LOG, Epoch(4), Lsn(0)) == Status.OK
+    lce = (await second.get_last_clean_epoch(LOG))[1]
+    assert lce is not None and (lce.epoch, lce.version) == (4, 2)
+
+
+async def test_thousands_of_clean_marks_at_once_all_land(store: CasEpochStore) -> None:
+    """What a graceful stop with many active logs asks of the store, in one loop iteration."""
+    logs = [LogId(1000 + i) for i in range(2000)]
+    sem = asyncio.Semaphore(256)
+
+    async def activate(log: LogId) -> None:
+        async with sem:
+            assert (await store.activate(log, writer=N1, provision=SPEC))[0] == Status.OK
+            assert (await store.get_last_clean_epoch(log))[0] == Status.OK
+
+    await asyncio.wait_for(asyncio.gather(*(activate(log) for log in logs)), timeout=60)
+    statuses = await asyncio.wait_for(asyncio.gather(
+        *(store.set_last_clean_epoch(log, Epoch(1), Lsn(0)) for log in logs)), timeout=60)
+    assert statuses == [Status.OK] * len(logs)
+    for log in logs[::97]:
+        lce = (await store.get_last_clean_epoch(log))[1]
+        assert lce is not None and lce.epoch == 1

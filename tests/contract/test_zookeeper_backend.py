@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -272,3 +273,45 @@ async def test_urls_open_zookeeper_stores() -> None:
                 "zk://h:99999/x"):
         with pytest.raises(ValueError):
             open_epoch_store(bad)
+
+
+async def test_writes_of_many_logs_share_transactions(store: ZooKeeperEpochStore) -> None:
+    logs = [LogId(100 + i) for i in range(600)]
+    results = await asyncio.gather(*(store.activate(log, writer=N1, provision=SPEC)
+                                     for log in logs))
+    assert all(r[:2] == (Status.OK, 1) for r in results)
+    # Not one transaction per log: provisionings whose reads came back in the same loop
+    # iteration share one (the reads trickle back, so batches are smaller than they could be).
+    assert store.zk.transactions_count <= 150
+    for log in logs:
+        assert (await store.get_last_clean_epoch(log))[0] == Status.OK
+    before = store.zk.transactions_count
+    statuses = await asyncio.gather(*(store.set_last_clean_epoch(log, Epoch(1), Lsn(0))
+                                      for log in logs))
+    assert statuses == [Status.OK] * len(logs)
+    assert store.zk.transactions_count - before <= 10
+
+
+async def test_one_failing_write_does_not_fail_the_others_of_its_transaction(
+    store: ZooKeeperEpochStore,
+) -> None:
+    logs = [LogId(200 + i) for i in range(10)]
+    for log in logs:
+        assert (await store.activate(log, writer=N1, provision=SPEC))[0] == Status.OK
+    current = [(await store.get_metadata(log))[1] for log in logs]
+    assert all(meta is not None for meta in current)
+    before = store.zk.transactions_count
+    # All ten in one loop iteration, so in one transaction; one expects a version that is
+    # not stored, fails its check and rolls the others back, which go again.
+    expected = [meta.version + (5 if i == 3 else 0) for i, meta in enumerate(current)
+                if meta is not None]
+    writes = [store.objects.write_metadata(
+        log, replace(meta, next_epoch=Epoch(meta.next_epoch + 1), version=version + 1),
+        expected_version=version)
+        for log, meta, version in zip(logs, current, expected, strict=True) if meta is not None]
+    statuses = await asyncio.gather(*writes)
+    assert statuses == [Status.AGAIN if i == 3 else Status.OK for i in range(10)]
+    assert store.zk.transactions_count - before == 2
+    for i, log in enumerate(logs):
+        meta = (await store.get_metadata(log))[1]
+        assert meta is not None and meta.next_epoch == (2 if i == 3 else 3)

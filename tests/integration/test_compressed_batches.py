@@ -33,6 +33,7 @@ from shared.net.pool import PeerPool
 from shared.read_merge import expand_blocks
 from shared.types import LSN_MAX, LSN_OLDEST, Lsn, lsn_to_epoch
 from shared.wire.read import Read, ReadReply
+from storage_node.segment_format import scan_segment
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +145,9 @@ async def _node_reads(root: Path, node: str, log_id: int) -> tuple[dict[int, byt
 
 
 def _segment_bytes(root: Path, node: str) -> int:
-    return sum(path.stat().st_size for path in (root / node).rglob("*.seg"))
+    """Data bytes of a node's segments (not the zero-filled space kept ahead of the writes)."""
+    return sum(scan_segment(path.read_bytes()).valid_bytes
+               for path in (root / node).rglob("*.seg"))
 
 
 def _pid(state: lc.ClusterState, node_id: str) -> int:

@@ -13,10 +13,12 @@ import pytest
 
 from shared.config import StorageConfig
 from shared.status import Status
-from shared.types import LogId, Lsn, NodeId
+from shared.types import Esn, LogId, Lsn, NodeId
 from shared.wire.codec import Message
 from shared.wire.read import Read, ReadReply
+from shared.wire.store import Store, Stored, payloads_checksum
 from storage_node.runtime import StorageNode
+from storage_node.segment_format import scan_segment
 
 pytestmark = pytest.mark.integration
 
@@ -131,6 +133,10 @@ async def test_every_acknowledged_record_survives_kill_9(tmp_path: Path) -> None
     await asyncio.to_thread(write_script, script)
     acked = await run_and_kill(script, data_dir)
     assert len(acked) >= ACKS_BEFORE_KILL
+    # The newest segment was being written into zero-filled space (segment_files'
+    # preallocation): the restart must take its zero tail for the end of the data.
+    newest = sorted((data_dir / "segments").glob("*.seg"))[-1]
+    assert scan_segment(await asyncio.to_thread(newest.read_bytes)).zero_tail_bytes > 0
 
     node = StorageNode(node_id=NodeId("crashy"), data_dir=str(data_dir),
                        config=StorageConfig(fsync="always", disk_free_bytes_min=0,
@@ -145,5 +151,36 @@ async def test_every_acknowledged_record_survives_kill_9(tmp_path: Path) -> None
         assert node.stats()["segment_id"] >= 2, "the run should have rolled a segment"
         # The reopened store keeps accepting writes after whatever the kill left behind.
         assert node.stats()["corrupt_segments"] == 0
+        # New writes go right after the last good entry: a second restart finds them all.
+        after = await store_more(node, max(acked) + 1, 50)
+        assert node.stats()["fdatasyncs"] > 0
     finally:
         await node.close()
+    node = StorageNode(node_id=NodeId("crashy"), data_dir=str(data_dir),
+                       config=StorageConfig(fsync="always", disk_free_bytes_min=0,
+                                            segment_bytes_max=1024 * 1024))
+    await node.start()
+    try:
+        assert node.stats()["torn_tail_bytes"] == 0 and node.stats()["corrupt_segments"] == 0
+        stored = await read_everything(node)
+        assert all(stored.get(lsn) == expected_payload(lsn) for lsn in acked + after)
+    finally:
+        await node.close()
+
+
+async def store_more(node: StorageNode, first: int, count: int) -> list[int]:
+    """STORE ``count`` records from LSN ``first`` (each after the previous one is durable)."""
+    done: list[int] = []
+    for lsn in range(first, first + count):
+        payloads = (expected_payload(lsn),)
+        answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        node.on_message(NodeId("seq"), Store(
+            log_id=LogId(LOG_ID), lsn=Lsn(lsn), wave=1, sequencer_node=NodeId("seq"),
+            copyset=(NodeId("crashy"),), timestamp_ms=lsn, last_known_good=Esn(0),
+            release_lsn=Lsn(0), timeout_ms=1000, key=None, payloads=payloads,
+            checksum=payloads_checksum(payloads)), answer.set_result)
+        async with asyncio.timeout(DEADLINE_S):
+            reply = await answer
+        assert isinstance(reply, Stored) and reply.status == Status.OK, reply
+        done.append(lsn)
+    return done

@@ -256,7 +256,7 @@ async def observe(data_dir: Path) -> dict[str, Any]:
 
 def closed_segments(data_dir: Path) -> dict[str, int]:
     """Every segment but the newest (where the checkpoints of each pass go), with its size."""
-    paths = sorted((data_dir / "segments").iterdir())
+    paths = sorted(p for p in (data_dir / "segments").iterdir() if p.name.endswith(".seg"))
     return {p.name: p.stat().st_size for p in paths[:-1]}
 
 

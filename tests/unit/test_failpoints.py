@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,17 +126,24 @@ async def test_storage_failpoint_fires_after_the_write_and_before_the_fsync(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
     payload = b"written-before-the-crash"
-    real_fsync = os.fsync
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
     def fsync(fd: int) -> None:
-        events.append("fsync")
+        # Not the zero-filling thread's syncs (segment_files' preallocation).
+        if not threading.current_thread().name.startswith("seqlog-prealloc"):
+            events.append("fsync")
         real_fsync(fd)
+
+    def fdatasync(fd: int) -> None:
+        events.append("fsync")
+        real_fdatasync(fd)
 
     def crash(arm: Arm, hits: int) -> None:
         on_disk = b"".join(Path(p).read_bytes() for p in segment_paths(str(tmp_path)))
         events.append(f"failpoint {hits} written={payload in on_disk}")
 
     monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
     monkeypatch.setattr(failpoints, "_crash", crash)
     failpoints.arm("storage.after_write_before_fsync=crash@2")
     try:

@@ -601,3 +601,4 @@ def test_any_mix_of_appends_and_answers_keeps_the_promises(
                 assert indexes == sorted(indexes), "an ordered log was reordered"
 
     asyncio.run(scenario())
+

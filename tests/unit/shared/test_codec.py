@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import random
 
 import msgpack
 from hypothesis import given, settings
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 from shared.status import Status
 from shared.types import compose_lsn, format_lsn, parse_lsn
 from shared.wire import codec
-from shared.wire.framing import FrameDecoder, FrameTooBig
+from shared.wire.framing import FrameDecoder, FrameTooBig, frame
 from shared.wire.message_type import MessageType
 from shared.wire.store import Store, Stored, payloads_checksum
 
@@ -143,3 +145,31 @@ def test_decoded_messages_stay_immutable_and_complete() -> None:
             pass
         else:
             raise AssertionError("a decoded message must stay frozen")
+
+
+@given(st.lists(st.sampled_from([0, 1, 7, 40, 64, 65, 300, 5000]), max_size=30),
+       st.lists(st.integers(min_value=0, max_value=6000), max_size=40), st.randoms())
+def test_frames_split_anywhere_come_out_whole(sizes: list[int], cuts: list[int],
+                                              rng: random.Random) -> None:
+    """Frames cut into reads at any points, big ones gathered across reads and small ones out
+    of the buffer, come out exactly as sent, in order."""
+    bodies = [rng.randbytes(size) for size in sizes]
+    stream = b"".join(frame(body) for body in bodies)
+    points = sorted({min(cut, len(stream)) for cut in cuts} | {0, len(stream)})
+    decoder = FrameDecoder(big_frame_bytes_min=64)
+    out: list[bytes] = []
+    for start, end in itertools.pairwise(points):
+        out += decoder.feed(stream[start:end])
+    assert out == bodies
+
+
+def test_a_big_frame_over_the_limit_is_refused_before_gathering() -> None:
+    decoder = FrameDecoder(frame_bytes_max=1000, big_frame_bytes_min=64)
+    assert decoder.feed(frame(b"x" * 500)[:100]) == []
+    assert decoder.feed(frame(b"x" * 500)[100:] + frame(b"y" * 70)[:10]) == [b"x" * 500]
+    assert decoder.feed(frame(b"y" * 70)[10:]) == [b"y" * 70]
+    try:
+        decoder.feed(b"\x00\x00\x10\x00")
+    except FrameTooBig:
+        return
+    raise AssertionError("FrameTooBig not raised")

@@ -135,3 +135,26 @@ def test_payloads_checksum_is_the_crc_of_the_concatenation() -> None:
         for payload in payloads:
             chained = zlib.crc32(payload, chained)
         assert payloads_checksum(payloads) == chained
+
+
+def test_threads_compress_at_once_with_their_own_zstd_contexts() -> None:
+    """zstandard's contexts must not be used by two threads at once: each thread gets its
+    own, and batches compressed at once in several threads stay exact."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shared import compression
+
+    batches = [[(json.dumps({"msg": f"line {t} {i}", "pad": "y" * (i % 300)})).encode()
+                for i in range(400)] for t in range(4)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        blobs = list(pool.map(lambda b: [compress_batch(b, Codec.ZSTD) for _ in range(20)],
+                              batches))
+        contexts = set(pool.map(lambda _: id(compression._zstd.compressor), range(8)))
+    for batch, results in zip(batches, blobs, strict=True):
+        for blob in results:
+            assert blob is not None
+            assert decompress_batch(blob, Codec.ZSTD, len(batch), bytes_max=1 << 20) == (
+                tuple(batch))
+    assert id(compression._zstd.compressor) not in contexts
+    assert threading.current_thread() is threading.main_thread()

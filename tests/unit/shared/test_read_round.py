@@ -139,6 +139,32 @@ def test_long_poll_restarts_when_a_node_reports_a_newer_release() -> None:
     assert plain.result(0) is None
 
 
+def test_long_poll_merges_an_f_majority_with_records_without_waiting_for_held_reads() -> None:
+    # R=3 of 3: one node is an f-majority. A release reaches the nodes one after the other;
+    # the first woken READ's records are delivered at once, not after the other nodes (which
+    # still hold theirs) nor after a second round.
+    span = NodesetSpan(first_epoch=Epoch(1), last_epoch=EPOCH_MAX, nodeset=NODES[:3],
+                       replication_factor=3)
+    r = new_round(release=lsn(1, 0), wait_ms=5_000, span=span)
+    assert r.to_ask(0) == []  # a long poll asked every node at once
+    r.on_reply(NodeId("n2"), reply(1, 2, release=lsn(1, 2)), 1)
+    result = r.result(1)
+    assert result is not None and result.end == "MERGED" and result.merged is not None
+    assert [rec[0] for rec in result.merged.records] == [lsn(1, 1), lsn(1, 2)]
+    assert result.merged.next_lsn == lsn(1, 3) and result.release_lsn == lsn(1, 2)
+    # Fewer than an f-majority (5 nodes, R=3: 3 needed): restart with the newer pointer.
+    wide = new_round(release=lsn(1, 0), wait_ms=5_000)
+    wide.on_reply(NodeId("n1"), reply(1, 2, release=lsn(1, 2)), 1)
+    wide.on_reply(NodeId("n2"), reply(1, 2, release=lsn(1, 2)), 1)
+    moved = wide.result(1)
+    assert moved is not None and moved.end == "RELEASE_MOVED"
+    # An f-majority that brought nothing past the cursor (their waits ran out) does not end a
+    # long poll early: the others may still answer with records.
+    idle = new_round(release=lsn(1, 0), wait_ms=5_000, span=span)
+    idle.on_reply(NodeId("n1"), reply(release=lsn(1, 0), next_esn=1), 1)
+    assert idle.result(1) is None
+
+
 def test_span_read_ends_its_last_epoch_with_a_bridge() -> None:
     old = NodesetSpan(first_epoch=Epoch(1), last_epoch=Epoch(1), nodeset=NODES[:3],
                       replication_factor=3)

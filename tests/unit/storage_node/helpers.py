@@ -17,6 +17,7 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Seal, Sealed
 from shared.wire.store import Store, Stored, payloads_checksum
 from storage_node.runtime import StorageNode
+from storage_node.segment_format import scan_segment
 
 LOG = LogId(7)
 SEQ_A = NodeId("seq-a")
@@ -117,7 +118,8 @@ async def running_node(data_dir: str, config: StorageConfig | None = None,
 
 def segment_paths(data_dir: str) -> list[str]:
     directory = os.path.join(data_dir, "segments")
-    return [os.path.join(directory, n) for n in sorted(os.listdir(directory))]
+    return [os.path.join(directory, n) for n in sorted(os.listdir(directory))
+            if n.endswith(".seg")]  # not the zero-filled spare of the next segment
 
 
 def assert_ok(replies: list[Stored]) -> None:
@@ -138,6 +140,12 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> N
 
 def file_size(path: str) -> int:
     return os.path.getsize(path)
+
+
+def data_size(path: str) -> int:
+    """Bytes of entries in a segment file: up to its zero-filled tail, which a running store
+    keeps ahead of its writes (``segment_files``)."""
+    return scan_segment(read_file(path)).valid_bytes
 
 
 def read_file(path: str) -> bytes:

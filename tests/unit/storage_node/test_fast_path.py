@@ -40,7 +40,7 @@ from storage_node.segment_format import (
 from tests.unit.storage_node.helpers import (
     LOG,
     assert_ok,
-    file_size,
+    data_size,
     lsn,
     make_read,
     make_store,
@@ -89,9 +89,10 @@ def overwrite(path: str, data: bytes) -> None:
 
 
 def entries_of(data: bytes) -> list[tuple[EntryType, bytes]]:
-    """(type, body) of every entry in a segment's bytes."""
+    """(type, body) of every entry in a segment's bytes (up to its zero-filled tail)."""
     found: list[tuple[EntryType, bytes]] = []
     offset = 0
+    data = data[: scan_segment(data).valid_bytes]
     while offset < len(data):
         checked = check_entry(data, offset)
         assert checked is not None, offset
@@ -435,7 +436,7 @@ async def test_a_small_commit_that_rolls_the_segment_goes_to_the_writer_thread(
             message = make_store(lsn(1, esn), (payload_for(esn, big),))
             assert (await store(node, message)).status is Status.OK
         (path,) = segment_paths(str(tmp_path))
-        used = await asyncio.to_thread(file_size, path)
+        used = await asyncio.to_thread(data_size, path)
         # Fill the segment up to 200 bytes before its end.
         overhead = len(segment_format.encode_store(make_store(lsn(1, 4), (b"",))))
         filler = make_store(lsn(1, 4), (payload_for(4, segment_max - used - overhead - 200),))

@@ -27,6 +27,7 @@ from storage_node.runtime import StorageNode
 from storage_node.segment_format import HEADER_BYTES, StoreMeta, scan_segment
 from tests.unit.storage_node.helpers import (
     assert_ok,
+    data_size,
     file_size,
     flip_byte,
     lsn,
@@ -119,7 +120,9 @@ def snapshot(node: StorageNode) -> tuple[dict[Any, Any], dict[Any, Any]]:
 
 
 def disk_bytes(data_dir: str) -> int:
-    return sum(os.path.getsize(p) for p in segment_paths(data_dir))
+    """Data bytes in the segments (a running store keeps zero-filled space ahead of its
+    writes, which is not data)."""
+    return sum(data_size(p) for p in segment_paths(data_dir))
 
 
 async def fill_interleaved(node: StorageNode, esns: range) -> None:

@@ -6,6 +6,8 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from shared.status import Status
 from shared.types import NodeId
 from shared.wire.release import Release
@@ -156,3 +158,37 @@ async def test_corruption_inside_the_newest_segment_is_not_cut_off(tmp_path: Pat
         assert (await store(node, make_store(lsn(1, 6)))).status == Status.OK
         assert len(segment_paths(data_dir)) == 2  # new writes go to a fresh segment
         assert await read_all_lsns(node) == [lsn(1, 6)]
+
+
+def test_vectored_writes_survive_short_writes_and_many_chunks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit's chunks reach the file whole and in order, also when the kernel takes only
+    part of a vectored write (any number of bytes, mid-chunk) and when there are more chunks
+    than one call may carry."""
+    from storage_node import segment_files
+
+    real_writev = os.writev
+    calls: list[int] = []
+
+    def short_writev(fd: int, buffers: list[memoryview]) -> int:
+        calls.append(len(buffers))
+        budget = 1 + len(calls) % 13  # a few bytes, never a whole batch
+        taken = []
+        for buffer in buffers:
+            taken.append(buffer[:budget])
+            budget -= len(taken[-1])
+            if not budget:
+                break
+        return real_writev(fd, taken)
+
+    monkeypatch.setattr(segment_files, "_IOV_MAX", 5)
+    monkeypatch.setattr(segment_files.os, "writev", short_writev)
+    chunks: list[bytes] = [os.urandom(n) for n in (0, 1, 7, 30, 0, 2, 64, 3, 1, 11, 40)]
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        segment_files._writev_all(fd, chunks)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"".join(chunks)
+    assert len(calls) > len(chunks) and max(calls) <= 5

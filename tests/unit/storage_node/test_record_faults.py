@@ -18,7 +18,7 @@ from storage_node import segment_files
 from tests.unit.storage_node.helpers import (
     LOG,
     assert_ok,
-    file_size,
+    data_size,
     lsn,
     make_read,
     make_store,
@@ -32,8 +32,9 @@ from tests.unit.storage_node.helpers import (
 )
 
 
-def failing_write(error_number: int) -> Callable[[int, bytes], None]:
-    def write_all(fd: int, data: bytes) -> None:
+def failing_write(error_number: int) -> Callable[[int, list[bytes]], None]:
+    def write_all(fd: int, chunks: list[bytes]) -> None:
+        data = b"".join(chunks)
         os.write(fd, data[: len(data) // 2])  # a partial write, then the failure
         raise OSError(error_number, os.strerror(error_number))
 
@@ -45,13 +46,13 @@ async def test_enospc_from_write_answers_nospc_and_leaves_no_partial_entry(
     async with running_node(str(tmp_path)) as node:
         assert_ok([await store(node, make_store(lsn(1, 1)))])
         (path,) = segment_paths(str(tmp_path))
-        size = await asyncio.to_thread(file_size, path)
+        size = await asyncio.to_thread(data_size, path)
         with monkeypatch.context() as patch:
-            patch.setattr(segment_files, "_write_all", failing_write(errno.ENOSPC))
+            patch.setattr(segment_files, "_writev_all", failing_write(errno.ENOSPC))
             assert (await store(node, make_store(lsn(1, 2)))).status == Status.NOSPC
             assert node.stats()["disk_low"] == 1
             assert (await store(node, make_store(lsn(1, 3)))).status == Status.NOSPC
-        assert await asyncio.to_thread(file_size, path) == size
+        assert await asyncio.to_thread(data_size, path) == size
         # Space is back: the periodic disk check notices and writes are accepted again.
         await wait_until(lambda: node.stats()["disk_low"] == 0)
         assert (await store(node, make_store(lsn(1, 4)))).status == Status.OK
@@ -62,17 +63,20 @@ async def test_enospc_from_write_answers_nospc_and_leaves_no_partial_entry(
 async def test_failed_fsync_disables_the_store(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     async with running_node(str(tmp_path)) as node:
-        real_fsync = os.fsync
+        real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
         def broken_fsync(fd: int) -> None:
             raise OSError(errno.EIO, "injected")
 
+        # fdatasync too: a commit into the zero-filled space ahead of the writes uses it.
         monkeypatch.setattr(os, "fsync", broken_fsync)
+        monkeypatch.setattr(os, "fdatasync", broken_fsync)
         assert (await store(node, make_store(lsn(1, 1)))).status == Status.DISABLED
         assert node.stats()["broken"] == 1
         # Never retried: once an fsync failed the kernel may have dropped the data.
         assert (await store(node, make_store(lsn(1, 2)))).status == Status.DISABLED
         monkeypatch.setattr(os, "fsync", real_fsync)
+        monkeypatch.setattr(os, "fdatasync", real_fdatasync)
         assert (await read(node, make_read(1, release_lsn=lsn(1, 9)))).records == ()
 
 
