@@ -136,18 +136,28 @@ class FrontEnd:
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
         producer: tuple[str, int] | None = None, no_forward: bool = False,
         done: Callable[[AppendOutcome], None], compression: int = 0, records: int = 0,
+        local_done: Callable[[AppendAnswer], None] | None = None,
     ) -> None:
         """``append`` with a callback instead of a coroutine: no Task and no future per
         append. ``done`` gets the outcome exactly once; answers known at once (a redirect, no
         sequencer node, shutting down) call it before this returns. The caller has validated
         the append (``shared.append_validation``). ``compression``/``records``: ``payloads``
-        is one compressed batch (``shared.compression``) of ``records`` records."""
+        is one compressed batch (``shared.compression``) of ``records`` records.
+        ``local_done``: instead of ``done``, takes the answer of an append this node's own
+        sequencer runs, as it is (sequenced by ``node_id``; no ``AppendOutcome`` in between)."""
+        sequencer = self.sequencer
+        if (local_done is not None and sequencer is not None
+                and self.owner(log_id) == self.node_id):
+            # The hot case in one step: this node sequences the log (``_append_nowait``).
+            sequencer.append_nowait(log_id, payloads, key, producer, local_done,
+                                    compression=compression, records=records)
+            return
         if no_forward:
             redirect = self._redirect(log_id)
             if redirect is not None:
                 done(redirect)
                 return
-        self._append_nowait(log_id, payloads, key, producer, 0, done,
+        self._append_nowait(log_id, payloads, key, producer, 0, done, local_done,
                             compression=compression, records=records)
 
     async def append(

@@ -73,11 +73,12 @@ class AppendResult:
     message: str
 
 
-AppendDone = Callable[[AppendResult], None]
-"""Receives the answer of one ``append_nowait``, exactly once."""
+AppendDone = Callable[[AppendResult | AppendReply], None]
+"""Receives the answer of one ``append_nowait``, exactly once: the core's ``AppendReply``
+itself (same fields; no copy per append), or an ``AppendResult`` made here."""
 
 
-def _deliver(done: AppendDone, result: AppendResult) -> None:
+def _deliver(done: AppendDone, result: AppendResult | AppendReply) -> None:
     # One caller's bug must not stop the effects of the appender that answered many.
     try:
         done(result)
@@ -85,6 +86,7 @@ def _deliver(done: AppendDone, result: AppendResult) -> None:
         log.exception("append callback %r failed", done)
 
 
+_NOTHING_STAGED = (0, 0)
 _SHUTTING_DOWN = AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
 
 
@@ -126,7 +128,11 @@ class SequencerRuntime:
         self._staged_size: dict[tuple[LogId, str | None], tuple[int, int]] = {}
         """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
         self._flush_scheduled = False
-        self._expiries: deque[tuple[float, int]] = deque()
+        self._expiries: deque[tuple[float, list[int]]] = deque()
+        """(deadline, request ids): the appends of one loop iteration share one entry."""
+        self._expiry_batch: list[int] | None = None
+        """The request ids of this loop iteration's appends (the last ``_expiries`` entry)."""
+        self._batch_wall_ms = 0
         self._append_timeout_s = config.append_timeout_ms / 1000
         self._expiry_task: asyncio.Task[None] | None = None
         self._drained = asyncio.Event()
@@ -181,19 +187,26 @@ class SequencerRuntime:
         request_id = self._next_request_id
         self._next_request_id = request_id + 1
         self._waiters[request_id] = done
-        self._expiries.append((self._loop.time() + self._append_timeout_s,
-                               request_id))
-        self._stage(log_id, PendingAppend(request_id, payloads, key, self.clock.wall_ms(),
+        batch = self._expiry_batch
+        if batch is None:
+            # Appends of one loop iteration share a deadline (the first one's: the others'
+            # come at most one iteration early), so expiry costs one entry per iteration; and
+            # a timestamp, as the appends of one appender do anyway (its first one's).
+            batch = self._expiry_batch = []
+            self._expiries.append((self._loop.time() + self._append_timeout_s, batch))
+            self._batch_wall_ms = self.clock.wall_ms()
+        batch.append(request_id)
+        self._stage(log_id, PendingAppend(request_id, payloads, key, self._batch_wall_ms,
                                           producer, compression, records))
 
     async def append(
         self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None,
         producer: tuple[str, int] | None = None, *, compression: int = 0, records: int = 0,
-    ) -> AppendResult:
+    ) -> AppendResult | AppendReply:
         """``append_nowait`` as a coroutine."""
-        future: asyncio.Future[AppendResult] = self._loop.create_future()
+        future: asyncio.Future[AppendResult | AppendReply] = self._loop.create_future()
 
-        def done(result: AppendResult) -> None:
+        def done(result: AppendResult | AppendReply) -> None:
             if not future.done():
                 future.set_result(result)
 
@@ -204,16 +217,27 @@ class SequencerRuntime:
     def _stage(self, log_id: LogId, pending: PendingAppend) -> None:
         group_key = (log_id, pending.key)
         # A compressed batch counts its records, and its blob's bytes (what a STORE carries).
-        records, size = pending.records_count, sum(len(p) for p in pending.payloads)
-        staged_records, staged_size = self._staged_size.get(group_key, (0, 0))
+        payloads = pending.payloads
+        if len(payloads) == 1:
+            size = len(payloads[0])
+            records = pending.records if pending.compression else 1
+        else:
+            size = sum(map(len, payloads))
+            records = pending.records if pending.compression else len(payloads)
+        staged_records, staged_size = self._staged_size.get(group_key, _NOTHING_STAGED)
         if staged_records and (
             staged_records + records > self.config.append_group_records_max
             or staged_size + size > self.config.append_group_bytes_max
         ):
             # Never grow a group past the limits: one append alone may reach them, never more.
             self._flush_group(group_key)
-            staged_records, staged_size = 0, 0
-        self._staged.setdefault(group_key, []).append(pending)
+            # (Its answers' callbacks may have staged more already.)
+            staged_records, staged_size = self._staged_size.get(group_key, _NOTHING_STAGED)
+        group = self._staged.get(group_key)
+        if group is None:
+            self._staged[group_key] = [pending]
+        else:
+            group.append(pending)
         self._staged_size[group_key] = (staged_records + records, staged_size + size)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -221,6 +245,7 @@ class SequencerRuntime:
 
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
+        self._expiry_batch = None
         for group_key in list(self._staged):
             self._flush_group(group_key)
 
@@ -242,11 +267,14 @@ class SequencerRuntime:
             now_s = loop.time()
             expiries = self._expiries
             while expiries and expiries[0][0] <= now_s:
-                done = self._waiters.pop(expiries.popleft()[1], None)
-                if done is not None:
-                    _deliver(done, AppendResult(
-                        Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
-                        "append not confirmed in time; outcome unknown"))
+                if expiries[0][1] is self._expiry_batch:
+                    self._expiry_batch = None  # a timeout shorter than one loop iteration
+                for request_id in expiries.popleft()[1]:
+                    done = self._waiters.pop(request_id, None)
+                    if done is not None:
+                        _deliver(done, AppendResult(
+                            Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
+                            "append not confirmed in time; outcome unknown"))
 
     def release_lsn(self, log_id: LogId) -> Lsn:
         sequencer = self.sequencers.get(log_id)
@@ -293,14 +321,12 @@ class SequencerRuntime:
 
     def _apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
         for effect in effects:
-            if type(effect) is Send:
-                self._send(sequencer, effect)
-            elif type(effect) is AppendReply:
+            if type(effect) is AppendReply:
                 done = self._waiters.pop(effect.request_id, None)
                 if done is not None:
-                    _deliver(done, AppendResult(effect.status, effect.first_lsn,
-                                                effect.last_lsn, effect.timestamp_ms,
-                                                effect.message))
+                    _deliver(done, effect)
+            elif type(effect) is Send:
+                self._send(sequencer, effect)
             elif type(effect) is ReleaseAdvanced:
                 event = self._release_events.pop(effect.log_id, None)
                 if event is not None:

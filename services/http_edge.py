@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import socket
 import time
@@ -41,9 +42,11 @@ from typing import Any, Protocol, cast
 from urllib.parse import parse_qsl
 
 import httptools
+import msgpack
 from aiohttp import web
 
 from frontend.outcomes import AppendOutcome, LogService, ReadOutcome, TailOutcome
+from frontend.ports import AppendAnswer
 from services.http_api import (
     EDGE_KEY,
     SERVICE_KEY,
@@ -66,6 +69,7 @@ from services.http_parse import (
 )
 from services.metrics import UNMATCHED_ROUTE
 from shared.http_contract import (
+    MSGPACK,
     NO_FORWARD_QUERY,
     SEQUENCER_HEADER,
     MediaType,
@@ -101,6 +105,17 @@ _HOT_ROUTES: dict[tuple[bytes, bytes], str] = {
     (b"GET", b"tail"): ROUTE_TAIL,
 }
 _LOGS_PREFIX = b"/v1/logs/"
+_OTHER, _CONTENT_TYPE, _ACCEPT, _NO_FORWARD, _CONTENT_LENGTH, _EXPECT = range(6)
+_HEADER_KINDS: dict[bytes, int] = {
+    b"content-type": _CONTENT_TYPE, b"accept": _ACCEPT, b"x-seqlog-no-forward": _NO_FORWARD,
+    b"content-length": _CONTENT_LENGTH, b"expect": _EXPECT, b"host": _OTHER,
+    b"user-agent": _OTHER, b"connection": _OTHER, b"accept-encoding": _OTHER,
+}
+"""What ``on_header`` keeps, by lower-cased name; the usual spellings are added below, so
+that a request's headers are found without lower-casing each name."""
+_HEADER_KINDS.update({b"-".join(part.capitalize() for part in name.split(b"-")): kind
+                      for name, kind in list(_HEADER_KINDS.items())})
+_METHOD_NAMES = {b"GET": "GET", b"POST": "POST"}
 _TRUE_VALUES = frozenset({b"1", b"true", b"yes"})
 _REASONS: dict[int, bytes] = {
     200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 404: b"Not Found",
@@ -118,6 +133,17 @@ class AppendNowait(Protocol):
                  producer: tuple[str, int] | None = None, no_forward: bool = False,
                  done: Callable[[AppendOutcome], None], compression: int = 0,
                  records: int = 0) -> None: ...
+
+
+class LocalAppendNowait(Protocol):
+    """``FrontEnd.append_nowait`` with ``local_done``: an append this node sequences is
+    answered from the local sequencer's answer as it is (no ``AppendOutcome`` per append)."""
+
+    def __call__(self, log_id: LogId, payloads: tuple[bytes, ...], key: str | None, *,
+                 producer: tuple[str, int] | None = None, no_forward: bool = False,
+                 done: Callable[[AppendOutcome], None], compression: int = 0,
+                 records: int = 0,
+                 local_done: Callable[[AppendAnswer], None] | None = None) -> None: ...
 
 
 class _Stop(Exception):
@@ -253,17 +279,20 @@ class _Request:
         self.data: bytes | None = None
 
     def answer(self, code: int, doc: object, headers: bytes = b"") -> None:
-        self.answer_bytes(code, encode_body(doc, self.media), self.media, headers)
+        media = self.media
+        # The edge's own Packer: ``msgpack.packb`` builds one per call, 5x the cost.
+        body = (self.conn.edge.packer.pack(doc) if media == MSGPACK
+                else encode_body(doc, media))
+        self.answer_bytes(code, body, media, headers)
 
     def answer_bytes(self, code: int, body: bytes, media: str, headers: bytes = b"") -> None:
         if self.data is not None:
             return
         conn = self.conn
-        edge = conn.edge
-        edge.metrics.in_flight -= 1
-        edge.metrics.observe(self.route, self.method,
-                             code if not conn.lost else CLIENT_CLOSED_CODE,
-                             time.perf_counter() - self.started_s)
+        metrics = conn.edge.metrics
+        metrics.in_flight -= 1
+        metrics.observe(self.route, self.method, code if not conn.lost else CLIENT_CLOSED_CODE,
+                        time.perf_counter() - self.started_s)
         head = _heads.get((code, media))
         if head is None:
             head = _heads[(code, media)] = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n" % (
@@ -318,6 +347,31 @@ class _Request:
         except Exception:
             self.internal()
 
+    def on_local_append(self, answer: AppendAnswer) -> None:
+        """The answer of an append this node's sequencer ran (``local_done``)."""
+        if answer.status is not Status.OK:
+            self.on_appended(AppendOutcome(
+                status=answer.status, first_lsn=answer.first_lsn, last_lsn=answer.last_lsn,
+                timestamp_ms=answer.timestamp_ms, sequencer_node=self.conn.edge.node_id,
+                message=answer.message))
+            return
+        try:
+            first_lsn = answer.first_lsn
+            doc: dict[str, int]
+            if self.route is ROUTE_APPEND:
+                assert first_lsn == answer.last_lsn > 0, answer
+                doc = {"lsn": first_lsn, "timestamp_ms": answer.timestamp_ms}
+            else:
+                count = self.count
+                assert first_lsn > 0 and answer.last_lsn - first_lsn + 1 == count, answer
+                doc = {"first_lsn": first_lsn, "last_lsn": answer.last_lsn, "count": count,
+                       "timestamp_ms": answer.timestamp_ms}
+            media, edge = self.media, self.conn.edge
+            self.answer_bytes(200, edge.packer.pack(doc) if media == MSGPACK
+                              else encode_body(doc, media), media, edge.node_header)
+        except Exception:
+            self.internal()
+
     def _append_failed(self, outcome: AppendOutcome, sequencer: bytes) -> None:
         if outcome.redirect_http is not None:
             # 307 keeps the method and body; the client re-sends to the log's sequencer node.
@@ -362,6 +416,14 @@ class _Request:
 
 class _Connection(asyncio.Protocol):
     """One client connection on the lean path (httptools parser callbacks are methods)."""
+
+    # Slots: the parser callbacks set a dozen attributes per request.
+    __slots__ = ("_accept", "_body", "_body_bytes", "_chunks", "_chunks_bytes", "_closing",
+                 "_completed", "_content_length", "_content_type", "_expect", "_feeding",
+                 "_flush_scheduled", "_handover", "_head_bytes", "_headers_count",
+                 "_in_message", "_keep_alive", "_log_id", "_method", "_no_forward",
+                 "_read_paused", "_route", "_started_s", "_timer", "_url", "_write_paused",
+                 "edge", "idle_since_s", "lost", "parser", "queue", "tasks", "transport")
 
     def __init__(self, edge: EdgeServer) -> None:
         self.edge = edge
@@ -523,21 +585,25 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._route is None:
             self._pick_route()
-        self._head_bytes += len(name) + len(value)
-        self._headers_count += 1
-        if self._head_bytes > REQUEST_HEAD_BYTES_MAX or self._headers_count > HEADERS_COUNT_MAX:
+        head_bytes = self._head_bytes = self._head_bytes + len(name) + len(value)
+        headers_count = self._headers_count = self._headers_count + 1
+        if head_bytes > REQUEST_HEAD_BYTES_MAX or headers_count > HEADERS_COUNT_MAX:
             self._head_too_big()
-        name = name.lower()
-        if name == b"content-type":
+        kind = _HEADER_KINDS.get(name)
+        if kind is None:
+            kind = _HEADER_KINDS.get(name.lower(), _OTHER)
+        if kind == _OTHER:
+            return
+        if kind == _CONTENT_TYPE:
             self._content_type = value
-        elif name == b"accept":
+        elif kind == _ACCEPT:
             self._accept = value
-        elif name == b"x-seqlog-no-forward":
+        elif kind == _NO_FORWARD:
             self._no_forward = value.strip().lower() in _TRUE_VALUES
-        elif name == b"content-length":
+        elif kind == _CONTENT_LENGTH:
             # llhttp has checked the digits; an absurd length is refused like any too big one.
             self._content_length = int(value) if len(value) <= 20 and value.isdigit() else 2**64
-        elif name == b"expect":
+        else:
             self._expect = value.strip().lower() == b"100-continue"
 
     def on_headers_complete(self) -> None:
@@ -572,9 +638,12 @@ class _Connection(asyncio.Protocol):
             self._timer = None
         route = self._route
         assert route is not None
-        media = _answer_media(self._accept, self._content_type)
-        request = _Request(self, route, self._method.decode("ascii"), media, self._url,
-                           self._started_s, not self._keep_alive)
+        accept, content_type = self._accept, self._content_type
+        media = (_media_cache.get((accept, content_type))
+                 or _answer_media(accept, content_type))
+        method = self._method
+        request = _Request(self, route, _METHOD_NAMES.get(method) or method.decode("ascii"),
+                           media, self._url, self._started_s, not self._keep_alive)
         self.edge.metrics.in_flight += 1
         self.queue.append(request)
         try:
@@ -598,7 +667,8 @@ class _Connection(asyncio.Protocol):
             return
         route = request.route
         if route is ROUTE_APPEND or route is ROUTE_APPEND_BATCH:
-            body_media = _body_media(self._content_type)
+            content_type = self._content_type
+            body_media = _body_media_cache.get(content_type) or _body_media(content_type)
             if isinstance(body_media, Rejection):
                 request.rejected(body_media)
                 return
@@ -635,7 +705,13 @@ class _Connection(asyncio.Protocol):
         if not no_forward and b"?" in self._url:
             value = next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
             no_forward = value is not None and value.strip().lower().encode() in _TRUE_VALUES
-        request.count = append.records_count
+        request.count = append.records if append.compression else len(append.payloads)
+        local = self.edge.append_local
+        if local is not None and not append.compression:
+            local(log_id, append.payloads, append.key, producer=producer,
+                  no_forward=no_forward, done=request.on_appended,
+                  local_done=request.on_local_append)
+            return
         if append.compression:
             # A compressed batch (docs/API-EXTENSIONS.md): one blob of ``records`` records.
             self.edge.append_nowait(log_id, append.payloads, append.key, producer=producer,
@@ -707,7 +783,10 @@ class _Connection(asyncio.Protocol):
                 return
             if not self._in_message:
                 self.idle_since_s = self.edge.loop.time()
-        self._update_reading()
+        if self._read_paused:
+            # Writing only ever un-pauses reading here: every change that pauses it (a
+            # full queue, a paused transport, closing, a handover) calls _update_reading.
+            self._update_reading()
 
     def _refuse(self, status: Status, message: str, *, code: int | None = None,
                 route: str | None = None) -> None:
@@ -844,6 +923,13 @@ class EdgeServer(web.Server):
         nowait = getattr(self.service, "append_nowait", None)
         self.append_nowait: AppendNowait = (
             nowait if nowait is not None else _task_append(self.service))
+        self.append_local: LocalAppendNowait | None = (
+            nowait if nowait is not None and "local_done" in inspect.signature(
+                nowait).parameters else None)
+        self.node_id = self.service.node_id
+        self.node_header = _sequencer_header(self.node_id)
+        self.packer = msgpack.Packer(use_bin_type=True)
+        """Answers' msgpack encoder (one loop, one thread: ``pack`` is not re-entered)."""
         self.lean_connections: set[_Connection] = set()
         self._all_closed = asyncio.Event()
         self._all_closed.set()

@@ -56,8 +56,11 @@ class Rejection:
     message: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class AppendRequest:
+    """A validated append (not frozen: one is built per HTTP append, and a frozen dataclass's
+    ``__init__`` costs a call per field)."""
+
     payloads: tuple[bytes, ...]
     key: str | None
     producer_id: str | None
@@ -198,11 +201,14 @@ def _append_options(
     producer_seq = doc.get("producer_seq")
     # The one set of append rules (shared.append_validation), as for binary and forwarded
     # appends.
-    rejection = _rejection(
-        (None if payloads_checked else check_payloads(payloads, api)) or check_key(key)
-        or check_producer(producer_id, producer_seq))
-    if rejection is not None:
-        return rejection
+    invalid = (
+        (None if payloads_checked else check_payloads(payloads, api))
+        # (The common absent key and producer skip their calls; the checks pass them.)
+        or (None if key is None else check_key(key))
+        or (None if producer_id is None and producer_seq is None
+            else check_producer(producer_id, producer_seq)))
+    if invalid is not None:
+        return Rejection(invalid.status, invalid.message)
     assert key is None or isinstance(key, str)
     assert producer_id is None or isinstance(producer_id, str)
     assert producer_seq is None or isinstance(producer_seq, int)
@@ -217,9 +223,13 @@ def parse_append(
     """``{"payload": bytes, "key"?, "producer_id"?, "producer_seq"?}``."""
     if "payload" not in doc:
         return Rejection(Status.BADMSG, "payload is missing")
-    payload = _payload(doc["payload"], "payload", media, api)
+    value = doc["payload"]
+    # (msgpack bin needs no decoding: the common case skips the call.)
+    payload = value if type(value) is bytes and media == MSGPACK else _bytes_field(
+        value, "payload", media)
     if isinstance(payload, Rejection):
         return payload
+    # The payload's size is checked with the other options (``check_payloads``).
     return _append_options(doc, (payload,), api)
 
 

@@ -129,6 +129,22 @@ async def test_an_owned_log_runs_on_the_local_sequencer_without_a_task(node: Nod
     assert node.sequencer.calls == [(log, (b"a",))]
 
 
+async def test_local_done_gets_the_local_sequencers_answer_as_it_is(node: Node) -> None:
+    """The HTTP edge's hot path: no ``AppendOutcome`` per append; ``done`` is for the rest."""
+    answer: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    outcomes: list[AppendOutcome] = []
+    node.front.append_nowait(log_owned_by(SEQ1), (b"a",), None, no_forward=True,
+                             done=outcomes.append, local_done=answer.set_result)
+    other = await outcome_of(lambda done: node.front.append_nowait(
+        log_owned_by(SEQ2), (b"b",), None, no_forward=True, done=done,
+        local_done=answer.set_result))
+    async with asyncio.timeout(5):
+        local = await answer
+    assert type(local) is Result and (local.status, local.first_lsn) == (Status.OK, 1)
+    assert outcomes == []
+    assert other.status is Status.NOSEQUENCER and other.sequencer_node == SEQ2
+
+
 async def test_no_forward_names_the_owners_http_and_data_addresses(node: Node) -> None:
     log = log_owned_by(SEQ2)
     outcome = await outcome_of(lambda done: node.front.append_nowait(

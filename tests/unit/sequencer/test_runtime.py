@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,6 +124,43 @@ async def test_drain_marks_drained_logs_clean_even_if_another_log_is_busy(
     result = await stuck
     # It had an LSN and its STORE was sent: "nothing written" would be a lie.
     assert getattr(result, "status", None) is Status.TIMEDOUT
+
+
+@pytest.mark.timeout(30)
+async def test_each_append_times_out_after_its_own_timeout_in_batched_expiry(
+        stack: Stack) -> None:
+    """Appends of one loop iteration share one expiry entry; a later append gets its own
+    (it must not join an earlier iteration's entry and time out early)."""
+    await _busy_log(stack, LogId(6))  # log 6 lives on st3 only, whose server is closed
+    runtime = SequencerRuntime(
+        node_id=NodeId("seq"), config=SequencerConfig(append_timeout_ms=300),
+        cluster=stack.runtime.cluster, transport=stack.pool, epoch_store=stack.store,
+        clock=SystemClock(), rng=random.Random(4))
+    await runtime.start()
+    loop = asyncio.get_running_loop()
+    answered: dict[str, tuple[Status, float]] = {}
+    all_answered = asyncio.Event()
+
+    def record(name: str) -> Callable[[Any], None]:
+        def done(result: Any) -> None:
+            answered[name] = (result.status, loop.time())
+            if len(answered) == 4:
+                all_answered.set()
+        return done
+
+    started_s = loop.time()
+    for i in range(3):
+        runtime.append_nowait(LogId(6), (b"a%d" % i,), None, None, record(f"first{i}"))
+    await asyncio.sleep(0.2)
+    late_s = loop.time()
+    runtime.append_nowait(LogId(6), (b"late",), None, None, record("late"))
+    async with asyncio.timeout(5):
+        await all_answered.wait()
+    await runtime.close()
+    assert {status for status, _ in answered.values()} == {Status.TIMEDOUT}
+    assert min(at_s for name, (_, at_s) in answered.items() if name != "late") >= (
+        started_s + 0.3)
+    assert answered["late"][1] >= late_s + 0.3
 
 
 @pytest.mark.timeout(30)
