@@ -9,6 +9,10 @@ one):
 - PREEMPTED: a storage node reported a seal of our epoch by a newer sequencer. In-flight
   appends end with TIMEDOUT (outcome unknown); the next append reactivates in a new epoch.
 
+An ACTIVE sequencer idle for ``idle_deactivate_ms`` with nothing in flight or owed
+(``idle_clean_tail``) may be deactivated by its driver: the epoch is marked clean with that
+tail and the object dropped, so that the next append's new sequencer needs no recovery.
+
 Release: records of the current epoch are released only when every earlier epoch is clean
 (the epoch store's last clean epoch is ``epoch - 1``). When it is not, activation starts epoch
 recovery (``sequencer.core.recovery``) of the unclean epochs: appends are taken and stored
