@@ -32,6 +32,7 @@ import os
 import statistics
 import tempfile
 import time
+import urllib.request
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,14 @@ def _probe(http_addr: str, duration_s: float, out: Connection) -> None:
         time.sleep(PROBE_INTERVAL_S)
     conn.close()
     out.send(samples)
+
+
+def _metric(http_addr: str, name: str) -> float:
+    with urllib.request.urlopen(f"http://{http_addr}/metrics", timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
 
 
 def _quiet_window(pid: int, http_addr: str, seconds: float) -> dict[str, Any]:
@@ -137,6 +146,7 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, object]:
         asyncio.run(_first_appends(urls, list(range(2, args.logs + 2))))
         activate_s = time.perf_counter() - started_s
         time.sleep(1.0)  # let the first appends' release broadcasts run out
+        logs_held = _metric(http_addr, "seqlog_sequencer_logs")
         idle = _quiet_window(pid, http_addr, args.idle_s)
         busy_beside = asyncio.run(_busy(urls, args.busy_s))
     finally:
@@ -144,6 +154,7 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, object]:
     return {
         "bench": "idle_logs",
         "idle_logs": args.logs,
+        "sequencer_logs_held": logs_held,
         "activate_logs_per_s": round(args.logs / activate_s, 1),
         "no_idle_logs": quiet,
         "with_idle_logs": idle,
