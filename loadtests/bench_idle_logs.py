@@ -11,7 +11,10 @@ noise does not hide the sequencer's), then:
 3. one first append to each of ``--logs`` other logs (256 in flight): they are now active;
 4. ``--idle-s`` idle: the sequencer's CPU (from /proc, user+system), then for half as long
    its event-loop lag;
-5. the busy log again, now beside the idle logs.
+5. the busy log again, now beside the idle logs;
+6. with ``--idle-deactivate-ms``: waits for the idle sequencers to be deactivated, appends
+   once more to every 10th idle log and reads it back (both records, in order), and reports
+   how many recoveries the sequencer started (none expected).
 
 Event-loop lag is measured from outside: a separate process asks the sequencer's ``/healthz``
 every 5 ms on one kept-alive connection; an answer that takes long means the sequencer's loop
@@ -39,6 +42,7 @@ from typing import Any
 
 from seqlog import Client
 from services import local_cluster as lc
+from shared.config import SequencerConfig
 
 BUSY_INFLIGHT = 64
 FIRST_APPENDS_INFLIGHT = 256
@@ -133,10 +137,50 @@ async def _first_appends(urls: list[str], logs: list[int]) -> None:
         await asyncio.gather(*(append(log) for log in logs))
 
 
+async def _again_and_read(urls: list[str], logs: list[int]) -> int:
+    """Append "again" to each log, then read it back: how many logs read exactly
+    ["first", "again"] in LSN order."""
+    sem = asyncio.Semaphore(FIRST_APPENDS_INFLIGHT)
+    async with Client(urls, timeout_ms=120_000) as client:
+
+        async def one(log: int) -> bool:
+            async with sem:
+                await client.append(log, b"again")
+                result = await client.read(log, limit=10)
+                lsns = [r.lsn for r in result.records]
+                return (lsns == sorted(lsns)
+                        and [r.payload for r in result.records] == [b"first", b"again"])
+
+        return sum(await asyncio.gather(*(one(log) for log in logs)))
+
+
+def _deactivation(http_addr: str, urls: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """Wait for the idle sequencers to be deactivated, then append to every 10th idle log once
+    more: it must come back with no recovery and read both records in order."""
+    deadline_s = time.perf_counter() + args.idle_deactivate_ms / 1000 + 120
+    while _metric(http_addr, "seqlog_sequencer_logs") > 0 and time.perf_counter() < deadline_s:
+        time.sleep(0.5)
+    held = _metric(http_addr, "seqlog_sequencer_logs")
+    deactivated = _metric(http_addr, "seqlog_sequencer_idle_deactivations")
+    logs = list(range(2, args.logs + 2, 10))
+    read_ok = asyncio.run(_again_and_read(urls, logs))
+    return {
+        "logs_held_after_idle": held,
+        "deactivations": deactivated,
+        "logs_appended_again": len(logs),
+        "logs_read_back_in_order": read_ok,
+        "recoveries": _metric(http_addr, 'seqlog_sequencer_recovery_phases{phase="SEALING"}'),
+    }
+
+
 def run(root: Path, args: argparse.Namespace) -> dict[str, object]:
+    extra: dict[str, Any] = {}
+    if args.idle_deactivate_ms:
+        # Only where the setting exists (not on trees before it).
+        extra["sequencer"] = SequencerConfig(idle_deactivate_ms=args.idle_deactivate_ms)
     state = lc.up(lc.LocalClusterSpec(
         dir=root, storage_nodes=3, sequencers=1, replication=3,
-        base_port=lc.free_base_port(4), fsync="never"), ready_timeout_ms=60_000)
+        base_port=lc.free_base_port(4), fsync="never", **extra), ready_timeout_ms=60_000)
     try:
         sequencer = next(n for n in state.nodes if "sequencer" in n.roles)
         pid, http_addr, urls = sequencer.pid, sequencer.http, state.sequencer_urls
@@ -149,6 +193,8 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, object]:
         logs_held = _metric(http_addr, "seqlog_sequencer_logs")
         idle = _quiet_window(pid, http_addr, args.idle_s)
         busy_beside = asyncio.run(_busy(urls, args.busy_s))
+        deactivation = (_deactivation(http_addr, urls, args) if args.idle_deactivate_ms
+                        else None)
     finally:
         lc.down(root)
     return {
@@ -161,6 +207,7 @@ def run(root: Path, args: argparse.Namespace) -> dict[str, object]:
         "busy_alone": busy_alone,
         "busy_beside_idle_logs": busy_beside,
         "busy_p99_ratio": round(busy_beside["p99_ms"] / busy_alone["p99_ms"], 2),
+        "deactivation": deactivation,
     }
 
 
@@ -170,6 +217,9 @@ def main() -> None:
     parser.add_argument("--idle-s", type=float, default=20.0)
     parser.add_argument("--quiet-s", type=float, default=5.0)
     parser.add_argument("--busy-s", type=float, default=10.0)
+    parser.add_argument("--idle-deactivate-ms", type=int, default=0,
+                        help="set sequencer.idle_deactivate_ms, and at the end wait for the "
+                        "idle logs to be deactivated and append to every 10th once more")
     parser.add_argument("--dir", default="", help="cluster directory (default: a temp dir)")
     args = parser.parse_args()
     if args.logs < 1:
