@@ -153,9 +153,9 @@ async def test_append_during_the_clean_mark_waits_for_it_and_needs_no_recovery(
 async def test_a_log_with_appends_in_flight_is_not_deactivated(idle_stack: Stack) -> None:
     runtime = idle_stack.runtime
     log_id = LogId(8)
-    for i in range(8):  # busier than idle_deactivate_ms: stays active throughout
+    for i in range(20):  # busier than idle_deactivate_ms: stays active throughout
         assert (await runtime.append(log_id, (b"%d" % i,), None)).status is Status.OK
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.03)
         assert log_id in runtime.sequencers
     assert runtime.deactivations_count == 0
 
