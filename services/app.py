@@ -81,6 +81,10 @@ class _RoleCollector(Collector):
             sequencers = self.sequencer.sequencers.values()
             yield GaugeMetricFamily("seqlog_sequencer_logs", "logs with a sequencer here",
                                     value=len(sequencers))
+            yield GaugeMetricFamily("seqlog_sequencer_idle_deactivations",
+                                    "sequencers deactivated after idle_deactivate_ms without "
+                                    "appends (epoch marked clean, dropped from memory)",
+                                    value=self.sequencer.deactivations_count)
             yield GaugeMetricFamily("seqlog_sequencer_appends_in_flight",
                                     "appends waiting for their copies",
                                     value=sum(len(s.appenders) for s in sequencers))

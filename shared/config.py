@@ -194,7 +194,13 @@ class SequencerConfig:
     blacklist_error_ms: int = 1_000
     """Blacklist time for other error replies (connection failure, shutdown, bad checksum)."""
     release_broadcast_interval_ms: int = 500
-    """How often every node of each log's nodeset is sent the release pointer."""
+    """How often every node of the nodeset of each log whose release pointer moved (in the
+    last few broadcasts) is sent the pointer; idle logs are not visited."""
+    idle_deactivate_ms: int = 600_000
+    """A log's sequencer that got no append for this long and has nothing in flight is
+    deactivated: its epoch is marked clean in the epoch store and it leaves memory. The next
+    append activates a new epoch with no recovery (LogDevice keeps idle sequencers; at many
+    logs their periodic work is what costs)."""
     release_delay_ms: int = 0
     """0: tell the copyset of each completed append the new release pointer at once, right
     after the client's answer (both leave in the same loop turn). Readers do not wait for
@@ -245,6 +251,7 @@ class SequencerConfig:
         _in_range("release_broadcast_interval_ms", self.release_broadcast_interval_ms, 10,
                   3_600_000)
         _in_range("release_delay_ms", self.release_delay_ms, 0, 60_000)
+        _in_range("idle_deactivate_ms", self.idle_deactivate_ms, 10, 86_400_000)
         _in_range("epoch_drain_timeout_ms", self.epoch_drain_timeout_ms, 0, 600_000)
         _in_range("recovery_grace_ms", self.recovery_grace_ms, 0, 600_000)
         _in_range("recovery_retry_ms", self.recovery_retry_ms, 1, 600_000)

@@ -88,6 +88,11 @@ class ProducerTable(Generic[P]):
     def __len__(self) -> int:
         return len(self._producers)
 
+    def waiting(self) -> bool:
+        """Whether any producer has appends in flight or waiting for its lookup (walks the
+        table: for the rare idle check, not for each append)."""
+        return any(producer.busy() for producer in self._producers.values())
+
     def reset(self, complete: bool) -> tuple[list[P], list[P]]:
         """Forget everything (a new epoch). Returns the appends that waited for lookups
         (nothing written) and the retries that had joined in-flight appends (outcome

@@ -9,6 +9,10 @@ one):
 - PREEMPTED: a storage node reported a seal of our epoch by a newer sequencer. In-flight
   appends end with TIMEDOUT (outcome unknown); the next append reactivates in a new epoch.
 
+An ACTIVE sequencer idle for ``idle_deactivate_ms`` with nothing in flight or owed
+(``idle_clean_tail``) may be deactivated by its driver: the epoch is marked clean with that
+tail and the object dropped, so that the next append's new sequencer needs no recovery.
+
 Release: records of the current epoch are released only when every earlier epoch is clean
 (the epoch store's last clean epoch is ``epoch - 1``). When it is not, activation starts epoch
 recovery (``sequencer.core.recovery``) of the unclean epochs: appends are taken and stored
@@ -60,6 +64,10 @@ from shared.wire.store import ProducerTag
 Effect = Any
 CLEANS_OWED_MAX = 1024
 """CLEANs a sequencer keeps re-sending to nodes that missed recovery (oldest kept)."""
+RELEASE_BROADCASTS_PER_MOVE = 3
+"""Periodic broadcasts that carry a log's release pointer after it moved: more than one, since
+a RELEASE is one-way and may be lost; after that an idle log is left alone (a node that missed
+all of them still learns the pointer from the next STORE, RELEASE or a reader's READ)."""
 
 
 class SequencerState(Enum):
@@ -134,6 +142,11 @@ class Sequencer:
         """Idempotent appends: each producer's latest ones (``sequencer.core.producers``)."""
         self._producer_of: dict[int, tuple[str, int]] = {}
         """Request id -> producer pair, for idempotent appends in flight."""
+        self.last_append_ms = 0
+        """When the latest append arrived (for idle deactivation)."""
+        self._release_broadcasts_owed = 0
+        """Periodic broadcasts still owed the current release pointer (see
+        ``RELEASE_BROADCASTS_PER_MOVE``)."""
         """Recovery outcomes that nodes which missed recovery have not confirmed yet: sent
         again with every release broadcast, so that they purge stray copies once back."""
         """Recovery of the epochs between the last clean one and ours, while it runs."""
@@ -157,6 +170,7 @@ class Sequencer:
         one STORE per copyset node carries all of them, with consecutive LSNs in group order.
         Each append still gets its own LSNs and its own answer."""
         assert group and all(p.payloads and p.key == group[0].key for p in group)
+        self.last_append_ms = now_ms
         if len(group) > 1 and any(p.compression for p in group):
             return self._split_compressed(group, now_ms)
         if self.state is SequencerState.ACTIVE and self._drain_until_ms is None:
@@ -529,6 +543,7 @@ class Sequencer:
     def _advance_release(self, release_lsn: Lsn, effects: list[Effect]) -> None:
         if release_lsn > self.release_lsn:
             self.release_lsn = release_lsn
+            self._release_broadcasts_owed = RELEASE_BROADCASTS_PER_MOVE
             effects.append(ReleaseAdvanced(self.log_id, release_lsn))
 
     def _on_preempted(self, sealed_epoch: Epoch, sealed_by: NodeId | None) -> list[Effect]:
@@ -620,7 +635,14 @@ class Sequencer:
         return (self.state is SequencerState.UNAVAILABLE and self.epoch == 0
                 and not self._pending)
 
+    def release_broadcast_due(self) -> bool:
+        """Whether the periodic broadcast has anything to tell about this log: a release
+        pointer that moved in the last few broadcasts, or CLEANs owed. An idle log has not."""
+        return self._release_broadcasts_owed > 0 or bool(self._cleans_owed)
+
     def release_broadcast(self) -> list[Effect]:
+        if self._release_broadcasts_owed:
+            self._release_broadcasts_owed -= 1
         if self.metadata is None or self.release_lsn == 0:
             return []
         release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
@@ -628,6 +650,27 @@ class Sequencer:
         effects.extend(Send(node, clean) for node, cleans in self._cleans_owed.items()
                        for clean in cleans)
         return effects
+
+    def idle_deadline_ms(self) -> int | None:
+        """While ACTIVE, when the sequencer has been without appends for
+        ``idle_deactivate_ms`` (it may be deactivated then if nothing is left to do)."""
+        if self.state is not SequencerState.ACTIVE:
+            return None
+        return self.last_append_ms + self.config.idle_deactivate_ms
+
+    def idle_clean_tail(self, now_ms: int) -> Lsn | None:
+        """The tail to mark the epoch clean with when this sequencer may be deactivated now:
+        idle for ``idle_deactivate_ms``, nothing in flight, waiting or owed (appends,
+        recovery, producer lookups, CLEANs, RELEASEs), every record released. The next
+        append then starts a new epoch with no recovery: the clean mark covers this one."""
+        due_ms = self.idle_deadline_ms()
+        if (
+            due_ms is None or due_ms > now_ms or self._pending or self.recovery is not None
+            or self._drain_until_ms is not None or self._cleans_owed or self._release_owed
+            or self._producer_of or self.producers.waiting()
+        ):
+            return None
+        return self.drained_clean_tail()
 
     def drained_clean_tail(self) -> Lsn | None:
         """When the current epoch is fully drained (nothing in flight, every record released),

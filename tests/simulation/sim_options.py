@@ -40,6 +40,9 @@ class SimOptions:
     release_broadcast_interval_ms: int = 200
     append_timeout_ms: int = 10_000
     append_group_records_max: int = 256
+    idle_deactivate_ms: int = 0
+    """Above 0: a core idle this long with nothing in flight is deactivated (epoch marked
+    clean, core dropped), as ``SequencerRuntime`` does; 0 keeps every core."""
     # ---- network (sequencer <-> storage nodes) ----
     loss_ratio: float = 0.0
     duplicate_ratio: float = 0.0
@@ -132,6 +135,8 @@ class SimOptions:
             sequencer_crash_ratio=maybe(0.002, 0.02),
             failover_ratio=maybe(0.002, 0.02),
             drain_ratio=maybe(0.002, 0.02),
+            # Short enough that cores go idle between the workload's appends and come back.
+            idle_deactivate_ms=rng.choice((0, 0, 50, 200, 600)),
         )
 
     def describe(self) -> str:

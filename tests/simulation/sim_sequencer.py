@@ -6,7 +6,10 @@ to ``on_stored``; ``Send(Release)`` is one-way; ``ActivateEpoch`` asks the epoch
 delay, sometimes failing) and answers ``on_activated``; ``FetchLogState`` sends GET_LOG_STATE
 to the nodes and feeds each OK answer to ``on_release_hint``; ``AppendReply`` answers the
 client. One timer per distinct core deadline calls ``on_timer``; a periodic event broadcasts
-release pointers. After every call the core's ``check_invariants`` runs and its release
+the release pointers of the cores that have one to tell (``release_broadcast_due``, the
+runtime's dirty set) and, with ``idle_deactivate_ms``, deactivates idle cores: final release
+sent, epoch marked clean, core dropped (the next append activates a new one).
+After every call the core's ``check_invariants`` runs and its release
 pointer goes to the checker. Appends to one log that arrive at the same moment are handed over
 together (``on_append_group``), as the runtime does for one event-loop iteration.
 
@@ -93,6 +96,8 @@ class SimSequencerNode:
             append_group_records_max=options.append_group_records_max,
             # Short, so that runs also see recoveries that start over.
             recovery_timeout_ms=options.recovery_timeout_ms,
+            **({"idle_deactivate_ms": options.idle_deactivate_ms}
+               if options.idle_deactivate_ms else {}),
         )
         self.up = True
         self.draining = False
@@ -326,8 +331,31 @@ class SimSequencerNode:
     def _broadcast(self) -> None:
         if self.up:
             for core in list(self.cores.values()):
-                self._apply(core, core.sequencer.release_broadcast())
+                if self._deactivate_if_idle(core):
+                    continue
+                if core.sequencer.release_broadcast_due():
+                    self._apply(core, core.sequencer.release_broadcast())
         self.env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
+
+    def _deactivate_if_idle(self, core: Core) -> bool:
+        """As ``SequencerRuntime._deactivate``; the clean mark is written at once (the
+        runtime's next activation of the log waits for it)."""
+        sequencer = core.sequencer
+        if not self.env.options.idle_deactivate_ms or not self.accepts_appends():
+            return False
+        tail = sequencer.idle_clean_tail(self._now_ms)
+        if tail is None or sequencer.metadata is None:
+            return False
+        self._apply(core, sequencer.release_broadcast())
+        del self.cores[sequencer.log_id]
+        status = self.env.epoch_store.set_last_clean_epoch(sequencer.log_id, sequencer.epoch,
+                                                           tail)
+        self._log(f"log {sequencer.log_id}: idle, deactivated; epoch {sequencer.epoch} clean "
+                  f"with tail {format_lsn(tail)}: {status.name}")
+        self.env.stats[f"idle_clean_epoch_{status.name.lower()}"] += 1
+        if status == Status.OK:
+            self.env.checker.on_clean_epoch(sequencer.log_id, sequencer.epoch, tail)
+        return True
 
     # ---- crash, restart, drain ------------------------------------------------------------
 

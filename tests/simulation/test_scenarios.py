@@ -236,3 +236,25 @@ def test_concurrent_appends_share_an_appender_and_a_full_window_refuses_the_grou
         assert all(a.outcome == Status.SEQNOBUFS for a in refused)
         assert all(on_disk(cluster, a.payloads[0]) == [] for a in refused)
         heal_and_check(cluster)
+
+
+def test_idle_core_is_deactivated_and_comes_back_without_recovery(
+        request: pytest.FixtureRequest) -> None:
+    cluster = make_cluster(idle_deactivate_ms=300, logs_count=2)
+    node = cluster.sequencers[S1]
+    with report(cluster, request):
+        before = [append_and_wait(cluster, b"before:%d" % i) for i in range(10)]
+        other = append_and_wait(cluster, b"other", log_id=LogId(2))
+        wait(cluster, lambda: LOG not in node.cores and LogId(2) not in node.cores,
+             "idle cores deactivated")
+        assert cluster.stats["idle_clean_epoch_ok"] == 2
+        after = [append_and_wait(cluster, b"after:%d" % i) for i in range(10)]
+        appends = [*before, *after]
+        assert [a.outcome for a in [*appends, other]] == [Status.OK] * 21
+        lsns = [a.first_lsn for a in appends]
+        assert lsns == sorted(lsns) and len(set(lsns)) == len(lsns)
+        assert lsn_to_epoch(after[0].first_lsn) == lsn_to_epoch(before[-1].first_lsn) + 1
+        # The clean mark covered the idle epoch: the new one released with no recovery.
+        assert cluster.stats["activation_over_unclean"] == 0
+        assert not any(k.startswith("recovery_") for k in cluster.stats if cluster.stats[k])
+        heal_and_check(cluster)  # R1: readers see every acknowledged record, in order
