@@ -43,7 +43,8 @@ def test_done_only_when_whole_current_wave_stored() -> None:
 def test_release_follows_reaping_and_leaves_after_the_answer() -> None:
     # The client's answer is not held back behind the copyset's RELEASE writes (readers get
     # the sequencer's own pointer, which has already moved: ReleaseAdvanced comes first).
-    sequencer = active_sequencer(replication=1)
+    # With release_delay_ms 0 (the default delays it: see the next test).
+    sequencer = active_sequencer(replication=1, release_delay_ms=0)
     a = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
     effects = sequencer.on_stored(a.node, a.message.lsn, 1, Status.OK, Epoch(0), None, 1)
     release = Send(a.node, Release(log_id=LogId(1), release_lsn=a.message.lsn))

@@ -22,7 +22,8 @@ def _append_answered_after(sequencer: Sequencer, request_id: int, sent_ms: int,
 
 
 def test_slow_but_steady_stores_get_no_second_wave() -> None:
-    sequencer = active_sequencer(replication=3)
+    # RELEASEs at once: no delayed-release deadline besides the store timeout's.
+    sequencer = active_sequencer(replication=3, release_delay_ms=0)
     now_ms = 1000
     for request_id in range(2, 12):
         _append_answered_after(sequencer, request_id, now_ms, 60)
@@ -40,7 +41,7 @@ def test_slow_but_steady_stores_get_no_second_wave() -> None:
 
 
 def test_fast_stores_keep_the_configured_minimum() -> None:
-    sequencer = active_sequencer(replication=3)
+    sequencer = active_sequencer(replication=3, release_delay_ms=0)
     for request_id in range(2, 12):
         _append_answered_after(sequencer, request_id, 1000 + request_id, 1)
     stores(sequencer.on_append(20, (b"y",), None, 2000, 2000))
