@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,3 +53,16 @@ async def poll(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str
             pass
         await asyncio.sleep(0.05)
     raise AssertionError(f"{what}: not within {timeout_s} s")
+
+
+def metric(address: str, name: str, default: float | None = None) -> float:
+    """One sample of a node's /metrics (``address``: host:port or a URL); ``default`` when it
+    is absent, or an assertion failure without one."""
+    base = address if "://" in address else f"http://{address}"
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    if default is None:
+        raise AssertionError(f"{name} not in the metrics of {address}")
+    return default

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import aiohttp
 import msgpack
 import pytest
 import zstandard
-from seqlog_cluster_support import READY_TIMEOUT_MS
+from seqlog_cluster_support import READY_TIMEOUT_MS, metric
 
 from seqlog import Client, Gap, Record
 from services import local_cluster as lc
@@ -319,8 +318,4 @@ async def test_compressed_batches_end_to_end(cluster_dir: Path) -> None:
 
 
 def _metric(http: str, name: str) -> float:
-    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
+    return metric(http, name, 0.0)

@@ -8,12 +8,12 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
+from seqlog_cluster_support import metric
 
 from seqlog import Client
 from services import local_cluster as lc
@@ -46,12 +46,7 @@ def _node(state: lc.ClusterState, node_id: str) -> lc.NodeEntry:
     return next(n for n in state.nodes if n.node_id == node_id)
 
 
-def _metric(http: str, name: str) -> float:
-    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not in metrics of {http}")
+_metric = metric
 
 
 async def _poll(predicate_async: object, timeout_s: float, what: str) -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from seqlog_cluster_support import metric
 
 from epoch_store import open_epoch_store
 from seqlog import Client
@@ -35,11 +35,7 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def _metric(http: str, name: str) -> float:
-    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
+    return metric(http, name, 0.0)
 
 
 async def _unclean(url: str, logs: list[int]) -> list[int]:

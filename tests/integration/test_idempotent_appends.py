@@ -10,7 +10,6 @@ import asyncio
 import base64
 import os
 import signal
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from seqlog import Client
 from services import local_cluster as lc
 from shared.limits import PRODUCER_SEQS_KEPT
 from shared.status import LogError, Status
-from tests.integration.seqlog_cluster_support import poll
+from tests.integration.seqlog_cluster_support import metric, poll
 
 pytestmark = pytest.mark.integration
 
@@ -48,12 +47,7 @@ async def _payloads(client: Client, until_lsn: int) -> list[bytes]:
     return out
 
 
-def _metric(url: str, name: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not in the metrics of {url}")
+_metric = metric
 
 
 async def _released(client: Client, lsn: int) -> bool:

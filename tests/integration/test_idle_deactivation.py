@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from seqlog_cluster_support import metric
 
 from epoch_store import open_epoch_store
 from seqlog import Client
@@ -32,11 +32,7 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def _metric(http: str, name: str) -> float:
-    with urllib.request.urlopen(f"http://{http}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
+    return metric(http, name, 0.0)
 
 
 async def _until(predicate_name: str, http: str, want: float, timeout_s: float) -> float:
