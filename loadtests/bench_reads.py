@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.bench_append import loadavg, percentile
-from loadtests.bench_tail import run_tail
+from loadtests.bench_tail import probe_max, run_tail
 from seqlog import Client, Record
 from services import local_cluster as lc
 
@@ -166,21 +166,9 @@ async def _find_time(client: Client, log_id: int, stamps: list[tuple[int, int]],
 
 
 async def _max_append(client: Client, log_id: int, args: argparse.Namespace) -> dict[str, Any]:
-    payload = b"p" * args.size
-    done = 0
-    deadline = time.monotonic() + args.probe_s
-
-    async def worker() -> None:
-        nonlocal done
-        while time.monotonic() < deadline:
-            await client.append(log_id, payload)
-            done += 1
-
-    started = time.monotonic()
-    await asyncio.gather(*(worker() for _ in range(args.probe_inflight)))
-    elapsed = time.monotonic() - started
-    return {"inflight": args.probe_inflight, "seconds": round(elapsed, 2),
-            "records_per_s": round(done / elapsed)}
+    rate = await probe_max(client, log_id, args.probe_s, args.probe_inflight, args.size)
+    return {"inflight": args.probe_inflight, "seconds": args.probe_s,
+            "records_per_s": round(rate)}
 
 
 async def _run(args: argparse.Namespace, urls: list[str],

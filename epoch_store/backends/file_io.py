@@ -77,18 +77,20 @@ def exclusive_lock(lock_path: str, timeout_ms: int) -> Iterator[bool]:
     per open file description, so it also excludes other threads of this process."""
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        yield _acquire(fd, timeout_ms)
+        yield acquire_flock(fd, fcntl.LOCK_EX, timeout_ms)
     finally:
         # Closing the descriptor releases the lock.
         os.close(fd)
 
 
-def _acquire(fd: int, timeout_ms: int) -> bool:
+def acquire_flock(fd: int, operation: int, timeout_ms: int) -> bool:
+    """Take ``flock(fd, operation)`` (LOCK_EX or LOCK_SH), polling with backoff for at most
+    ``timeout_ms``; False if it could not be taken."""
     deadline_s = time.monotonic() + timeout_ms / 1000
     poll_ms = LOCK_POLL_MS_MIN
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
             pass

@@ -34,7 +34,6 @@ import errno
 import fcntl
 import logging
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -169,7 +168,7 @@ class Journal:
     def _locked(self, *, exclusive: bool) -> Iterator[bool]:
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            yield _acquire(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH,
+            yield file_io.acquire_flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH,
                            self._lock_timeout_ms)
         finally:
             os.close(fd)  # releases the lock
@@ -371,22 +370,6 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
     while view:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
-
-
-def _acquire(fd: int, operation: int, timeout_ms: int) -> bool:
-    deadline_s = time.monotonic() + timeout_ms / 1000
-    poll_ms = file_io.LOCK_POLL_MS_MIN
-    while True:
-        try:
-            fcntl.flock(fd, operation | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            pass
-        remaining_s = deadline_s - time.monotonic()
-        if remaining_s <= 0:
-            return False
-        time.sleep(min(poll_ms / 1000, remaining_s))
-        poll_ms = min(poll_ms * 2, file_io.LOCK_POLL_MS_MAX)
 
 
 def _io_failed(action: str, path: str, exc: OSError) -> Status:

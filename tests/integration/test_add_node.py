@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,6 @@ from shared.routing import sequencer_for
 from shared.types import LogId, NodeId
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    if lc.load_state(tmp_path) is not None:
-        lc.down(tmp_path)
 
 
 def _add_node(root: Path, role: str) -> str:

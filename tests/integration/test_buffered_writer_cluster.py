@@ -9,7 +9,6 @@ import asyncio
 import itertools
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -107,13 +106,6 @@ async def test_compressed_batches_read_back_plain(local_cluster: RunningCluster)
         async with await client.reader(log_id, until_lsn=max(expected)) as reader:
             direct = [e async for e in reader if isinstance(e, Record)]
         assert [(r.lsn, r.payload) for r in direct] == [(r.lsn, r.payload) for r in records]
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    if lc.load_state(tmp_path) is not None:
-        lc.down(tmp_path)
 
 
 async def test_ordered_writer_keeps_acked_records_once_in_order_across_sequencer_kill9(

@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,6 @@ from shared.wire.read import Read, ReadReply
 from storage_node.segment_format import scan_segment
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    if lc.load_state(tmp_path) is not None:
-        lc.down(tmp_path)
 
 
 def _lines(tag: str, count: int, size: int = 0) -> list[bytes]:

@@ -9,7 +9,6 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,13 +22,6 @@ from shared.status import Status
 from shared.types import LSN_OLDEST, lsn_to_epoch
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    if lc.load_state(tmp_path) is not None:
-        lc.down(tmp_path)
 
 
 def _start(root: Path, *, storage_nodes: int, replication: int) -> lc.ClusterState:

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -33,13 +32,6 @@ def _start(root: Path, *, replication: int, **spec: object) -> lc.ClusterState:
         dir=root, storage_nodes=3, sequencers=2, replication=replication,
         base_port=lc.free_base_port(5), fsync="always", **spec),  # type: ignore[arg-type]
         ready_timeout_ms=READY_TIMEOUT_MS)
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    if lc.load_state(tmp_path) is not None:
-        lc.down(tmp_path)
 
 
 def _node(state: lc.ClusterState, node_id: str) -> lc.NodeEntry:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,13 +24,6 @@ LOGS_COUNT = int(os.environ.get("SEQLOG_TEST_ACTIVE_LOGS", "10000"))
 """Active logs on the one sequencer (issue 15 asks for 10,000)."""
 APPENDS_INFLIGHT_MAX = 256
 SAMPLE_EVERY = 97
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    if lc.load_state(tmp_path) is not None:
-        lc.down(tmp_path)
 
 
 def _metric(http: str, name: str) -> float:

@@ -10,7 +10,6 @@ import asyncio
 import base64
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -26,13 +25,6 @@ pytestmark = pytest.mark.integration
 
 LOG = 31
 READY_TIMEOUT_MS = 60_000
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    if lc.load_state(tmp_path) is not None:
-        lc.down(tmp_path)
 
 
 async def _payloads(client: Client, until_lsn: int) -> list[bytes]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,6 @@ pytestmark = pytest.mark.integration
 
 LOGS = list(range(1, 51))
 IDLE_DEACTIVATE_MS = 500
-
-
-@pytest.fixture
-def cluster_dir(tmp_path: Path) -> Iterator[Path]:
-    yield tmp_path
-    if lc.load_state(tmp_path) is not None:
-        lc.down(tmp_path)
 
 
 def _metric(http: str, name: str) -> float:
