@@ -31,15 +31,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sequencer.core.effects import (
-    ActivateEpoch,
     AppendReply,
-    FetchLogState,
     FetchProducer,
     RecoveryProgress,
     ReleaseAdvanced,
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
+from sequencer.handlers import Callback, EffectDriver
 from sequencer.producer_lookup import lookup_producer
 from shared import failpoints
 from shared.clock import Clock
@@ -49,9 +48,7 @@ from shared.epoch_metadata import ProvisionSpec
 from shared.ports import EpochStore, Rng
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
-from shared.wire.read import GetLogState, LogState
-from shared.wire.release import Release
-from shared.wire.store import Store, Stored
+from shared.wire.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +96,73 @@ def _deliver(done: AppendDone, result: AppendResult | AppendReply) -> None:
 
 _NOTHING_STAGED = (0, 0)
 _SHUTTING_DOWN = AppendResult(Status.SHUTDOWN, Lsn(0), Lsn(0), 0, "node is shutting down")
+
+
+class _RuntimePorts:
+    """``SequencerPorts`` over the asyncio runtime: messages through the transport, epoch
+    store work in tasks, answers to the append callbacks."""
+
+    __slots__ = ("_runtime",)
+
+    def __init__(self, runtime: SequencerRuntime) -> None:
+        self._runtime = runtime
+
+    def now_ms(self) -> int:
+        return self._runtime.clock.now_ms()
+
+    def send(self, node: NodeId, message: Any) -> None:
+        self._runtime.transport.send(node, message)
+
+    def send_store(self, node: NodeId, store: Store, callback: Callback) -> None:
+        self._runtime.transport.request(node, store, callback)
+
+    def request(self, node: NodeId, message: Any, callback: Callback, *,
+                timeout_ms: int | None = None) -> None:
+        self._runtime.transport.request(node, message, callback, timeout_ms=timeout_ms)
+
+    def answer(self, sequencer: Sequencer, reply: AppendReply) -> None:
+        done = self._runtime._waiters.pop(reply.request_id, None)
+        if done is not None:
+            _deliver(done, reply)
+
+    def release_advanced(self, sequencer: Sequencer, effect: ReleaseAdvanced) -> None:
+        runtime = self._runtime
+        runtime._broadcast_dirty.add(effect.log_id)
+        event = runtime._release_events.pop(effect.log_id, None)
+        if event is not None:
+            event.set()
+
+    def activate(self, sequencer: Sequencer) -> None:
+        self._runtime._spawn(self._runtime._activate(sequencer))
+
+    def fetch_producer(self, sequencer: Sequencer, effect: FetchProducer) -> None:
+        self._runtime._spawn(self._runtime._fetch_producer(sequencer, effect))
+
+    def write_lce(self, sequencer: Sequencer, effect: WriteLastCleanEpoch) -> None:
+        self._runtime._spawn(self._runtime._write_lce(sequencer, effect))
+
+    def recovery_progress(self, sequencer: Sequencer, effect: RecoveryProgress) -> None:
+        runtime = self._runtime
+        log.info("log %d: recovery attempt %d: %s", effect.log_id, effect.attempt,
+                 effect.phase)
+        runtime.recovery_phases_count[effect.phase] += 1
+        runtime._broadcast_dirty.add(effect.log_id)  # CLEANs may be owed now
+        if effect.phase == "DIGESTING":
+            failpoints.hit("recovery.after_seal")
+
+    def applied(self, sequencer: Sequencer) -> None:
+        runtime = self._runtime
+        runtime._rearm(sequencer)
+        if runtime._releasable_events and sequencer.releasable:
+            event = runtime._releasable_events.pop(sequencer.log_id, None)
+            if event is not None:
+                event.set()
+        if runtime._closing:
+            runtime._note_drained()
+
+    def live(self, sequencer: Sequencer) -> bool:
+        # A dropped (deactivated) core still gets its answers: its appenders may finish.
+        return True
 
 
 class SequencerRuntime:
@@ -168,6 +232,9 @@ class SequencerRuntime:
         self._idle_marks = asyncio.Semaphore(IDLE_MARKS_IN_FLIGHT_MAX)
         self.deactivations_count = 0
         """Sequencers deactivated for idleness, for /metrics and tests."""
+        self._driver = EffectDriver(_RuntimePorts(self))
+        """Carries out the cores' effects (``sequencer.handlers``, shared with the
+        deterministic simulation)."""
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -344,42 +411,7 @@ class SequencerRuntime:
         return sequencer
 
     def _apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
-        for effect in effects:
-            if type(effect) is AppendReply:
-                done = self._waiters.pop(effect.request_id, None)
-                if done is not None:
-                    _deliver(done, effect)
-            elif type(effect) is Send:
-                self._send(sequencer, effect)
-            elif type(effect) is ReleaseAdvanced:
-                self._broadcast_dirty.add(effect.log_id)
-                event = self._release_events.pop(effect.log_id, None)
-                if event is not None:
-                    event.set()
-            elif type(effect) is ActivateEpoch:
-                self._spawn(self._activate(sequencer))
-            elif type(effect) is FetchLogState:
-                self._fetch_log_state(sequencer, effect)
-            elif type(effect) is FetchProducer:
-                self._spawn(self._fetch_producer(sequencer, effect))
-            elif type(effect) is WriteLastCleanEpoch:
-                self._spawn(self._write_lce(sequencer, effect))
-            elif type(effect) is RecoveryProgress:
-                log.info("log %d: recovery attempt %d: %s", effect.log_id, effect.attempt,
-                         effect.phase)
-                self.recovery_phases_count[effect.phase] += 1
-                self._broadcast_dirty.add(effect.log_id)  # CLEANs may be owed now
-                if effect.phase == "DIGESTING":
-                    failpoints.hit("recovery.after_seal")
-            else:
-                raise AssertionError(f"unknown effect {effect!r}")
-        self._rearm(sequencer)
-        if self._releasable_events and sequencer.releasable:
-            event = self._releasable_events.pop(sequencer.log_id, None)
-            if event is not None:
-                event.set()
-        if self._closing:
-            self._note_drained()
+        self._driver.apply(sequencer, effects)
 
     def _note_drained(self) -> None:
         # Walks every log: once drained, never again (with 10,000 logs, walking them on each
@@ -388,36 +420,7 @@ class SequencerRuntime:
             self._drained.set()
 
     def _send(self, sequencer: Sequencer, effect: Send) -> None:
-        message = effect.message
-        if type(message) is Release:
-            self.transport.send(effect.node, message)
-            return
-        node = effect.node
-        if type(message) is not Store or message.flags:
-            self._send_recovery(sequencer, node, message)
-            return
-
-        def on_reply(reply: Any) -> None:
-            now_ms = self.clock.now_ms()
-            if type(reply) is Stored:
-                if reply.status is Status.OK:
-                    failpoints.hit("appender.after_k_stores")
-                effects = sequencer.on_stored(node, reply.lsn, reply.wave, reply.status,
-                                              reply.sealed_epoch, reply.sealed_by, now_ms)
-            else:
-                status = reply if isinstance(reply, Status) else Status.BADMSG
-                effects = sequencer.on_stored(node, message.lsn, message.wave, status,
-                                              Epoch(0), None, now_ms)
-            self._apply(sequencer, effects)
-
-        self.transport.request(node, message, on_reply)
-
-    def _send_recovery(self, sequencer: Sequencer, node: NodeId, message: Any) -> None:
-        def on_reply(reply: Any) -> None:
-            self._apply(sequencer, sequencer.on_recovery_reply(node, message, reply,
-                                                               self.clock.now_ms()))
-
-        self.transport.request(node, message, on_reply)
+        self._driver.send(sequencer, effect)
 
     async def _write_lce(self, sequencer: Sequencer, effect: WriteLastCleanEpoch) -> None:
         stored = Epoch(0)
@@ -515,14 +518,6 @@ class SequencerRuntime:
             transport=self.transport, metadata=metadata, producer_id=effect.producer_id,
             epoch=effect.epoch, release_lsn=lambda: sequencer.release_lsn,
             wait_release_above=wait_release_above)
-
-    def _fetch_log_state(self, sequencer: Sequencer, effect: FetchLogState) -> None:
-        def on_reply(reply: Any) -> None:
-            if type(reply) is LogState and reply.status is Status.OK:
-                self._apply(sequencer, sequencer.on_release_hint(reply.release_lsn))
-
-        for node in effect.nodes:
-            self.transport.request(node, GetLogState(log_id=effect.log_id), on_reply)
 
     # ---- timers --------------------------------------------------------------------------
 

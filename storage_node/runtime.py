@@ -30,22 +30,16 @@ from shared.config import StorageConfig
 from shared.limits import PRODUCER_ID_BYTES_MAX
 from shared.status import Status
 from shared.types import (
-    EPOCH_INVALID,
-    ESN_MAX,
     LSN_INVALID,
-    Esn,
     LogId,
     Lsn,
     NodeId,
-    compose_lsn,
     log_id_valid,
-    lsn_to_epoch,
-    lsn_to_esn,
 )
 from shared.wire.codec import Message
 from shared.wire.producer import GetProducer, ProducerEntry, ProducerState
-from shared.wire.read import GetLogState, LogState, Read, ReadReply
-from shared.wire.recovery import Clean, Digest, GetDigest, Seal
+from shared.wire.read import GetLogState, Read, ReadReply
+from shared.wire.recovery import Clean, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
 from shared.wire.trim import FindTime, FoundTime, Trim
@@ -53,12 +47,10 @@ from storage_node.core.retention import BacklogTable, plan_age_trims
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
-    purge_ranges,
     read_fields_status,
-    recovery_hole_stores,
-    stored_reply,
 )
-from storage_node.record_reads import ReadResult
+from storage_node.handlers import StorageHandlers
+from storage_node.record_reads import CopiesResult, ReadResult
 from storage_node.record_store import ReclaimReport, RecordStore
 from storage_node.segment_format import SealEntry, TrimEntry
 
@@ -132,14 +124,18 @@ class StorageNode:
         self._waiters_count = 0
         self._started = self._closing = False
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
+        self._core = StorageHandlers(self._machine, self, self._counts)
+        """STORE, RELEASE, GET_LOG_STATE and epoch recovery (``storage_node.handlers``,
+        shared with the deterministic simulation)."""
+        core = self._core
         self._handlers: dict[type[Any], Callable[[Any, ReplyFn], None]] = {
-            Store: self._on_store,
-            Release: self._on_release,
+            Store: core.on_store,
+            Release: core.on_release,
             Read: self._on_read,
-            GetLogState: self._on_get_log_state,
-            Seal: self._on_seal,
-            GetDigest: self._on_get_digest,
-            Clean: self._on_clean,
+            GetLogState: core.on_get_log_state,
+            Seal: core.on_seal,
+            GetDigest: core.on_get_digest,
+            Clean: core.on_clean,
             Trim: self._on_trim,
             FindTime: self._on_find_time,
             GetProducer: self._on_get_producer,
@@ -255,45 +251,6 @@ class StorageNode:
                          report.reclaim.bytes_compacted)
 
     # ---- handlers ----
-
-    def _on_store(self, store: Store, reply: ReplyFn) -> None:
-        self._counts["store_messages"] += 1
-        if not self._started or self._closing:
-            self._reply_store(reply, store, Status.SHUTDOWN if self._closing
-                              else Status.NOTREADY)
-            return
-        decision = self._machine.on_store(store, disk_low=self._store.disk_low)
-        if decision.release_lsn is not None:
-            self._store.note_release(store.log_id, decision.release_lsn)
-            self._release_moved(store.log_id)
-        if decision.reply is not None:
-            self._counts[f"stored_{decision.status.name.lower()}"] += 1
-            reply(decision.reply)
-            return
-
-        def persisted(status: Status) -> None:
-            if status != Status.OK:
-                self._reply_store(reply, store, status)
-                return
-            self._counts["stored_ok"] += 1
-            reply(self._machine.on_persisted(store))
-
-        status = self._store.submit_store(store, persisted)
-        if status != Status.OK:
-            self._reply_store(reply, store, status)
-
-    def _reply_store(self, reply: ReplyFn, store: Store, status: Status) -> None:
-        self._counts[f"stored_{status.name.lower()}"] += 1
-        reply(stored_reply(store, status))
-
-    def _on_release(self, release: Release, reply: ReplyFn) -> None:
-        self._counts["release_messages"] += 1
-        if not self._started or self._closing:
-            return
-        release_lsn = self._machine.on_release(release)
-        if release_lsn is not None:
-            self._store.note_release(release.log_id, release_lsn)
-            self._release_moved(release.log_id)
 
     def _on_read(self, read: Read, reply: ReplyFn) -> None:
         self._counts["read_messages"] += 1
@@ -414,133 +371,51 @@ class StorageNode:
 
     # ---- epoch recovery ----
 
-    def _not_serving(self) -> Status | None:
+    def not_serving(self) -> Status | None:
         if not self._started or self._closing:
             return Status.SHUTDOWN if self._closing else Status.NOTREADY
         return None
 
-    def _on_seal(self, seal: Seal, reply: ReplyFn) -> None:
-        refused = self._not_serving()
-        if refused is not None:
-            reply(self._machine.sealed(seal, refused))
-            return
-        answer = self._machine.on_seal(seal)
-        if answer is not None:
-            reply(answer)
-            return
+    # ---- ports of the shared handlers (``storage_node.handlers.StoragePorts``) ----
 
-        def persisted(status: Status) -> None:
-            # Tails are taken once the seal is durable: no STORE of a sealed epoch can be
-            # accepted after that, so they cannot grow any more.
-            reply(self._machine.sealed(seal, status))
+    @property
+    def disk_low(self) -> bool:
+        return self._store.disk_low
 
-        status = self._store.submit_seal(SealEntry(seal.log_id, seal.seal_epoch, seal.sealed_by),
-                                         persisted)
-        if status != Status.OK:
-            reply(self._machine.sealed(seal, status))
-        else:
-            self._counts["seals"] += 1
+    def submit_store(self, store: Store, done: Callable[[Status], None]) -> Status:
+        return self._store.submit_store(store, done)
 
-    def _on_get_digest(self, request: GetDigest, reply: ReplyFn) -> None:
-        status = self._not_serving() or self._machine.digest_status(request)
-        if status is Status.OK and len(self._reads) >= READS_INFLIGHT_MAX:
-            status = Status.OVERLOADED
-        if status is not Status.OK:
-            reply(self._machine.digest_refused(request, status))
-            return
-        self._counts["digests"] += 1
-        task = asyncio.get_running_loop().create_task(self._serve_digest(request, reply))
+    def submit_seal(self, seal: SealEntry, done: Callable[[Status], None]) -> Status:
+        return self._store.submit_seal(seal, done)
+
+    def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
+        self._store.note_release(log_id, release_lsn)
+        self._release_moved(log_id)
+
+    def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
+        return self._store.held_ranges(log_id, from_lsn, until_lsn)
+
+    def read_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
+                    bytes_max: int, done: Callable[[CopiesResult], None]) -> Status:
+        if len(self._reads) >= READS_INFLIGHT_MAX:
+            return Status.OVERLOADED
+
+        async def serve() -> None:
+            try:
+                result = await self._store.read_copies(log_id, from_lsn, until_lsn,
+                                                       records_max, bytes_max)
+            except Exception:
+                log.exception("storage node %s: copies of log %d failed", self.node_id, log_id)
+                result = CopiesResult(Status.INTERNAL, (), from_lsn)
+            done(result)
+
+        task = asyncio.get_running_loop().create_task(serve())
         self._reads.add(task)
         task.add_done_callback(self._reads.discard)
-
-    async def _serve_digest(self, request: GetDigest, reply: ReplyFn) -> None:
-        try:
-            result = await self._store.read_copies(
-                request.log_id, compose_lsn(request.epoch, Esn(max(request.from_esn, 1))),
-                compose_lsn(request.epoch, ESN_MAX), request.records_max, request.bytes_max)
-        except Exception:
-            log.exception("storage node %s: digest of log %d failed", self.node_id,
-                          request.log_id)
-            reply(self._machine.digest_refused(request, Status.INTERNAL))
-            return
-        if result.status is not Status.OK:
-            reply(self._machine.digest_refused(request, result.status))
-            return
-        next_esn = (lsn_to_esn(result.next_lsn) if lsn_to_epoch(result.next_lsn) == request.epoch
-                    else ESN_MAX + 1)
-        entries = tuple((lsn_to_esn(Lsn(lsn)), flags, wave, timestamp_ms, key, payload, producer)
-                        for lsn, timestamp_ms, key, payload, flags, wave, producer
-                        in result.copies)
-        reply(Digest(status=Status.OK, log_id=request.log_id, epoch=request.epoch,
-                     entries=entries, next_esn=next_esn))
-
-    def _on_clean(self, clean: Clean, reply: ReplyFn) -> None:
-        refused = self._not_serving()
-        answer = (self._machine.cleaned(clean, refused) if refused is not None
-                  else self._machine.clean_status(clean))
-        if answer is not None:
-            reply(answer)
-            return
-        self._counts["cleans"] += 1
-        # Seal first (a node that missed the SEAL gets it now, so that no STORE of the
-        # recovered epochs is accepted any more), and decide what to purge only once that seal
-        # is written: the writer is FIFO, so every STORE accepted before it is on disk and in
-        # the index by then, and none of them can slip past the purge. A node sealed higher
-        # already writes its own seal again, as the barrier (the purge still applies: see
-        # ``StoreMachine.clean_status``).
-        self._machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by)
-        state = self._machine.state(clean.log_id)
-
-        def sealed(status: Status) -> None:
-            if status is not Status.OK:
-                reply(self._machine.cleaned(clean, status))
-            else:
-                self._purge(clean, reply)
-
-        status = self._store.submit_seal(
-            SealEntry(clean.log_id, state.sealed_epoch, state.sealed_by or clean.sealed_by),
-            sealed)
-        if status is not Status.OK:
-            reply(self._machine.cleaned(clean, status))
-
-    def _purge(self, clean: Clean, reply: ReplyFn) -> None:
-        """Overwrite the copies this node holds where recovery decided "no record", then
-        answer the CLEAN."""
-        held = [(lsn_to_esn(lo), lsn_to_esn(hi)) for lo, hi in self._store.held_ranges(
-            clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
-        stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)
-        if not stores:
-            reply(self._machine.cleaned_after_purge(clean, Status.OK))
-            return
-        pending = [len(stores)]
-        failed: list[Status] = []
-
-        def persisted(status: Status) -> None:
-            if status is not Status.OK:
-                failed.append(status)
-            pending[0] -= 1
-            if pending[0] == 0:
-                reply(self._machine.cleaned_after_purge(
-                    clean, failed[0] if failed else Status.OK))
-
-        for store in stores:
-            decision = self._machine.on_purge_store(store, disk_low=self._store.disk_low)
-            if decision.status is not Status.OK:
-                persisted(decision.status)
-                continue
-            self._counts["purged_records"] += store.records_count
-
-            def done(status: Status, store: Store = store) -> None:
-                if status is Status.OK:
-                    self._machine.on_persisted(store)
-                persisted(status)
-
-            status = self._store.submit_store(store, done)
-            if status is not Status.OK:
-                persisted(status)
+        return Status.OK
 
     def _on_trim(self, trim: Trim, reply: ReplyFn) -> None:
-        refused = self._not_serving()
+        refused = self.not_serving()
         if refused is not None:
             reply(self._machine.trimmed(trim, refused))
             return
@@ -556,7 +431,7 @@ class StorageNode:
             reply(self._machine.trimmed(trim, submitted))
 
     def _on_find_time(self, request: FindTime, reply: ReplyFn) -> None:
-        status = self._not_serving() or Status.OK
+        status = self.not_serving() or Status.OK
         if status is Status.OK and (not log_id_valid(request.log_id)
                                     or not 0 <= request.timestamp_ms < 2**63):
             status = Status.BADMSG
@@ -569,7 +444,7 @@ class StorageNode:
         reply(FoundTime(status=status, log_id=request.log_id, lsn=lsn))
 
     def _on_get_producer(self, request: GetProducer, reply: ReplyFn) -> None:
-        status = self._not_serving() or Status.OK
+        status = self.not_serving() or Status.OK
         if status is Status.OK and (
                 not log_id_valid(request.log_id) or not request.producer_id
                 or len(request.producer_id) > PRODUCER_ID_BYTES_MAX):
@@ -580,11 +455,3 @@ class StorageNode:
             entries = self._store.producer_entries(request.log_id, request.producer_id)
         reply(ProducerState(status=status, log_id=request.log_id,
                             producer_id=request.producer_id, entries=entries))
-
-    def _on_get_log_state(self, message: GetLogState, reply: ReplyFn) -> None:
-        if not self._started or self._closing:
-            status = Status.SHUTDOWN if self._closing else Status.NOTREADY
-            reply(LogState(status=status, log_id=message.log_id, release_lsn=LSN_INVALID,
-                           sealed_epoch=EPOCH_INVALID, last_lsn=LSN_INVALID))
-            return
-        reply(self._machine.on_get_log_state(message))

@@ -140,13 +140,17 @@ class SimNetwork:
         self._transmit(src, dst, deliver)
 
     def request(self, src: NodeId, dst: NodeId, message: Any,
-                callback: RequestCallback) -> None:
+                callback: RequestCallback, *, timeout_ms: int | None = None) -> None:
+        """``timeout_ms``: the request fails with TIMEDOUT if no reply came by then, as
+        ``PeerPool.request`` does with one."""
         request_id = self._next_request_id
         self._next_request_id += 1
         target = self._nodes[dst]
         request = _Request(src, self._nodes[src].incarnation, dst, target.incarnation, callback)
         assert len(self._pending) < REQUESTS_PENDING_MAX, "runaway requests"
         self._pending[request_id] = request
+        if timeout_ms is not None:
+            self._fail_later(request_id, Status.TIMEDOUT, timeout_ms)
         if not target.up:
             self._fail_later(request_id, Status.CONNFAILED)
             return
@@ -183,7 +187,7 @@ class SimNetwork:
 
         self._transmit(request.dst, request.src, deliver)
 
-    def _fail_later(self, request_id: int, status: Status) -> None:
+    def _fail_later(self, request_id: int, status: Status, after_ms: int | None = None) -> None:
         def fail() -> None:
             request = self._pending.pop(request_id, None)
             if request is None or request.done:
@@ -192,7 +196,7 @@ class SimNetwork:
             if self._nodes[request.src].incarnation == request.src_incarnation:
                 request.callback(status)
 
-        self._queue.after(self.connfail_delay_ms, fail)
+        self._queue.after(self.connfail_delay_ms if after_ms is None else after_ms, fail)
 
     def _transmit(self, src: NodeId, dst: NodeId, deliver: Callable[[], None]) -> None:
         self.messages_sent_count += 1

@@ -1,10 +1,10 @@
-"""A simulated sequencer node: one real ``Sequencer`` core per log, driven like
-``sequencer.runtime.SequencerRuntime`` drives them, with no asyncio.
+"""A simulated sequencer node: one real ``Sequencer`` core per log, driven with no asyncio by
+the same effect glue as ``sequencer.runtime.SequencerRuntime`` (``sequencer.handlers``): this
+node is its ``SequencerPorts``.
 
-Effects: ``Send(Store)`` becomes a network request whose STORED (or failure status) comes back
-to ``on_stored``; ``Send(Release)`` is one-way; ``ActivateEpoch`` asks the epoch store (after a
-delay, sometimes failing) and answers ``on_activated``; ``FetchLogState`` sends GET_LOG_STATE
-to the nodes and feeds each OK answer to ``on_release_hint``; ``AppendReply`` answers the
+Ports: STOREs and recovery requests become network requests (the checker sees every STORE
+sent); RELEASE is one-way; ``activate`` asks the epoch store (after a delay, sometimes
+failing) and answers ``on_activated``; ``write_lce`` likewise; ``answer`` answers the
 client. One timer per distinct core deadline calls ``on_timer``; a periodic event broadcasts
 the release pointers of the cores that have one to tell (``release_broadcast_due``, the
 runtime's dirty set) and, with ``idle_deactivate_ms``, deactivates idle cores: final release
@@ -27,22 +27,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sequencer.core.effects import (
-    ActivateEpoch,
     AppendReply,
-    FetchLogState,
+    FetchProducer,
     RecoveryProgress,
     ReleaseAdvanced,
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer
+from sequencer.handlers import Callback, EffectDriver
 from shared.compression import Codec
 from shared.config import SequencerConfig
-from shared.effects import Send
 from shared.epoch_metadata import ProvisionSpec
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, NodeId, format_lsn
 from shared.wire.read import GetLogState, LogState
-from shared.wire.release import Release
 from shared.wire.store import Store, Stored
 from tests.simulation.checkers import SafetyChecker, fail
 from tests.simulation.sim_client import ClientAppend, sim_blob
@@ -108,6 +106,9 @@ class SimSequencerNode:
         self._staged: dict[LogId, list[PendingAppend]] = {}
         self._flush_scheduled = False
         self._cores_created_count = 0
+        self._core_of: dict[Sequencer, Core] = {}
+        """Every core this node ever made, by its ``Sequencer`` (the ports get the latter)."""
+        self.driver = EffectDriver(self)
         env.network.add_node(node_id, self._on_message)
         env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
 
@@ -166,32 +167,64 @@ class SimSequencerNode:
                     self.env.options.esn_max))
             core = Core(sequencer, f"sequencer {self.node_id}#{self._cores_created_count}")
             self.cores[log_id] = core
+            self._core_of[sequencer] = core
         return core
 
     def _live(self, core: Core) -> bool:
         return self.up and self.cores.get(core.sequencer.log_id) is core
 
-    # ---- effects --------------------------------------------------------------------------
-
     def _apply(self, core: Core, effects: list[Any]) -> None:
-        sequencer = core.sequencer
-        for effect in effects:
-            kind = type(effect)
-            if kind is Send:
-                self._send(core, effect)
-            elif kind is AppendReply:
-                self._on_append_reply(core, effect)
-            elif kind is ActivateEpoch:
-                self._activate(core)
-            elif kind is FetchLogState:
-                self._fetch_log_state(core, effect)
-            elif kind is WriteLastCleanEpoch:
-                self._write_lce(core, effect)
-            elif kind is RecoveryProgress:
-                self.env.stats[f"recovery_{effect.phase.lower()}"] += 1
-                self._log(f"log {effect.log_id}: recovery #{effect.attempt} {effect.phase}")
-            elif kind is not ReleaseAdvanced:
-                raise AssertionError(f"unknown effect {effect!r}")
+        self.driver.apply(core.sequencer, effects)
+
+    # ---- ports of the shared effect glue (``sequencer.handlers.SequencerPorts``) -----------
+
+    def now_ms(self) -> int:
+        return self._now_ms
+
+    def send(self, node: NodeId, message: Any) -> None:
+        self.env.network.send(self.node_id, node, message)
+
+    def send_store(self, node: NodeId, store: Store, callback: Callback) -> None:
+        self.env.checker.on_store_sent(store)
+        if store.wave > 1:
+            self.env.stats["store_retry_wave"] += 1
+        stats = self.env.stats
+
+        def on_reply(reply: Any) -> None:
+            if type(reply) is Stored and reply.status != Status.OK:
+                stats[f"stored_{reply.status.name.lower()}"] += 1
+            callback(reply)
+
+        self.env.network.request(self.node_id, node, store, on_reply)
+
+    def request(self, node: NodeId, message: Any, callback: Callback, *,
+                timeout_ms: int | None = None) -> None:
+        if type(message) is Store:
+            self.env.checker.on_store_sent(message)
+            self.env.stats["recovery_mutation_stores"] += 1
+        self.env.network.request(self.node_id, node, message, callback, timeout_ms=timeout_ms)
+
+    def answer(self, sequencer: Sequencer, reply: AppendReply) -> None:
+        self._on_append_reply(self._core_of[sequencer], reply)
+
+    def release_advanced(self, sequencer: Sequencer, effect: ReleaseAdvanced) -> None:
+        pass  # the checker looks at every pointer after every call (``applied``)
+
+    def activate(self, sequencer: Sequencer) -> None:
+        self._activate(self._core_of[sequencer])
+
+    def fetch_producer(self, sequencer: Sequencer, effect: FetchProducer) -> None:
+        raise AssertionError(f"the simulation appends without producers: {effect!r}")
+
+    def write_lce(self, sequencer: Sequencer, effect: WriteLastCleanEpoch) -> None:
+        self._write_lce(self._core_of[sequencer], effect)
+
+    def recovery_progress(self, sequencer: Sequencer, effect: RecoveryProgress) -> None:
+        self.env.stats[f"recovery_{effect.phase.lower()}"] += 1
+        self._log(f"log {effect.log_id}: recovery #{effect.attempt} {effect.phase}")
+
+    def applied(self, sequencer: Sequencer) -> None:
+        core = self._core_of[sequencer]
         # Checked after every call rather than only on ReleaseAdvanced, so that a pointer
         # that moves without the effect is caught too; before the core's own invariants, so
         # that the checkers are what catches a core broken in a way it does not know about.
@@ -199,46 +232,9 @@ class SimSequencerNode:
         sequencer.check_invariants()
         self._arm(core)
 
-    def _send(self, core: Core, effect: Send) -> None:
-        message, node = effect.message, effect.node
-        if type(message) is Release:
-            self.env.network.send(self.node_id, node, message)
-            return
-        if type(message) is not Store or message.flags:
-            self._send_recovery(core, node, message)
-            return
-        self.env.checker.on_store_sent(message)
-        if message.wave > 1:
-            self.env.stats["store_retry_wave"] += 1
-
-        def on_reply(reply: Any) -> None:
-            if not self._live(core):
-                return
-            if type(reply) is Stored:
-                if reply.status != Status.OK:
-                    self.env.stats[f"stored_{reply.status.name.lower()}"] += 1
-                effects = core.sequencer.on_stored(node, reply.lsn, reply.wave, reply.status,
-                                                   reply.sealed_epoch, reply.sealed_by,
-                                                   self._now_ms)
-            else:
-                status = reply if isinstance(reply, Status) else Status.BADMSG
-                effects = core.sequencer.on_stored(node, message.lsn, message.wave, status,
-                                                   Epoch(0), None, self._now_ms)
-            self._apply(core, effects)
-
-        self.env.network.request(self.node_id, node, message, on_reply)
-
-    def _send_recovery(self, core: Core, node: NodeId, message: Any) -> None:
-        if type(message) is Store:
-            self.env.checker.on_store_sent(message)
-            self.env.stats["recovery_mutation_stores"] += 1
-
-        def on_reply(reply: Any) -> None:
-            if self._live(core):
-                self._apply(core, core.sequencer.on_recovery_reply(node, message, reply,
-                                                                   self._now_ms))
-
-        self.env.network.request(self.node_id, node, message, on_reply)
+    def live(self, sequencer: Sequencer) -> bool:
+        core = self.cores.get(sequencer.log_id)
+        return self.up and core is not None and core.sequencer is sequencer
 
     def _write_lce(self, core: Core, effect: WriteLastCleanEpoch) -> None:
         env = self.env
@@ -299,15 +295,6 @@ class SimSequencerNode:
                                                           self._now_ms))
 
         env.queue.after(env.rng.randint(0, env.options.epoch_store_delay_ms_max), done)
-
-    def _fetch_log_state(self, core: Core, effect: FetchLogState) -> None:
-        def on_reply(reply: Any) -> None:
-            if self._live(core) and type(reply) is LogState and reply.status == Status.OK:
-                self._apply(core, core.sequencer.on_release_hint(reply.release_lsn))
-
-        for node in effect.nodes:
-            self.env.network.request(self.node_id, node, GetLogState(log_id=effect.log_id),
-                                     on_reply)
 
     def _on_message(self, peer: NodeId, message: Any, reply: ReplyFn | None) -> None:
         raise AssertionError(f"{self.node_id} got unexpected {message!r} from {peer}")

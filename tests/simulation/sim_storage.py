@@ -1,12 +1,14 @@
 """A simulated storage node: the real ``StoreMachine`` plus an in-memory disk.
 
 The disk (records with their flags, release pointers and durable seals) survives crashes; with
-``fsync=always`` semantics a record is on it before STORED goes out. Epoch recovery's messages
-(SEAL, GET_DIGEST, CLEAN) are served like ``storage_node.runtime`` serves them, with the same
-pure decisions of ``StoreMachine``. Writing takes ``disk_delay_ms``: a crash in between
-loses the write and its reply. A crash loses everything only in memory (the machine, hence the
-soft seals); a restart rebuilds the machine with ``restore`` from the disk, the way
-``storage_node.record_store`` does (the newest record's epoch re-creates its soft seal).
+``fsync=always`` semantics a record is on it before STORED goes out. STORE, RELEASE,
+GET_LOG_STATE and epoch recovery's messages (SEAL, GET_DIGEST, CLEAN and its purge) are served
+by the same ``storage_node.handlers.StorageHandlers`` as ``storage_node.runtime`` serves them
+with; this node is its ``StoragePorts``. Writing takes up to ``disk_delay_ms``, in submission
+order: a crash in between loses the write and its reply. A crash loses everything only in
+memory (the machine, hence the soft seals); a restart rebuilds the machine with ``restore``
+from the disk, the way ``storage_node.record_store`` does (the newest record's epoch
+re-creates its soft seal).
 """
 
 from __future__ import annotations
@@ -18,26 +20,21 @@ from typing import Any
 
 from shared.status import Status
 from shared.types import (
-    ESN_MAX,
     Epoch,
-    Esn,
     LogId,
     Lsn,
     NodeId,
-    compose_lsn,
     lsn_to_epoch,
     lsn_to_esn,
 )
 from shared.wire.read import GetLogState
-from shared.wire.recovery import Clean, Digest, GetDigest, Seal
+from shared.wire.recovery import Clean, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
-from storage_node.core.store_machine import (
-    LogStorageState,
-    StoreMachine,
-    purge_ranges,
-    recovery_hole_stores,
-)
+from storage_node.core.store_machine import LogStorageState, StoreMachine
+from storage_node.handlers import StorageHandlers
+from storage_node.record_reads import CopiesResult
+from storage_node.segment_format import SealEntry
 from tests.simulation.sim_client import store_payloads
 from tests.simulation.sim_clock import EventQueue
 from tests.simulation.sim_network import ReplyFn, SimNetwork
@@ -92,6 +89,9 @@ class SimStorageNode:
         self._on_release = on_release
         self.disk = Disk(records={}, release_lsn={})
         self.machine = StoreMachine(accept_writes=True)
+        self.handlers = StorageHandlers(self.machine, self)
+        self._disk_free_ms = 0
+        """When the last submitted disk write completes (writes complete in order)."""
         self.up = True
         self.incarnation = 0
         network.add_node(node_id, self.on_message)
@@ -110,6 +110,7 @@ class SimStorageNode:
         self.machine = StoreMachine(accept_writes=True)
         for log_id, state in self._recovered_states().items():
             self.machine.restore(log_id, state)
+        self.handlers = StorageHandlers(self.machine, self)
         self.up = True
         self._network.restart(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} RESTART")
@@ -146,45 +147,72 @@ class SimStorageNode:
 
     def on_message(self, peer: NodeId, message: Any, reply: ReplyFn | None) -> None:
         assert self.up
-        if type(message) is Store:
-            assert reply is not None
-            self._on_store(message, reply)
-        elif type(message) is Release:
-            released = self.machine.on_release(message)
-            if released is not None:
-                self._persist_release(message.log_id, released)
-        elif type(message) is GetLogState:
-            assert reply is not None
-            reply(self.machine.on_get_log_state(message))
-        elif type(message) is Seal:
-            assert reply is not None
-            self._on_seal(message, reply)
-        elif type(message) is GetDigest:
-            assert reply is not None
-            self._on_get_digest(message, reply)
-        elif type(message) is Clean:
-            assert reply is not None
-            self._on_clean(message, reply)
+        kind = type(message)
+        if kind is Release:
+            self.handlers.on_release(message)
+            return
+        assert reply is not None, message
+        if kind is Store:
+            self.handlers.on_store(message, reply)
+        elif kind is GetLogState:
+            self.handlers.on_get_log_state(message, reply)
+        elif kind is Seal:
+            self.handlers.on_seal(message, reply)
+        elif kind is GetDigest:
+            self.handlers.on_get_digest(message, reply)
+        elif kind is Clean:
+            self.handlers.on_clean(message, reply)
         else:
             raise AssertionError(f"storage node got unexpected {message!r}")
 
-    def _on_store(self, store: Store, reply: ReplyFn) -> None:
-        decision = self.machine.on_store(store, disk_low=False)
-        if decision.release_lsn is not None:
-            self._persist_release(store.log_id, decision.release_lsn)
-        if decision.status != Status.OK:
-            assert decision.reply is not None
-            reply(decision.reply)
-            return
-        incarnation = self.incarnation
+    # ---- ports of the shared handlers (``storage_node.handlers.StoragePorts``) -------------
 
-        def persisted() -> None:
-            if self.incarnation != incarnation:
-                return  # crashed before the write was durable: no record, no reply
+    def not_serving(self) -> Status | None:
+        return None  # the network delivers nothing to a node that is down
+
+    @property
+    def disk_low(self) -> bool:
+        return False
+
+    def submit_store(self, store: Store, done: Callable[[Status], None]) -> Status:
+        def write() -> None:
             self._write(store)
-            reply(self.machine.on_persisted(store))
+            done(Status.OK)
 
-        self._queue.after(self._rng.randint(0, self._disk_delay_ms_max), persisted)
+        self._after_disk(write)
+        return Status.OK
+
+    def submit_seal(self, seal: SealEntry, done: Callable[[Status], None]) -> Status:
+        def write() -> None:
+            current = self.disk.seals.get(seal.log_id)
+            if current is None or current[0] < seal.epoch:
+                self.disk.seals[seal.log_id] = (seal.epoch, seal.sealed_by)
+            done(Status.OK)
+
+        self._after_disk(write)
+        return Status.OK
+
+    def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
+        self.disk.release_lsn[log_id] = release_lsn
+        self._on_release(f"storage {self.node_id}", log_id, release_lsn)
+
+    def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
+        return [(lsn, lsn) for lsn in sorted(
+            lsn for (log, lsn) in self.disk.records if log == log_id
+            and from_lsn <= lsn <= until_lsn)]
+
+    def read_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
+                    bytes_max: int, done: Callable[[CopiesResult], None]) -> Status:
+        found = sorted((lsn, record) for (log, lsn), record in self.disk.records.items()
+                       if log == log_id and from_lsn <= lsn <= until_lsn)
+        page = found[:records_max]
+        next_lsn = Lsn(page[-1][0] + 1 if len(found) > len(page) else until_lsn + 1)
+        done(CopiesResult(Status.OK, tuple(
+            (lsn, r.timestamp_ms, None, r.payload, r.flags, r.wave, None) for lsn, r in page),
+            next_lsn))
+        return Status.OK
+
+    # ---- the in-memory disk -----------------------------------------------------------
 
     def _write(self, store: Store) -> None:
         for index, payload in enumerate(store_payloads(store)):
@@ -196,73 +224,19 @@ class SimStorageNode:
             self._on_disk_write(self.node_id, key[0], key[1], record, previous)
 
     def _after_disk(self, action: Callable[[], None]) -> None:
-        """Run ``action`` once a disk write of ``disk_delay_ms`` is done, unless we crashed."""
+        """Run ``action`` once a disk write of up to ``disk_delay_ms`` is done, unless we
+        crashed first. Writes complete in the order they were submitted, as the record
+        store's writer does (CLEAN's purge relies on it)."""
         incarnation = self.incarnation
 
         def done() -> None:
             if self.incarnation == incarnation:
                 action()
 
-        self._queue.after(self._rng.randint(0, self._disk_delay_ms_max), done)
-
-    def _on_seal(self, seal: Seal, reply: ReplyFn) -> None:
-        answer = self.machine.on_seal(seal)
-        if answer is not None:
-            reply(answer)
-            return
-
-        def persisted() -> None:
-            current = self.disk.seals.get(seal.log_id)
-            if current is None or current[0] < seal.seal_epoch:
-                self.disk.seals[seal.log_id] = (seal.seal_epoch, seal.sealed_by)
-            reply(self.machine.sealed(seal, Status.OK))
-
-        self._after_disk(persisted)
-
-    def _on_get_digest(self, request: GetDigest, reply: ReplyFn) -> None:
-        status = self.machine.digest_status(request)
-        if status != Status.OK:
-            reply(self.machine.digest_refused(request, status))
-            return
-        first = compose_lsn(request.epoch, Esn(max(request.from_esn, 1)))
-        last = compose_lsn(request.epoch, ESN_MAX)
-        found = sorted((lsn, record) for (log_id, lsn), record in self.disk.records.items()
-                       if log_id == request.log_id and first <= lsn <= last)
-        page = found[: request.records_max]
-        entries = tuple((lsn_to_esn(lsn), r.flags, r.wave, r.timestamp_ms, None, r.payload, None)
-                        for lsn, r in page)
-        next_esn = (lsn_to_esn(page[-1][0]) + 1 if len(found) > len(page) else ESN_MAX + 1)
-        reply(Digest(status=Status.OK, log_id=request.log_id, epoch=request.epoch,
-                     entries=entries, next_esn=next_esn))
-
-    def _on_clean(self, clean: Clean, reply: ReplyFn) -> None:
-        answer = self.machine.clean_status(clean)
-        if answer is not None:
-            reply(answer)
-            return
-        if self.machine.seal(clean.log_id, clean.seal_epoch, clean.sealed_by) == Status.OK:
-            self.disk.seals[clean.log_id] = (clean.seal_epoch, clean.sealed_by)
-        held = sorted(lsn_to_esn(lsn) for (log_id, lsn) in self.disk.records
-                      if log_id == clean.log_id and lsn_to_epoch(lsn) == clean.epoch)
-        stores = recovery_hole_stores(clean, purge_ranges([(e, e) for e in held], clean), 0)
-        refusals = [d.status for d in (self.machine.on_purge_store(s, disk_low=False)
-                                       for s in stores) if d.status != Status.OK]
-        if refusals:
-            reply(self.machine.cleaned_after_purge(clean, refusals[0]))
-            return
-        accepted = stores
-
-        def persisted() -> None:
-            for store in accepted:
-                self._write(store)
-                self.machine.on_persisted(store)
-            reply(self.machine.cleaned_after_purge(clean, Status.OK))
-
-        self._after_disk(persisted)
-
-    def _persist_release(self, log_id: LogId, release_lsn: Lsn) -> None:
-        self.disk.release_lsn[log_id] = release_lsn
-        self._on_release(f"storage {self.node_id}", log_id, release_lsn)
+        now_ms = self._queue.clock.now_ms()
+        at_ms = max(now_ms + self._rng.randint(0, self._disk_delay_ms_max), self._disk_free_ms)
+        self._disk_free_ms = at_ms
+        self._queue.at(at_ms, done)
 
     def release_lsn(self, log_id: LogId) -> Lsn:
         return self.machine.state(log_id).release_lsn

@@ -1,0 +1,170 @@
+"""The sequencer's effect glue, sans I/O: carries out a ``Sequencer`` core's effects through a
+small set of ports and feeds the answers (STORED, recovery replies, log states) back to the
+core. ``sequencer.runtime.SequencerRuntime`` (asyncio, ``shared.net.PeerPool``) and the
+deterministic simulation (``tests/simulation/sim_sequencer.py``) both drive their cores with
+this one ``EffectDriver``, so that the simulation runs the code production runs.
+
+What differs between the two lives behind ``SequencerPorts``: how a message travels, how an
+epoch is activated or a last clean epoch written (tasks against the epoch store, or simulated
+delays), what an append's answer reaches, and what happens after each batch of effects (timers,
+waiters, checkers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from sequencer.core.effects import (
+    ActivateEpoch,
+    AppendReply,
+    FetchLogState,
+    FetchProducer,
+    RecoveryProgress,
+    ReleaseAdvanced,
+    WriteLastCleanEpoch,
+)
+from sequencer.core.sequencer import Sequencer
+from shared import failpoints
+from shared.effects import Send
+from shared.status import Status
+from shared.types import Epoch, NodeId
+from shared.wire.read import GetLogState, LogState
+from shared.wire.release import Release
+from shared.wire.store import Store, Stored
+
+Callback = Callable[[Any], None]
+"""Gets the reply message, or the ``Status`` that ended the request (CONNFAILED, TIMEDOUT)."""
+
+
+class SequencerPorts(Protocol):
+    """What the effect glue needs from its driver."""
+
+    def now_ms(self) -> int:
+        """The monotonic clock the cores' deadlines use."""
+        ...
+
+    def send(self, node: NodeId, message: Any) -> None:
+        """One-way message (RELEASE); may be lost."""
+        ...
+
+    def send_store(self, node: NodeId, store: Store, callback: Callback) -> None:
+        """A sequencer STORE (no recovery flags); ``callback`` gets STORED or a ``Status``,
+        at most once."""
+        ...
+
+    def request(self, node: NodeId, message: Any, callback: Callback, *,
+                timeout_ms: int | None = None) -> None:
+        """Any other request (epoch recovery's SEAL, GET_DIGEST, recovery STOREs and CLEAN,
+        GET_LOG_STATE); ``callback`` gets the reply or a ``Status``, at most once."""
+        ...
+
+    def answer(self, sequencer: Sequencer, reply: AppendReply) -> None:
+        """Give an append's answer to whoever waits for it."""
+        ...
+
+    def release_advanced(self, sequencer: Sequencer, effect: ReleaseAdvanced) -> None: ...
+
+    def activate(self, sequencer: Sequencer) -> None:
+        """Start activating a new epoch; answer with ``sequencer.on_activated`` (via
+        ``EffectDriver.apply``)."""
+        ...
+
+    def fetch_producer(self, sequencer: Sequencer, effect: FetchProducer) -> None: ...
+
+    def write_lce(self, sequencer: Sequencer, effect: WriteLastCleanEpoch) -> None:
+        """Start writing the last clean epoch; answer with ``sequencer.on_lce_written``."""
+        ...
+
+    def recovery_progress(self, sequencer: Sequencer, effect: RecoveryProgress) -> None: ...
+
+    def applied(self, sequencer: Sequencer) -> None:
+        """Called after every batch of effects: re-arm timers, wake waiters, check."""
+        ...
+
+    def live(self, sequencer: Sequencer) -> bool:
+        """Whether answers for ``sequencer`` still go to it (False once its node dropped it:
+        the simulation's crashed or replaced cores)."""
+        ...
+
+
+class EffectDriver:
+    """Applies a core's effects through ``ports``; one per sequencer node."""
+
+    __slots__ = ("_answer", "_applied", "_live", "_now_ms", "_ports")
+
+    def __init__(self, ports: SequencerPorts) -> None:
+        self._ports = ports
+        # Bound once: ``apply`` runs for every batch of appends.
+        self._answer = ports.answer
+        self._applied = ports.applied
+        self._now_ms = ports.now_ms
+        self._live = ports.live
+
+    def apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
+        ports = self._ports
+        for effect in effects:
+            kind = type(effect)
+            if kind is AppendReply:
+                self._answer(sequencer, effect)
+            elif kind is Send:
+                self.send(sequencer, effect)
+            elif kind is ReleaseAdvanced:
+                ports.release_advanced(sequencer, effect)
+            elif kind is ActivateEpoch:
+                ports.activate(sequencer)
+            elif kind is FetchLogState:
+                self.fetch_log_state(sequencer, effect)
+            elif kind is FetchProducer:
+                ports.fetch_producer(sequencer, effect)
+            elif kind is WriteLastCleanEpoch:
+                ports.write_lce(sequencer, effect)
+            elif kind is RecoveryProgress:
+                ports.recovery_progress(sequencer, effect)
+            else:
+                raise AssertionError(f"unknown effect {effect!r}")
+        self._applied(sequencer)
+
+    def send(self, sequencer: Sequencer, effect: Send) -> None:
+        message = effect.message
+        if type(message) is Release:
+            self._ports.send(effect.node, message)
+            return
+        node = effect.node
+        if type(message) is not Store or message.flags:
+            self.send_recovery(sequencer, node, message)
+            return
+
+        def on_reply(reply: Any) -> None:
+            if not self._live(sequencer):
+                return
+            now_ms = self._now_ms()
+            if type(reply) is Stored:
+                if reply.status is Status.OK:
+                    failpoints.hit("appender.after_k_stores")
+                effects = sequencer.on_stored(node, reply.lsn, reply.wave, reply.status,
+                                              reply.sealed_epoch, reply.sealed_by, now_ms)
+            else:
+                status = reply if isinstance(reply, Status) else Status.BADMSG
+                effects = sequencer.on_stored(node, message.lsn, message.wave, status,
+                                              Epoch(0), None, now_ms)
+            self.apply(sequencer, effects)
+
+        self._ports.send_store(node, message, on_reply)
+
+    def send_recovery(self, sequencer: Sequencer, node: NodeId, message: Any) -> None:
+        def on_reply(reply: Any) -> None:
+            if self._live(sequencer):
+                self.apply(sequencer, sequencer.on_recovery_reply(node, message, reply,
+                                                                  self._now_ms()))
+
+        self._ports.request(node, message, on_reply)
+
+    def fetch_log_state(self, sequencer: Sequencer, effect: FetchLogState) -> None:
+        def on_reply(reply: Any) -> None:
+            if (self._live(sequencer) and type(reply) is LogState
+                    and reply.status is Status.OK):
+                self.apply(sequencer, sequencer.on_release_hint(reply.release_lsn))
+
+        for node in effect.nodes:
+            self._ports.request(node, GetLogState(log_id=effect.log_id), on_reply)
