@@ -82,24 +82,27 @@ class SequencerPorts(Protocol):
         """Called after every batch of effects: re-arm timers, wake waiters, check."""
         ...
 
-    def live(self, sequencer: Sequencer) -> bool:
-        """Whether answers for ``sequencer`` still go to it (False once its node dropped it:
-        the simulation's crashed or replaced cores)."""
-        ...
+
+Live = Callable[[Sequencer], bool]
+"""Whether answers for a sequencer still go to it (False once its node dropped it: the
+simulation's crashed or replaced cores)."""
 
 
 class EffectDriver:
-    """Applies a core's effects through ``ports``; one per sequencer node."""
+    """Applies a core's effects through ``ports``; one per sequencer node. ``now_ms`` is
+    the clock (the ports' own by default); ``live`` filters late answers (none by default:
+    the runtime lets a dropped core's appenders finish)."""
 
     __slots__ = ("_answer", "_applied", "_live", "_now_ms", "_ports")
 
-    def __init__(self, ports: SequencerPorts) -> None:
+    def __init__(self, ports: SequencerPorts, *, now_ms: Callable[[], int] | None = None,
+                 live: Live | None = None) -> None:
         self._ports = ports
-        # Bound once: ``apply`` runs for every batch of appends.
+        # Bound once: ``apply`` runs for every batch of appends, ``on_reply`` per STORED.
         self._answer = ports.answer
         self._applied = ports.applied
-        self._now_ms = ports.now_ms
-        self._live = ports.live
+        self._now_ms = now_ms or ports.now_ms
+        self._live = live
 
     def apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
         ports = self._ports
@@ -136,7 +139,8 @@ class EffectDriver:
             return
 
         def on_reply(reply: Any) -> None:
-            if not self._live(sequencer):
+            live = self._live
+            if live is not None and not live(sequencer):
                 return
             now_ms = self._now_ms()
             if type(reply) is Stored:
@@ -154,7 +158,7 @@ class EffectDriver:
 
     def send_recovery(self, sequencer: Sequencer, node: NodeId, message: Any) -> None:
         def on_reply(reply: Any) -> None:
-            if self._live(sequencer):
+            if self._live is None or self._live(sequencer):
                 self.apply(sequencer, sequencer.on_recovery_reply(node, message, reply,
                                                                   self._now_ms()))
 
@@ -162,7 +166,7 @@ class EffectDriver:
 
     def fetch_log_state(self, sequencer: Sequencer, effect: FetchLogState) -> None:
         def on_reply(reply: Any) -> None:
-            if (self._live(sequencer) and type(reply) is LogState
+            if ((self._live is None or self._live(sequencer)) and type(reply) is LogState
                     and reply.status is Status.OK):
                 self.apply(sequencer, sequencer.on_release_hint(reply.release_lsn))
 

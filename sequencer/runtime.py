@@ -160,10 +160,6 @@ class _RuntimePorts:
         if runtime._closing:
             runtime._note_drained()
 
-    def live(self, sequencer: Sequencer) -> bool:
-        # A dropped (deactivated) core still gets its answers: its appenders may finish.
-        return True
-
 
 class SequencerRuntime:
     def __init__(
@@ -232,7 +228,7 @@ class SequencerRuntime:
         self._idle_marks = asyncio.Semaphore(IDLE_MARKS_IN_FLIGHT_MAX)
         self.deactivations_count = 0
         """Sequencers deactivated for idleness, for /metrics and tests."""
-        self._driver = EffectDriver(_RuntimePorts(self))
+        self._driver = EffectDriver(_RuntimePorts(self), now_ms=clock.now_ms)
         """Carries out the cores' effects (``sequencer.handlers``, shared with the
         deterministic simulation)."""
 

@@ -108,7 +108,7 @@ class SimSequencerNode:
         self._cores_created_count = 0
         self._core_of: dict[Sequencer, Core] = {}
         """Every core this node ever made, by its ``Sequencer`` (the ports get the latter)."""
-        self.driver = EffectDriver(self)
+        self.driver = EffectDriver(self, live=self.live)
         env.network.add_node(node_id, self._on_message)
         env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
 
