@@ -15,6 +15,15 @@ C5 epoch recovery never plugs an acknowledged LSN with a hole, and an epoch mark
 R1 readers agree: at the end, reading each log up to its release pointer from every
    f-majority of its nodeset (``shared.read_merge``) gives the same records and gaps, and
    every acknowledged record among them.
+R2 readers agree at every moment: every ``reader_check_interval_ms`` during the run, each log
+   is read up to the highest release pointer anyone holds through a sample of f-majorities:
+   they all see the same record or gap at every LSN, every acknowledged record among them,
+   and the same as every earlier read saw below its release pointer (a record or a gap, once
+   read, never changes).
+T1 the tail never decreases: every frontend (one per sequencer node, as ``FrontEnd.tail``
+   computes it: the owner sequencer's release pointer, the up storage nodes' ones, and the
+   highest it reported before in this incarnation) reports at least the highest tail any
+   frontend reported before.
 
 Checks are incremental (each LSN is verified once per property) so that they can run at
 every event; disks only grow, so what was verified stays true.
@@ -28,7 +37,7 @@ from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 from sequencer.core.effects import AppendReply
-from shared.read_merge import NodeAnswer, f_majority, merge
+from shared.read_merge import Gap, NodeAnswer, f_majority, merge
 from shared.types import (
     Epoch,
     Esn,
@@ -51,6 +60,9 @@ CHECKER_NAMES = {
     "C4": "nothing-written answers wrote nothing",
     "C5": "recovery keeps every acknowledged record",
     "R1": "readers through any f-majority agree and see every acknowledged record",
+    "R2": "at every moment, readers through any f-majority see the same record or gap at "
+          "every released LSN, and what was read never changes",
+    "T1": "the tail never decreases",
     "L1": "liveness: quiescent after healing",
     "L2": "liveness: appends after healing succeed and get released",
     "CORE": "a core's own assertion",
@@ -98,6 +110,19 @@ class SafetyChecker:
         """Storage nodes whose disk holds a hole (or bridge) recovery wrote at that LSN."""
         self._clean_tails: dict[tuple[LogId, Epoch], Lsn] = {}
         self.releases_count = 0
+        self.lost: dict[Key, set[NodeId]] = {}
+        """Storage nodes that held a copy at that LSN and lost it to damage (``on_damage``):
+        still counted as holders where R copies are required."""
+        self._read_views: dict[LogId, tuple[Lsn, list[Segment]]] = {}
+        """What the readers of each log saw last (R2): up to which release, which view."""
+        self.reads_checked_count = 0
+        self._tail_high: dict[LogId, tuple[Lsn, str]] = {}
+        """Per log, the highest tail reported so far and who reported it (T1)."""
+
+    def _holders(self, key: Key, copies: dict[Key, set[NodeId]]) -> set[NodeId]:
+        lost = self.lost.get(key)
+        held = copies.get(key, set())
+        return held | lost if lost else held
 
     # ---- C1 -------------------------------------------------------------------------------
 
@@ -148,7 +173,7 @@ class SafetyChecker:
             if self.assigned.get(key) != payload:
                 fail("C1", f"request {append.request_id} acked {payload!r} at log {log_id} "
                      f"{format_lsn(key[1])}, which holds {self.assigned.get(key)!r}")
-            holders = self.copies.get(key, set())
+            holders = self._holders(key, self.copies)
             if len(holders) < replication:
                 fail("C2", f"request {append.request_id} acked log {log_id} "
                      f"{format_lsn(key[1])} with {len(holders)} copies "
@@ -183,7 +208,7 @@ class SafetyChecker:
         acked = self._acked_unreleased.get(log_id, [])
         while acked and acked[0] <= release_lsn:
             lsn = heapq.heappop(acked)
-            if len(self.copies.get((log_id, lsn), ())) < replication:
+            if len(self._holders((log_id, lsn), self.copies)) < replication:
                 fail("C3", f"{where}, but acked {format_lsn(lsn)} is on fewer than "
                      f"R={replication} nodes")
 
@@ -192,12 +217,12 @@ class SafetyChecker:
         verified = self._verified_esn.get((log_id, epoch), 0)
         for esn in range(verified + 1, lsn_to_esn(release_lsn) + 1):
             key = (log_id, compose_lsn(epoch, Esn(esn)))
-            if len(self.hole_copies.get(key, ())) >= replication:
+            if len(self._holders(key, self.hole_copies)) >= replication:
                 self._verified_esn[(log_id, epoch)] = esn
                 continue  # plugged by recovery: a hole, not a record
             if key not in self.assigned:
                 fail("C3", f"{where}, but {format_lsn(key[1])} was never written")
-            holders = self.copies.get(key, set())
+            holders = self._holders(key, self.copies)
             if len(holders) < replication:
                 fail("C3", f"{where}, but {format_lsn(key[1])} is on {len(holders)} nodes "
                      f"({sorted(holders)}) < R={replication}")
@@ -216,6 +241,80 @@ class SafetyChecker:
                  f"{format_lsn(tail_lsn)}, but {format_lsn(min(beyond))} was acknowledged")
         if lsn_to_epoch(tail_lsn) == epoch:
             self._check_prefix(f"clean tail of epoch {epoch}", log_id, tail_lsn)
+
+    # ---- damage ---------------------------------------------------------------------------
+
+    def on_damage(self, node: NodeId, before: dict[Key, DiskRecord],
+                  after: dict[Key, DiskRecord]) -> None:
+        """``node`` restarted without some of its writes: what it holds is ``after`` now."""
+        for key in before.keys() | after.keys():
+            was, now = before.get(key), after.get(key)
+            if was == now:
+                continue
+            self.copies.get(key, set()).discard(node)
+            self.hole_copies.get(key, set()).discard(node)
+            if was is not None:
+                self.lost.setdefault(key, set()).add(node)
+            if now is not None:
+                if now.is_hole:
+                    self.hole_copies.setdefault(key, set()).add(node)
+                elif self.assigned.get(key) == now.payload:
+                    self.copies.setdefault(key, set()).add(node)
+
+    # ---- R2 and T1, every reader_check_interval_ms ---------------------------------------
+
+    def release_high(self, log_id: LogId) -> Lsn:
+        """The highest release pointer of ``log_id`` anyone (sequencer or storage node) ever
+        held: what some reader may have learned."""
+        return max((lsn for (_, log), lsn in self._release.items() if log == log_id),
+                   default=Lsn(0))
+
+    def check_readers_now(self, log_id: LogId, nodes: dict[NodeId, SimStorageNode],
+                          nodeset: tuple[NodeId, ...], replication: int,
+                          subsets: list[tuple[NodeId, ...]]) -> None:
+        """R2 over ``subsets`` (f-majorities of ``nodeset``)."""
+        release_lsn = self.release_high(log_id)
+        if release_lsn == 0:
+            return
+        self.reads_checked_count += 1
+        answers = {m: disk_answer(nodes[m], log_id, release_lsn) for m in nodeset}
+        acked = [(Lsn(a.first_lsn + i), payload) for a in self.acked if a.log_id == log_id
+                 for i, payload in enumerate(a.payloads) if a.first_lsn + i <= release_lsn]
+        first: tuple[tuple[NodeId, ...], list[Segment]] | None = None
+        for members in subsets:
+            merged = merge([answers[m] for m in members], Lsn(1), release_lsn, 10**9, 2**62)
+            view = segments(merged.records, merged.gaps)
+            where = (f"reading log {log_id} through {members} up to "
+                     f"{format_lsn(release_lsn)}")
+            records = {lsn: payload for kind, lsn, _, payload in view if kind == "R"}
+            for lsn, payload in acked:
+                if records.get(lsn) != payload:
+                    fail("R2", f"{where}: acknowledged {format_lsn(lsn)} reads as "
+                         f"{describe_at(view, lsn)}, not {payload!r}")
+            if first is None:
+                first = (members, view)
+            elif view != first[1]:
+                fail("R2", f"{where}: differs from reading through {first[0]}: "
+                     f"{first_difference(first[1], view)}")
+        assert first is not None
+        previous = self._read_views.get(log_id)
+        if previous is not None:
+            old_release, old_view = previous
+            now = cut(first[1], old_release)
+            if now != old_view:
+                fail("R2", f"log {log_id}: read up to {format_lsn(old_release)} earlier, it "
+                     f"reads differently now through {first[0]}: "
+                     f"{first_difference(old_view, now)}")
+        self._read_views[log_id] = (release_lsn, first[1])
+
+    def on_tail(self, frontend: str, log_id: LogId, tail_lsn: Lsn) -> None:
+        """T1: ``frontend`` reports ``tail_lsn`` as the log's tail."""
+        high, who = self._tail_high.get(log_id, (Lsn(0), ""))
+        if tail_lsn < high:
+            fail("T1", f"{frontend} reports log {log_id}'s tail as {format_lsn(tail_lsn)}, "
+                 f"but {who} reported {format_lsn(high)} before")
+        if tail_lsn > high:
+            self._tail_high[log_id] = (tail_lsn, frontend)
 
     # ---- C4 -------------------------------------------------------------------------------
 
@@ -244,10 +343,10 @@ class SafetyChecker:
             replication = self._replication_of(append.log_id)
             for index, payload in enumerate(append.payloads):
                 lsn = Lsn(append.first_lsn + index)
-                holders = [n.node_id for n in nodes
+                holders = {n.node_id for n in nodes
                            if (r := n.disk.records.get((append.log_id, lsn))) is not None
-                           and not r.is_hole and r.payload == payload]
-                if len(holders) < replication:
+                           and not r.is_hole and r.payload == payload}
+                if len(holders | self.lost.get((append.log_id, lsn), set())) < replication:
                     fail("C2", f"acked log {append.log_id} {format_lsn(lsn)} is on "
                          f"{holders} at the end < R={replication}")
 
@@ -284,6 +383,58 @@ class SafetyChecker:
                 detail = f"{first_view!r} vs {view!r}"[:2000]
                 fail("R1", f"log {log_id}: readers through {first_members} and {members} "
                      f"disagree: {detail}")
+
+
+Segment = tuple[str, int, int, bytes | None]
+"""(kind, lo, hi, payload): "R" a record (lo == hi), "GAP" a hole or bridge (recovery's "no
+record"; where a bridge ends an epoch is a detail), else the gap kind (DATALOSS, TRIM)."""
+
+
+def segments(records: Iterable[tuple[int, int, object, bytes]],
+             gaps: Iterable[Gap]) -> list[Segment]:
+    """A merged read as one list of segments in LSN order, adjacent no-record gaps joined."""
+    items: list[Segment] = [("R", r[0], r[0], r[3]) for r in records]
+    items += [("GAP" if g.kind in ("HOLE", "BRIDGE") else g.kind, g.lo, g.hi, None)
+              for g in gaps]
+    items.sort(key=lambda item: item[1])
+    joined: list[Segment] = []
+    for item in items:
+        if joined and item[0] != "R" and joined[-1][0] == item[0] and (
+                joined[-1][2] + 1 == item[1]):
+            joined[-1] = (item[0], joined[-1][1], item[2], None)
+        else:
+            joined.append(item)
+    return joined
+
+
+def cut(view: list[Segment], last_lsn: Lsn) -> list[Segment]:
+    """``view`` up to ``last_lsn``."""
+    return [(kind, lo, min(hi, last_lsn), payload) for kind, lo, hi, payload in view
+            if lo <= last_lsn]
+
+
+def describe_at(view: list[Segment], lsn: Lsn) -> str:
+    for kind, lo, hi, payload in view:
+        if lo <= lsn <= hi:
+            return repr(payload) if kind == "R" else f"{kind} {format_lsn(Lsn(lo))}.." \
+                f"{format_lsn(Lsn(hi))}"
+    return "nothing"
+
+
+def first_difference(a: list[Segment], b: list[Segment]) -> str:
+    for x, y in itertools.zip_longest(a, b):
+        if x != y:
+            return f"{describe_segment(x)} vs {describe_segment(y)}"
+    return "none"
+
+
+def describe_segment(segment: Segment | None) -> str:
+    if segment is None:
+        return "(end)"
+    kind, lo, hi, payload = segment
+    if kind == "R":
+        return f"record {payload!r} at {format_lsn(Lsn(lo))}"
+    return f"{kind} {format_lsn(Lsn(lo))}..{format_lsn(Lsn(hi))}"
 
 
 def merged_gaps(view: tuple[object, object]) -> list[tuple[str, int, int]]:

@@ -65,18 +65,20 @@ class SimResult:
                 f"outcomes {outcomes}; {stats}; digest {self.digest[:16]}")
 
 
-def reproduce_line(seed: int) -> str:
-    return f"reproduce with: python -m tests.simulation.run --seed {seed}"
+def reproduce_line(seed: int, faults: frozenset[str] = frozenset()) -> str:
+    extra = "".join(f" --fault {fault}" for fault in sorted(faults))
+    return f"reproduce with: python -m tests.simulation.run --seed {seed}{extra}"
 
 
 def run_simulation(seed: int, *, options: SimOptions | None = None,
-                   verbose: bool = False) -> SimResult:
-    """The randomized run of ``seed``; ``options`` overrides the ones derived from it."""
+                   faults: frozenset[str] = frozenset(), verbose: bool = False) -> SimResult:
+    """The randomized run of ``seed``; ``options`` overrides the ones derived from it;
+    ``faults`` adds opt-in fault kinds (``sim_options.OPT_IN_FAULTS``) to the generated ones."""
     rng = random.Random(seed)
-    generated = SimOptions.generate(rng)
+    generated = SimOptions.generate(rng, faults=faults)
     options = options or generated
     cluster = SimCluster(seed, options, rng, verbose=verbose)
-    with failure_report(cluster, reproduce_line(seed)):
+    with failure_report(cluster, reproduce_line(seed, faults)):
         schedule_workload(cluster)
         schedule_chaos(cluster)
         cluster.run_for(options.chaos_ms)
@@ -145,6 +147,22 @@ def schedule_chaos(cluster: SimCluster) -> None:
     options = cluster.options
     for tick_ms in range(options.chaos_tick_ms, options.chaos_ms, options.chaos_tick_ms):
         cluster.queue.at(tick_ms, lambda: chaos_tick(cluster))
+    schedule_checks(cluster)
+
+
+def schedule_checks(cluster: SimCluster) -> None:
+    """R2 and T1 every ``reader_check_interval_ms``, from the start to the end of the run."""
+    interval_ms = cluster.options.reader_check_interval_ms
+    if not interval_ms:
+        return
+
+    def check() -> None:
+        if cluster.finished:
+            return
+        cluster.check_now()
+        cluster.queue.after(interval_ms, check)
+
+    cluster.queue.after(interval_ms, check)
 
 
 def chaos_tick(cluster: SimCluster) -> None:
@@ -168,6 +186,10 @@ def chaos_tick(cluster: SimCluster) -> None:
                   if s.accepts_appends() and n != cluster.route.get(log_id)]
         if others:
             cluster.failover(log_id, rng.choice(others))
+    if o.stall_ratio and rng.random() < o.stall_ratio:
+        up = [n for n, s in cluster.storage.items() if s.up]
+        if up:
+            cluster.stall_storage(rng.choice(up), rng.randint(20, o.stall_ms_max))
     if o.drain_ratio and rng.random() < o.drain_ratio:
         usable = [n for n, s in cluster.sequencers.items() if s.accepts_appends()]
         if usable:
@@ -186,6 +208,9 @@ def heal_and_check(cluster: SimCluster) -> None:
     for log_id in cluster.log_ids:
         check_post_heal_appends(cluster, log_id)
     cluster.checker.check_final(cluster.storage.values())
+    if cluster.options.reader_check_interval_ms:
+        cluster.check_now()
+    cluster.finished = True
     for log_id in cluster.log_ids:
         metadata = cluster.epoch_store.metadata.get(log_id)
         if metadata is not None:

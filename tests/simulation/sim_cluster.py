@@ -9,12 +9,14 @@ until that node fails, drains, or a failover moves the log (leaving a zombie beh
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 
 from sequencer.core.effects import AppendReply
 from sequencer.core.sequencer import SequencerState
 from shared.epoch_metadata import ProvisionSpec
+from shared.read_merge import f_majority
 from shared.status import Status
 from shared.types import LogId, Lsn, NodeId, format_lsn
 from tests.simulation.checkers import SafetyChecker
@@ -45,7 +47,8 @@ class SimCluster:
             node_id: SimStorageNode(
                 node_id, network=self.network, queue=self.queue, rng=rng,
                 disk_delay_ms_max=options.disk_delay_ms_max, trace=self.trace,
-                on_disk_write=self.checker.on_disk_write, on_release=self.checker.on_release)
+                on_disk_write=self.checker.on_disk_write, on_release=self.checker.on_release,
+                on_damage=self.checker.on_damage)
             for node_id in (NodeId(f"n{i}") for i in range(1, options.storage_nodes_count + 1))
         }
         self.provision = ProvisionSpec(nodeset=tuple(self.storage),
@@ -67,8 +70,17 @@ class SimCluster:
         self.appends: list[ClientAppend] = []
         self._next_request_id = 1
         self.healed = False
+        self.finished = False
+        """Set once the final checks ran: the periodic ones stop."""
         self.released_logs_count = 0
         self.stalled_logs_count = 0
+        self.damaged_nodes: set[NodeId] = set()
+        self.check_rng = random.Random(seed ^ 0x5EED)
+        """Samples the checkers' f-majorities; apart from ``rng``, so that checking does not
+        change a seed's schedule."""
+        self._tails_seen: dict[tuple[NodeId, int, LogId], Lsn] = {}
+        """What each frontend (sequencer node incarnation) reported as a log's tail (its
+        ``FrontEnd._note_release`` memory)."""
 
     @property
     def now_ms(self) -> int:
@@ -139,8 +151,26 @@ class SimCluster:
             self.queue.after(down_ms, lambda: self.restart_storage(node_id))
 
     def restart_storage(self, node_id: NodeId) -> None:
-        if not self.storage[node_id].up:
-            self.storage[node_id].restart()
+        node = self.storage[node_id]
+        if node.up:
+            return
+        options, lose_entries = self.options, 0
+        if (options.damage_ratio and not self.healed
+                and (node_id in self.damaged_nodes
+                     or len(self.damaged_nodes) < options.replication - 1)
+                and self.rng.random() < options.damage_ratio):
+            # At most R - 1 distinct damaged nodes: every acknowledged record keeps a copy.
+            self.damaged_nodes.add(node_id)
+            lose_entries = self.rng.randint(1, options.damage_entries_max)
+            self.stats["storage_damaged"] += 1
+        node.restart(lose_entries=lose_entries)
+
+    def stall_storage(self, node_id: NodeId, duration_ms: int) -> None:
+        """The node stops handling and answering for ``duration_ms`` but keeps its
+        connections (SIGSTOP)."""
+        self.stats["storage_stall"] += 1
+        self.log(f"stall storage {node_id} for {duration_ms}ms")
+        self.network.stall(node_id, self.now_ms + duration_ms)
 
     def crash_sequencer(self, node_id: NodeId, *, down_ms: int | None = None) -> None:
         self.sequencers[node_id].crash()
@@ -222,6 +252,51 @@ class SimCluster:
                        or core.sequencer.state is SequencerState.ACTIVATING
                        or core.sequencer.recovery is not None
                        for core in self.live_cores())
+
+    # ---- periodic checkers (R2, T1) -------------------------------------------------------
+
+    def check_now(self) -> None:
+        """R2 and T1 for every log, now."""
+        for log_id in self.log_ids:
+            metadata = self.epoch_store.metadata.get(log_id)
+            if metadata is None:
+                continue
+            nodeset = tuple(sorted(metadata.nodeset))
+            size = f_majority(len(nodeset), metadata.replication_factor)
+            subsets = list(itertools.combinations(nodeset, size))
+            if len(subsets) > self.options.reader_subsets_max:
+                subsets = self.check_rng.sample(subsets, self.options.reader_subsets_max)
+            self.checker.check_readers_now(log_id, self.storage, nodeset,
+                                           metadata.replication_factor, subsets)
+            self.check_tails(log_id, nodeset)
+
+    def check_tails(self, log_id: LogId, nodeset: tuple[NodeId, ...]) -> None:
+        """T1: every up frontend's answer to GET tail, by the rule issue 16 item 4 asks for:
+        the release pointer of a releasable owner sequencer (its recovery done) and of the
+        storage nodes that answer, never below what this frontend reported before; with no
+        releasable owner (down, activating, recovering), only what this frontend reported
+        before, else NOTREADY. (``FrontEnd.tail`` at the time of writing answers from the
+        storage nodes while the owner recovers: after a restart that went backwards.)"""
+        storage = [self.storage[n].release_lsn(log_id) for n in nodeset
+                   if self.storage[n].up and not self.network.stalled(n, self.now_ms)]
+        owner_id = self.route.get(log_id)
+        owner = self.sequencers[owner_id] if owner_id is not None else None
+        core = owner.cores.get(log_id) if owner is not None and owner.up else None
+        releasable = core is not None and core.sequencer.releasable
+        for node_id, node in self.sequencers.items():
+            if not node.up:
+                continue
+            key = (node_id, node.incarnation, log_id)
+            seen = self._tails_seen.get(key)
+            if releasable:
+                assert core is not None
+                tail = max(core.sequencer.release_lsn, *storage, seen or Lsn(0))
+            elif seen is not None:
+                tail = seen
+            else:
+                continue  # NOTREADY
+            self._tails_seen[key] = tail
+            self.checker.on_tail(f"frontend {node_id}", log_id, tail)
 
     def release_lsn_of(self, log_id: LogId) -> dict[str, Lsn]:
         return {node_id: node.release_lsn(log_id) for node_id, node in self.storage.items()}

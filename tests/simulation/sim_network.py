@@ -17,6 +17,7 @@ from typing import Any
 
 from shared.status import Status
 from shared.types import NodeId
+from shared.wire.recovery import Clean, Cleaned
 from tests.simulation.sim_clock import EventQueue
 from tests.simulation.sim_options import SimOptions
 from tests.simulation.sim_trace import Trace
@@ -77,6 +78,14 @@ class SimNetwork:
         self._next_request_id = 1
         self._link_last_ms: dict[tuple[NodeId, NodeId], int] = {}
         self.partitions: list[Partition] = []
+        self.loss_ratio_of: dict[type, float] = (
+            {Clean: options.clean_loss_ratio, Cleaned: options.clean_loss_ratio}
+            if options.clean_loss_ratio else {})
+        """Message types lost at their own odds (on top of ``loss_ratio``)."""
+        self.stalled_until_ms: dict[NodeId, int] = {}
+        """Nodes that handle and send nothing until then (their connections stay up)."""
+        self._held: dict[NodeId, list[Callable[[], None]]] = {}
+        """Deliveries to or from a stalled node, in order, until it resumes."""
         self.messages_sent_count = 0
         self.messages_lost_count = 0
 
@@ -118,11 +127,32 @@ class SimNetwork:
             self.partitions = [p for p in self.partitions if p.until_ms > now_ms]
         return any(p.cuts(a, b) for p in self.partitions)
 
+    def stall(self, node: NodeId, until_ms: int) -> None:
+        """``node`` neither handles nor sends anything before ``until_ms``; what reaches it
+        meanwhile waits, in order, as in its socket buffers."""
+        until_ms = max(until_ms, self.stalled_until_ms.get(node, 0))
+        self.stalled_until_ms[node] = until_ms
+        self._queue.at(until_ms, lambda: self._resume(node, until_ms))
+
+    def _resume(self, node: NodeId, until_ms: int | None = None) -> None:
+        if until_ms is not None and self.stalled_until_ms.get(node) != until_ms:
+            return  # stalled again for longer, or healed
+        self.stalled_until_ms.pop(node, None)
+        at_ms = self._queue.clock.now_ms() + 1
+        for deliver in self._held.pop(node, []):
+            self._queue.at(at_ms, deliver)
+
+    def stalled(self, node: NodeId, now_ms: int) -> bool:
+        return self.stalled_until_ms.get(node, 0) > now_ms
+
     def heal(self) -> None:
-        """No more loss, duplication or partitions (delays and reordering stay)."""
+        """No more loss, duplication, stalls or partitions (delays and reordering stay)."""
         self.partitions = []
         self.loss_ratio = 0.0
         self.duplicate_ratio = 0.0
+        self.loss_ratio_of = {}
+        for node in list(self.stalled_until_ms):
+            self._resume(node)
 
     # ---- messages -----------------------------------------------------------------------
 
@@ -137,7 +167,7 @@ class SimNetwork:
             if endpoint.up and endpoint.incarnation == dst_incarnation and not self.cut(src, dst):
                 endpoint.handler(src, message, None)
 
-        self._transmit(src, dst, deliver)
+        self._transmit(src, dst, deliver, message)
 
     def request(self, src: NodeId, dst: NodeId, message: Any,
                 callback: RequestCallback, *, timeout_ms: int | None = None) -> None:
@@ -166,7 +196,7 @@ class SimNetwork:
                 return
             endpoint.handler(src, message, lambda reply: self._reply(request_id, reply))
 
-        self._transmit(src, dst, deliver)
+        self._transmit(src, dst, deliver, message)
 
     def _reply(self, request_id: int, reply: Any) -> None:
         request = self._pending.get(request_id)
@@ -185,7 +215,7 @@ class SimNetwork:
             self._pending.pop(request_id, None)
             request.callback(reply)
 
-        self._transmit(request.dst, request.src, deliver)
+        self._transmit(request.dst, request.src, deliver, reply)
 
     def _fail_later(self, request_id: int, status: Status, after_ms: int | None = None) -> None:
         def fail() -> None:
@@ -198,14 +228,29 @@ class SimNetwork:
 
         self._queue.after(self.connfail_delay_ms if after_ms is None else after_ms, fail)
 
-    def _transmit(self, src: NodeId, dst: NodeId, deliver: Callable[[], None]) -> None:
+    def _transmit(self, src: NodeId, dst: NodeId, deliver: Callable[[], None],
+                  message: Any) -> None:
         self.messages_sent_count += 1
         rng = self._rng
         if self.loss_ratio and rng.random() < self.loss_ratio:
             self.messages_lost_count += 1
             return
+        if self.loss_ratio_of:
+            ratio = self.loss_ratio_of.get(type(message))
+            if ratio and rng.random() < ratio:
+                self.messages_lost_count += 1
+                self._trace.log(self._queue.clock.now_ms(),
+                                f"lost {type(message).__name__} {src}->{dst}")
+                return
         now_ms = self._queue.clock.now_ms()
         at_ms = now_ms + rng.randint(self.delay_ms_min, self.delay_ms_max)
+        if self.stalled_until_ms:
+            # A stalled sender sends once it resumes; a stalled receiver reads then.
+            stalled = max((n for n in (src, dst) if n in self.stalled_until_ms),
+                          key=lambda n: self.stalled_until_ms[n], default=None)
+            if stalled is not None:
+                self._held.setdefault(stalled, []).append(deliver)
+                return
         if not self.reorder:
             link = (src, dst)
             at_ms = max(at_ms, self._link_last_ms.get(link, 0))

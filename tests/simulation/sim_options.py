@@ -14,6 +14,10 @@ from typing import Any
 
 from shared.types import ESN_MAX
 
+OPT_IN_FAULTS = frozenset({"damage"})
+"""Fault kinds generated runs have only when asked for: each finds a known open defect
+(``damage``: issue 16 item 3)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimOptions:
@@ -77,10 +81,34 @@ class SimOptions:
     drain_ratio: float = 0.0
     """Per chaos tick: odds that a sequencer node drains gracefully and restarts."""
     drain_timeout_ms: int = 2_000
+    clean_loss_ratio: float = 0.0
+    """Odds that a CLEAN, or its CLEANED, is lost without a word (the other messages keep
+    ``loss_ratio``): recovery's members then hang on it, others keep stray copies until the
+    sequencer's next broadcast sends the CLEAN again."""
+    stall_ratio: float = 0.0
+    """Per chaos tick: odds that an up storage node stalls for up to ``stall_ms_max``: it
+    keeps its connections but handles nothing and answers nothing until it resumes, then
+    handles what queued up, in order (SIGSTOP, a stuck disk)."""
+    stall_ms_max: int = 800
+    damage_ratio: float = 0.0
+    """Odds that a crashed storage node comes back damaged: it lost the last
+    1..``damage_entries_max`` durable entries it wrote (records, holes, seals), as a corrupt or
+    torn suffix of its segment would. At most R - 1 distinct nodes are damaged per run, so
+    that every acknowledged record keeps a copy. Off in generated runs unless asked for
+    (``SimOptions.generate(faults=...)``): damaged nodes answer as if complete, issue 16
+    item 3."""
+    damage_entries_max: int = 8
+    recovery_timeout_ms: int = 5_000
+    """The sequencers' ``recovery_timeout_ms``: an attempt not done by then starts over."""
+    # ---- checkers ----
+    reader_check_interval_ms: int = 200
+    """Every this often (0: never) the readers-agree checker (R2) reads every log up to its
+    release pointer through ``reader_subsets_max`` f-majorities of its nodeset, and the tail
+    checker (T1) looks at every frontend's tail."""
+    reader_subsets_max: int = 6
     # ---- after healing ----
     post_heal_appends_per_log: int = 3
     liveness_ms_max: int = 60_000
-    recovery_timeout_ms: int = 5_000
     """Simulated time allowed to become quiescent after healing."""
 
     def __post_init__(self) -> None:
@@ -95,7 +123,9 @@ class SimOptions:
         return cls(**overrides)
 
     @classmethod
-    def generate(cls, rng: random.Random) -> SimOptions:
+    def generate(cls, rng: random.Random, *, faults: frozenset[str] = frozenset()) -> SimOptions:
+        """``faults``: opt-in fault kinds beyond the default mix (``OPT_IN_FAULTS``)."""
+        assert faults <= OPT_IN_FAULTS, faults - OPT_IN_FAULTS
         storage_nodes_count = rng.randint(3, 6)
 
         def maybe(low: float, high: float) -> float:
@@ -137,7 +167,23 @@ class SimOptions:
             drain_ratio=maybe(0.002, 0.02),
             # Short enough that cores go idle between the workload's appends and come back.
             idle_deactivate_ms=rng.choice((0, 0, 50, 200, 600)),
+            # Drawn after the older options, so that those stay what they were per seed.
+            **cls._generate_recovery_faults(rng, maybe, faults),
         )
+
+    @staticmethod
+    def _generate_recovery_faults(rng: random.Random, maybe: Any,
+                                  faults: frozenset[str]) -> dict[str, Any]:
+        damage_ratio = maybe(0.2, 0.8)
+        return {
+            # Short ones restart attempts mid-recovery (a member that stalls or lost a CLEAN).
+            "recovery_timeout_ms": rng.choice((300, 1_000, 5_000)),
+            "clean_loss_ratio": maybe(0.1, 0.6),
+            "stall_ratio": maybe(0.005, 0.03),
+            "stall_ms_max": rng.choice((200, 800, 2_000)),
+            "damage_ratio": damage_ratio if "damage" in faults else 0.0,
+            "damage_entries_max": rng.choice((1, 4, 16)),
+        }
 
     def describe(self) -> str:
         defaults = SimOptions()

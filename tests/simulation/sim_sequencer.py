@@ -221,6 +221,8 @@ class SimSequencerNode:
 
     def recovery_progress(self, sequencer: Sequencer, effect: RecoveryProgress) -> None:
         self.env.stats[f"recovery_{effect.phase.lower()}"] += 1
+        if effect.phase == "SEALING" and effect.attempt > 1:
+            self.env.stats["recovery_restart"] += 1
         self._log(f"log {effect.log_id}: recovery #{effect.attempt} {effect.phase}")
 
     def applied(self, sequencer: Sequencer) -> None:

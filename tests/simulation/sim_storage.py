@@ -42,6 +42,9 @@ from tests.simulation.sim_trace import Trace
 
 DiskWriteHook = Callable[[NodeId, LogId, Lsn, "DiskRecord", "DiskRecord | None"], None]
 """(node, log, lsn, copy written, copy it replaced or None)."""
+DamageHook = Callable[[NodeId, "dict[tuple[LogId, Lsn], DiskRecord]",
+                       "dict[tuple[LogId, Lsn], DiskRecord]"], None]
+"""(node, records before, records after) of a damaged restart."""
 ReleaseHook = Callable[[str, LogId, Lsn], None]
 
 
@@ -59,11 +62,29 @@ class DiskRecord:
         return bool(self.flags & RecordFlags.HOLE)
 
 
+RecordWrite = tuple[tuple[LogId, Lsn], DiskRecord]
+SealWrite = tuple[LogId, tuple[Epoch, NodeId]]
+
+
 @dataclass(slots=True)
 class Disk:
     records: dict[tuple[LogId, Lsn], DiskRecord]
     release_lsn: dict[LogId, Lsn]
     seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
+    journal: list[RecordWrite | SealWrite] = field(default_factory=list)
+    """Every record and seal write, in order (what the segment files hold): a damaged restart
+    loses a suffix of it."""
+
+    def lose_suffix(self, entries_count: int) -> None:
+        """Forget the last ``entries_count`` writes, as a corrupt or torn segment tail does:
+        what they overwrote is what the node holds again. Release pointers are kept."""
+        del self.journal[max(len(self.journal) - entries_count, 0):]
+        self.records, self.seals = {}, {}
+        for key, value in self.journal:
+            if isinstance(value, DiskRecord):
+                self.records[key] = value  # type: ignore[index]
+            else:
+                self.seals[key] = value  # type: ignore[index]
 
 
 class SimStorageNode:
@@ -78,6 +99,7 @@ class SimStorageNode:
         trace: Trace,
         on_disk_write: DiskWriteHook,
         on_release: ReleaseHook,
+        on_damage: DamageHook | None = None,
     ) -> None:
         self.node_id = node_id
         self._network = network
@@ -87,6 +109,7 @@ class SimStorageNode:
         self._trace = trace
         self._on_disk_write = on_disk_write
         self._on_release = on_release
+        self._on_damage = on_damage
         self.disk = Disk(records={}, release_lsn={})
         self.machine = StoreMachine(accept_writes=True)
         self.handlers = StorageHandlers(self.machine, self)
@@ -105,8 +128,18 @@ class SimStorageNode:
         self._network.crash(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} CRASH")
 
-    def restart(self) -> None:
+    def restart(self, *, lose_entries: int = 0) -> None:
+        """Come back with what the disk holds; ``lose_entries`` > 0: damaged, without the
+        last that many durable writes."""
         assert not self.up, self.node_id
+        if lose_entries:
+            before = dict(self.disk.records)
+            self.disk.lose_suffix(lose_entries)
+            self._trace.log(self._queue.clock.now_ms(),
+                            f"storage {self.node_id} DAMAGED: lost its last {lose_entries} "
+                            "writes")
+            if self._on_damage is not None:
+                self._on_damage(self.node_id, before, self.disk.records)
         self.machine = StoreMachine(accept_writes=True)
         for log_id, state in self._recovered_states().items():
             self.machine.restore(log_id, state)
@@ -186,7 +219,9 @@ class SimStorageNode:
         def write() -> None:
             current = self.disk.seals.get(seal.log_id)
             if current is None or current[0] < seal.epoch:
-                self.disk.seals[seal.log_id] = (seal.epoch, seal.sealed_by)
+                value = (seal.epoch, seal.sealed_by)
+                self.disk.seals[seal.log_id] = value
+                self.disk.journal.append((seal.log_id, value))
             done(Status.OK)
 
         self._after_disk(write)
@@ -221,6 +256,7 @@ class SimStorageNode:
             record = DiskRecord(payload, store.sequencer_node, store.flags, store.wave,
                                 store.last_known_good, store.timestamp_ms)
             self.disk.records[key] = record
+            self.disk.journal.append((key, record))
             self._on_disk_write(self.node_id, key[0], key[1], record, previous)
 
     def _after_disk(self, action: Callable[[], None]) -> None:
