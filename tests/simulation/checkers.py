@@ -294,17 +294,17 @@ class SafetyChecker:
             if first is None:
                 first = (members, view)
             elif view != first[1]:
-                fail("R2", f"{where}: differs from reading through {first[0]}: "
-                     f"{first_difference(first[1], view)}")
+                fail("R2", f"{where} disagrees with reading through {first[0]}: "
+                     f"{first_difference(view, first[1])}")
         assert first is not None
         previous = self._read_views.get(log_id)
         if previous is not None:
             old_release, old_view = previous
             now = cut(first[1], old_release)
             if now != old_view:
-                fail("R2", f"log {log_id}: read up to {format_lsn(old_release)} earlier, it "
-                     f"reads differently now through {first[0]}: "
-                     f"{first_difference(old_view, now)}")
+                fail("R2", f"log {log_id}: reading up to {format_lsn(old_release)} through "
+                     f"{first[0]} now differs from an earlier read: "
+                     f"{first_difference(now, old_view)}")
         self._read_views[log_id] = (release_lsn, first[1])
 
     def on_tail(self, frontend: str, log_id: LogId, tail_lsn: Lsn) -> None:
@@ -422,9 +422,10 @@ def describe_at(view: list[Segment], lsn: Lsn) -> str:
 
 
 def first_difference(a: list[Segment], b: list[Segment]) -> str:
+    """Where view ``a`` first differs from view ``b``: "a's segment, not b's"."""
     for x, y in itertools.zip_longest(a, b):
         if x != y:
-            return f"{describe_segment(x)} vs {describe_segment(y)}"
+            return f"{describe_segment(x)}, not {describe_segment(y)}"
     return "none"
 
 

@@ -301,5 +301,7 @@ def result_of(cluster: SimCluster) -> SimResult:
         messages_count=cluster.network.messages_sent_count,
         released_logs_count=cluster.released_logs_count,
         stalled_logs_count=cluster.stalled_logs_count,
-        stats=dict(cluster.stats),
+        stats={**cluster.stats, **{f"lost_{kind.lower()}": count for kind, count
+                                   in cluster.network.lost_by_type.items()},
+               "reader_checks": cluster.checker.reads_checked_count},
     )

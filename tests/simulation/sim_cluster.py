@@ -31,6 +31,11 @@ from tests.simulation.sim_trace import Trace
 
 
 class SimCluster:
+    tail_from_storage_while_recovering = False
+    """T1's frontends answer GET tail from the storage nodes' (and a recovering owner's)
+    release pointers while no owner is releasable, as ``FrontEnd.tail`` did when issue 16
+    item 4 was filed: T1 must catch that (``test_broken_cores``)."""
+
     def __init__(self, seed: int, options: SimOptions, rng: random.Random, *,
                  verbose: bool = False) -> None:
         self.seed = seed
@@ -68,6 +73,8 @@ class SimCluster:
         self.route: dict[LogId, NodeId] = {
             log_id: names[index % len(names)] for index, log_id in enumerate(self.log_ids)}
         self.appends: list[ClientAppend] = []
+        self._first_unanswered = 0
+        """Every append before this index has its client answer (``quiescent``)."""
         self._next_request_id = 1
         self.healed = False
         self.finished = False
@@ -241,7 +248,11 @@ class SimCluster:
     def quiescent(self) -> bool:
         """Every append answered by the client and by its core (unless its sequencer died),
         no appender in flight, no activation or drain under way, every node up."""
-        if any(a.outcome is None for a in self.appends):
+        appends, first = self.appends, self._first_unanswered
+        while first < len(appends) and appends[first].outcome is not None:
+            first += 1  # appends are mostly answered in order: each is passed over once
+        self._first_unanswered = first
+        if any(a.outcome is None for a in itertools.islice(appends, first, None)):
             return False
         if any(node.inflight or node.draining or not node.up
                for node in self.sequencers.values()):
@@ -288,9 +299,12 @@ class SimCluster:
                 continue
             key = (node_id, node.incarnation, log_id)
             seen = self._tails_seen.get(key)
-            if releasable:
-                assert core is not None
-                tail = max(core.sequencer.release_lsn, *storage, seen or Lsn(0))
+            if releasable or (self.tail_from_storage_while_recovering and (
+                    storage or core is not None)):
+                answers = [*storage, seen or Lsn(0)]
+                if core is not None:
+                    answers.append(core.sequencer.release_lsn)
+                tail = max(answers)
             elif seen is not None:
                 tail = seen
             else:

@@ -11,6 +11,7 @@ messages addressed to the old incarnation, and replies to a crashed sender, are 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,8 @@ class SimNetwork:
         """Deliveries to or from a stalled node, in order, until it resumes."""
         self.messages_sent_count = 0
         self.messages_lost_count = 0
+        self.lost_by_type: Counter[str] = Counter()
+        """Messages lost at their type's own odds (``loss_ratio_of``)."""
 
     # ---- membership and faults ----------------------------------------------------------
 
@@ -134,6 +137,13 @@ class SimNetwork:
         self.stalled_until_ms[node] = until_ms
         self._queue.at(until_ms, lambda: self._resume(node, until_ms))
 
+    def _hold_if_stalled(self, node: NodeId, deliver: Callable[[], None]) -> bool:
+        """A message reaching a stalled node waits until it resumes (True)."""
+        if node not in self.stalled_until_ms:
+            return False
+        self._held.setdefault(node, []).append(deliver)
+        return True
+
     def _resume(self, node: NodeId, until_ms: int | None = None) -> None:
         if until_ms is not None and self.stalled_until_ms.get(node) != until_ms:
             return  # stalled again for longer, or healed
@@ -163,6 +173,8 @@ class SimNetwork:
         dst_incarnation = self._nodes[dst].incarnation
 
         def deliver() -> None:
+            if self._hold_if_stalled(dst, deliver):
+                return
             endpoint = self._nodes[dst]
             if endpoint.up and endpoint.incarnation == dst_incarnation and not self.cut(src, dst):
                 endpoint.handler(src, message, None)
@@ -190,6 +202,8 @@ class SimNetwork:
             return  # otherwise it hangs, as on a half-open connection
 
         def deliver() -> None:
+            if self._hold_if_stalled(dst, deliver):
+                return
             endpoint = self._nodes[dst]
             if (not endpoint.up or endpoint.incarnation != request.dst_incarnation
                     or self.cut(src, dst)):
@@ -239,18 +253,17 @@ class SimNetwork:
             ratio = self.loss_ratio_of.get(type(message))
             if ratio and rng.random() < ratio:
                 self.messages_lost_count += 1
+                self.lost_by_type[type(message).__name__] += 1
                 self._trace.log(self._queue.clock.now_ms(),
                                 f"lost {type(message).__name__} {src}->{dst}")
                 return
         now_ms = self._queue.clock.now_ms()
         at_ms = now_ms + rng.randint(self.delay_ms_min, self.delay_ms_max)
-        if self.stalled_until_ms:
-            # A stalled sender sends once it resumes; a stalled receiver reads then.
-            stalled = max((n for n in (src, dst) if n in self.stalled_until_ms),
-                          key=lambda n: self.stalled_until_ms[n], default=None)
-            if stalled is not None:
-                self._held.setdefault(stalled, []).append(deliver)
-                return
+        if src in self.stalled_until_ms:
+            # A stalled sender sends once it resumes (a stalled receiver reads then: the
+            # delivery waits, ``_hold_if_stalled``).
+            self._held.setdefault(src, []).append(deliver)
+            return
         if not self.reorder:
             link = (src, dst)
             at_ms = max(at_ms, self._link_last_ms.get(link, 0))

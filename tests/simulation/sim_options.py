@@ -177,7 +177,8 @@ class SimOptions:
         damage_ratio = maybe(0.2, 0.8)
         return {
             # Short ones restart attempts mid-recovery (a member that stalls or lost a CLEAN).
-            "recovery_timeout_ms": rng.choice((300, 1_000, 5_000)),
+            # (Not much shorter: an attempt that needs longer than this never finishes.)
+            "recovery_timeout_ms": rng.choice((600, 1_500, 5_000)),
             "clean_loss_ratio": maybe(0.1, 0.6),
             "stall_ratio": maybe(0.005, 0.03),
             "stall_ms_max": rng.choice((200, 800, 2_000)),

@@ -18,9 +18,14 @@ from shared.epoch_metadata import LastCleanEpoch
 from shared.status import Status
 from shared.types import Epoch, Esn
 from tests.simulation.runner import SimulationFailure, run_simulation
+from tests.simulation.sim_cluster import SimCluster
 
 SEEDS_MAX = 40
 """Seeds tried per broken variant; each variant is caught within the first few."""
+TAIL_SEED = 128
+"""A seed whose owner sequencer crashes after its last RELEASEs were lost."""
+DAMAGE_SEED = 30
+"""A seed with a damaged restart of a node that held acknowledged copies."""
 
 
 def first_failure(seeds: range = range(1, SEEDS_MAX + 1)) -> SimulationFailure:
@@ -109,3 +114,24 @@ def test_nothing_written_answer_for_a_stored_append_is_caught_by_c4(
 
     monkeypatch.setattr(Sequencer, "_complete", complete)
     assert_caught_by("C4", "nothing written")
+
+
+def test_tail_answered_from_storage_while_recovering_is_caught_by_t1(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # FrontEnd.tail as issue 16 item 4 found it: while the owner recovers, the storage nodes'
+    # release pointers, which the dead owner's last RELEASEs may not have reached.
+    monkeypatch.setattr(SimCluster, "tail_from_storage_while_recovering", True)
+    with pytest.raises(SimulationFailure) as caught:
+        run_simulation(TAIL_SEED)
+    assert caught.value.checker == "T1", str(caught.value)
+    assert "tail as" in str(caught.value)
+
+
+def test_damaged_node_answering_as_complete_is_caught_by_r2() -> None:
+    # Issue 16 item 3: a node that lost the end of its segment answers as if complete, so a
+    # reader whose f-majority includes it reads DATALOSS at an acknowledged record.
+    with pytest.raises(SimulationFailure) as caught:
+        run_simulation(DAMAGE_SEED, faults=frozenset({"damage"}))
+    assert caught.value.checker == "R2", str(caught.value)
+    assert "reads as DATALOSS" in str(caught.value)
+    assert f"--seed {DAMAGE_SEED} --fault damage" in str(caught.value)

@@ -11,6 +11,7 @@ from sequencer.core.sequencer import Sequencer, SequencerState
 from shared.read_merge import merge
 from shared.status import Status
 from shared.types import Lsn, NodeId, lsn_to_epoch
+from shared.wire.store import RecordFlags
 from tests.simulation.checkers import disk_answer
 from tests.simulation.runner import heal_and_check
 from tests.simulation.sim_client import ClientAppend
@@ -226,3 +227,53 @@ def test_stray_copies_purged_by_a_late_clean_after_a_newer_seal(
                                   for lsn in strays), "n1 purged its stray copies")
         wait(cluster, lambda: not core_of(cluster, S2)._cleans_owed, "s2 owes no CLEAN")
         heal_and_check(cluster)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 16 item 1: a CLEAN's purge rewrites recovery's "
+                   "own bridge with attempt 0, below an abandoned attempt's copy (recov)")
+def test_abandoned_attempts_copy_never_outranks_the_final_decision(
+        request: pytest.FixtureRequest) -> None:
+    """Issue 16 item 1, scripted with the simulation's faults (nodeset n1..n5 = A..E, R=3):
+    e1n1 acked on A, B, C; e1n2 reaches only A; the sequencer dies. Recovery attempt 1 seals
+    A, B, D, re-replicates e1n2 to A only (B and D stall) and times out; attempt 2 runs with
+    B, C, E and bridges at e1n2; A, unreachable, gets no CLEAN. Every f-majority must still
+    read the same at e1n2 (R2): A's copy from the abandoned attempt 1 must not outrank the
+    bridge B, C and E hold once they applied their CLEAN."""
+    cluster = make_cluster(sequencer_nodes_count=2, storage_nodes_count=5, replication=3,
+                           partition_connfail_ratio=0.0, recovery_timeout_ms=1_000)
+    a, b, c, d, e = (NodeId(f"n{i}") for i in range(1, 6))
+    with report(cluster, request):
+        cluster.partition([S1], [d, e], 60_000)
+        first = append_and_wait(cluster, b"i1:acked", via=S1)
+        assert first.outcome == Status.OK
+        cluster.partition([S1], [b, c], 60_000)
+        cluster.append(LOG, (b"i1:stray",), via=S1)
+        wait(cluster, lambda: on_disk_of(cluster, a, b"i1:stray"), "e1n2 on A only")
+        cluster.crash_sequencer(S1)
+        cluster.network.partitions = []
+        # Attempt 1: S2 reaches A, B, D only; once they sealed and sent their digests, B is
+        # cut off (its STORE is lost) and D stalls.
+        cluster.partition([S2], [c, e], 60_000)
+        cluster.append(LOG, (b"i1:s2",), via=S2)
+        wait(cluster, lambda: LOG in cluster.sequencers[S2].cores
+             and (r := core_of(cluster, S2).recovery) is not None
+             and r.phase is Phase.MUTATING, "attempt 1 sealed and digested A, B, D")
+        cluster.partition([S2], [b], 60_000)
+        cluster.stall_storage(d, 60_000)
+        wait(cluster, lambda: on_disk_of(cluster, a, b"i1:stray", written_by_recovery=True),
+             "attempt 1 re-replicated e1n2 to A")
+        # Attempt 2: S2 reaches B, C, E only (A and D are cut off).
+        cluster.network.partitions = []
+        cluster.partition([S2], [a, d], 60_000)
+        wait(cluster, lambda: cluster.stats["recovery_restart"] >= 1, "attempt 2")
+        wait(cluster, lambda: cluster.epoch_store.clean_epoch(LOG) >= 1, "epoch 1 recovered")
+        cluster.run_for(200)  # B, C and E apply their CLEANs
+        cluster.check_now()  # R2: through {A, B, D} and {B, C, E} alike
+        heal_and_check(cluster)
+
+
+def on_disk_of(cluster: SimCluster, node: NodeId, payload: bytes, *,
+               written_by_recovery: bool = False) -> bool:
+    return any(r.payload == payload and (
+        not written_by_recovery or r.flags & RecordFlags.WRITTEN_BY_RECOVERY)
+               for r in cluster.storage[node].disk.records.values())
