@@ -93,23 +93,38 @@ class EffectDriver:
     the clock (the ports' own by default); ``live`` filters late answers (none by default:
     the runtime lets a dropped core's appenders finish)."""
 
-    __slots__ = ("_answer", "_applied", "_live", "_now_ms", "_ports")
+    __slots__ = ("_answer", "_applied", "_deliver", "_live", "_now_ms", "_ports", "_waiters")
 
     def __init__(self, ports: SequencerPorts, *, now_ms: Callable[[], int] | None = None,
-                 live: Live | None = None) -> None:
+                 applied: Callable[[Sequencer], None] | None = None, live: Live | None = None,
+                 waiters: dict[int, Callable[[Any], None]] | None = None,
+                 deliver: Callable[[Callable[[Any], None], AppendReply], None] | None = None,
+                 ) -> None:
+        """``now_ms``, ``applied``: the ports' own, given directly (no hop per STORED reply);
+        ``waiters`` and ``deliver``: answers go straight to ``deliver(waiters.pop(id),
+        reply)`` instead of ``ports.answer`` (the runtime's hot path: no call per append)."""
         self._ports = ports
         # Bound once: ``apply`` runs for every batch of appends, ``on_reply`` per STORED.
         self._answer = ports.answer
-        self._applied = ports.applied
+        self._applied = applied or ports.applied
         self._now_ms = now_ms or ports.now_ms
         self._live = live
+        assert (waiters is None) == (deliver is None)
+        self._waiters = waiters
+        self._deliver = deliver
 
     def apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
         ports = self._ports
+        waiters = self._waiters
         for effect in effects:
             kind = type(effect)
             if kind is AppendReply:
-                self._answer(sequencer, effect)
+                if waiters is None:
+                    self._answer(sequencer, effect)
+                else:
+                    done = waiters.pop(effect.request_id, None)
+                    if done is not None:
+                        self._deliver(done, effect)  # type: ignore[misc]
             elif kind is Send:
                 self.send(sequencer, effect)
             elif kind is ReleaseAdvanced:

@@ -151,14 +151,7 @@ class _RuntimePorts:
             failpoints.hit("recovery.after_seal")
 
     def applied(self, sequencer: Sequencer) -> None:
-        runtime = self._runtime
-        runtime._rearm(sequencer)
-        if runtime._releasable_events and sequencer.releasable:
-            event = runtime._releasable_events.pop(sequencer.log_id, None)
-            if event is not None:
-                event.set()
-        if runtime._closing:
-            runtime._note_drained()
+        self._runtime._after_apply(sequencer)
 
 
 class SequencerRuntime:
@@ -228,7 +221,9 @@ class SequencerRuntime:
         self._idle_marks = asyncio.Semaphore(IDLE_MARKS_IN_FLIGHT_MAX)
         self.deactivations_count = 0
         """Sequencers deactivated for idleness, for /metrics and tests."""
-        self._driver = EffectDriver(_RuntimePorts(self), now_ms=clock.now_ms)
+        self._driver = EffectDriver(_RuntimePorts(self), now_ms=clock.now_ms,
+                                    applied=self._after_apply, waiters=self._waiters,
+                                    deliver=_deliver)
         """Carries out the cores' effects (``sequencer.handlers``, shared with the
         deterministic simulation)."""
 
@@ -409,6 +404,21 @@ class SequencerRuntime:
     def _apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
         self._driver.apply(sequencer, effects)
 
+    def _after_apply(self, sequencer: Sequencer) -> None:
+        """After every batch of a core's effects (per STORED reply, so inline): re-arm its
+        timer, wake what waits for it."""
+        deadline_ms = sequencer.deadline_ms()
+        if deadline_ms is not None:
+            heapq.heappush(self._timers, (deadline_ms, sequencer.log_id))
+            if self._armed_ms is None or deadline_ms < self._armed_ms:
+                self._arm(deadline_ms)
+        if self._releasable_events and sequencer.releasable:
+            event = self._releasable_events.pop(sequencer.log_id, None)
+            if event is not None:
+                event.set()
+        if self._closing:
+            self._note_drained()
+
     def _note_drained(self) -> None:
         # Walks every log: once drained, never again (with 10,000 logs, walking them on each
         # effect applied while stopping took longer than the shutdown bound).
@@ -516,14 +526,6 @@ class SequencerRuntime:
             wait_release_above=wait_release_above)
 
     # ---- timers --------------------------------------------------------------------------
-
-    def _rearm(self, sequencer: Sequencer) -> None:
-        deadline_ms = sequencer.deadline_ms()
-        if deadline_ms is None:
-            return
-        heapq.heappush(self._timers, (deadline_ms, sequencer.log_id))
-        if self._armed_ms is None or deadline_ms < self._armed_ms:
-            self._arm(deadline_ms)
 
     def _arm(self, deadline_ms: int) -> None:
         if self._timer_handle is not None:
@@ -697,7 +699,8 @@ class SequencerRuntime:
         # An append that got an LSN may have been stored: its outcome is unknown.
         with_lsn = {request_id for s in self.sequencers.values()
                     for a in s.appenders.values() for request_id, _ in a.requests}
-        waiters, self._waiters = self._waiters, {}
+        waiters = dict(self._waiters)
+        self._waiters.clear()  # in place: the effect driver holds this dict
         for request_id, done in waiters.items():
             if request_id in with_lsn:
                 _deliver(done, AppendResult(Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
