@@ -52,7 +52,7 @@ from storage_node.core.store_machine import (
 from storage_node.handlers import StorageHandlers
 from storage_node.record_reads import CopiesResult, ReadResult
 from storage_node.record_store import ReclaimReport, RecordStore
-from storage_node.segment_format import SealEntry, TrimEntry
+from storage_node.segment_format import TrimEntry
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,35 @@ class _Waiter:
         self.timer: asyncio.TimerHandle | None = None
 
 
+class _NodePorts:
+    """``StoragePorts`` of a node: its record store's own methods where they fit as they
+    are (no hop per STORE), the node's for the rest."""
+
+    __slots__ = (
+        "_node",
+        "held_ranges",
+        "not_serving",
+        "note_release",
+        "read_copies",
+        "submit_seal",
+        "submit_store",
+    )
+
+    def __init__(self, node: StorageNode) -> None:
+        self._node = node
+        store = node.store
+        self.submit_store = store.submit_store
+        self.submit_seal = store.submit_seal
+        self.held_ranges = store.held_ranges
+        self.not_serving = node.not_serving
+        self.note_release = node.note_release
+        self.read_copies = node.read_copies
+
+    @property
+    def disk_low(self) -> bool:
+        return self._node.store.disk_low
+
+
 class StorageNode:
     """One storage node: per-log seals and release pointers plus the durable record store."""
 
@@ -124,7 +153,7 @@ class StorageNode:
         self._waiters_count = 0
         self._started = self._closing = False
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
-        self._core = StorageHandlers(self._machine, self, self._counts)
+        self._core = StorageHandlers(self._machine, _NodePorts(self), self._counts)
         """STORE, RELEASE, GET_LOG_STATE and epoch recovery (``storage_node.handlers``,
         shared with the deterministic simulation)."""
         core = self._core
@@ -376,24 +405,9 @@ class StorageNode:
             return Status.SHUTDOWN if self._closing else Status.NOTREADY
         return None
 
-    # ---- ports of the shared handlers (``storage_node.handlers.StoragePorts``) ----
-
-    @property
-    def disk_low(self) -> bool:
-        return self._store.disk_low
-
-    def submit_store(self, store: Store, done: Callable[[Status], None]) -> Status:
-        return self._store.submit_store(store, done)
-
-    def submit_seal(self, seal: SealEntry, done: Callable[[Status], None]) -> Status:
-        return self._store.submit_seal(seal, done)
-
     def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
         self._store.note_release(log_id, release_lsn)
         self._release_moved(log_id)
-
-    def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
-        return self._store.held_ranges(log_id, from_lsn, until_lsn)
 
     def read_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
                     bytes_max: int, done: Callable[[CopiesResult], None]) -> Status:
