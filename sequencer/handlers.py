@@ -93,20 +93,25 @@ class EffectDriver:
     the clock (the ports' own by default); ``live`` filters late answers (none by default:
     the runtime lets a dropped core's appenders finish)."""
 
-    __slots__ = ("_answer", "_applied", "_deliver", "_live", "_now_ms", "_ports", "_waiters")
+    __slots__ = ("_answer", "_applied", "_deliver", "_live", "_now_ms", "_ports", "_send_store",
+                 "_waiters")
 
     def __init__(self, ports: SequencerPorts, *, now_ms: Callable[[], int] | None = None,
-                 applied: Callable[[Sequencer], None] | None = None, live: Live | None = None,
+                 applied: Callable[[Sequencer], None] | None = None,
+                 send_store: Callable[[NodeId, Store, Callback], None] | None = None,
+                 live: Live | None = None,
                  waiters: dict[int, Callable[[Any], None]] | None = None,
                  deliver: Callable[[Callable[[Any], None], AppendReply], None] | None = None,
                  ) -> None:
-        """``now_ms``, ``applied``: the ports' own, given directly (no hop per STORED reply);
+        """``now_ms``, ``applied``, ``send_store``: the ports' own, given directly (no hop per
+        STORE or STORED reply);
         ``waiters`` and ``deliver``: answers go straight to ``deliver(waiters.pop(id),
         reply)`` instead of ``ports.answer`` (the runtime's hot path: no call per append)."""
         self._ports = ports
         # Bound once: ``apply`` runs for every batch of appends, ``on_reply`` per STORED.
         self._answer = ports.answer
         self._applied = applied or ports.applied
+        self._send_store = send_store or ports.send_store
         self._now_ms = now_ms or ports.now_ms
         self._live = live
         assert (waiters is None) == (deliver is None)
@@ -169,7 +174,7 @@ class EffectDriver:
                                               Epoch(0), None, now_ms)
             self.apply(sequencer, effects)
 
-        self._ports.send_store(node, message, on_reply)
+        self._send_store(node, message, on_reply)
 
     def send_recovery(self, sequencer: Sequencer, node: NodeId, message: Any) -> None:
         def on_reply(reply: Any) -> None:

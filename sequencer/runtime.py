@@ -222,8 +222,8 @@ class SequencerRuntime:
         self.deactivations_count = 0
         """Sequencers deactivated for idleness, for /metrics and tests."""
         self._driver = EffectDriver(_RuntimePorts(self), now_ms=clock.now_ms,
-                                    applied=self._after_apply, waiters=self._waiters,
-                                    deliver=_deliver)
+                                    applied=self._after_apply, send_store=transport.request,
+                                    waiters=self._waiters, deliver=_deliver)
         """Carries out the cores' effects (``sequencer.handlers``, shared with the
         deterministic simulation)."""
 
