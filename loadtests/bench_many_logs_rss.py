@@ -5,7 +5,7 @@ Starts a local cluster (3 storage nodes, 1 sequencer, R=3, storage ``fsync=never
 epoch store, or ``--with-zookeeper``), then:
 
 1. provisions ``--provisioned`` logs straight in the cluster's epoch store, as sequencers would
-   have over the cluster's life: each gets epoch 1 and is marked clean at epoch 1 (a log that
+   have over the cluster's life: each gets an epoch and is marked clean at it (a log that
    was used and then stopped gracefully), ``--concurrency`` at a time;
 2. restarts the sequencer, so that it starts with all of them in the store, and reads its RSS
    once it is ready and idle;
@@ -35,9 +35,11 @@ from seqlog import Client
 from services import local_cluster as lc
 from shared.epoch_metadata import ProvisionSpec
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.types import LogId, Lsn, NodeId
 
 FIRST_APPENDS_INFLIGHT = 256
+ATTEMPTS = 5
+"""Tries per log when the epoch store times out (a loaded machine's ZooKeeper does)."""
 SETTLE_S = 3.0
 """After the appends: let release broadcasts and allocator caches settle before reading RSS."""
 
@@ -70,9 +72,15 @@ async def _provision(url: str, spec: ProvisionSpec, logs: int, concurrency: int)
 
     async def worker() -> None:
         for log in next_log:
-            status, _, _ = await store.activate(LogId(log), writer=writer, provision=spec)
-            if status is Status.OK:
-                status = await store.set_last_clean_epoch(LogId(log), Epoch(1), Lsn(0))
+            for _ in range(ATTEMPTS):
+                # A timed-out activation may have taken an epoch: mark clean the epoch that
+                # the successful one took, whatever it is.
+                status, epoch, _ = await store.activate(LogId(log), writer=writer,
+                                                        provision=spec)
+                if status is Status.OK:
+                    status = await store.set_last_clean_epoch(LogId(log), epoch, Lsn(0))
+                if status is not Status.TIMEDOUT:
+                    break
             if status is not Status.OK:
                 raise RuntimeError(f"log {log}: {status.name}")
 
