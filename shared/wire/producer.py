@@ -26,4 +26,5 @@ class ProducerState:
     producer_id: str
     entries: tuple[ProducerEntry, ...]
     """The node's copies' tags of the producer's latest appends (above its trim point),
-    highest ``producer_seq`` last; at most ``PRODUCER_SEQS_KEPT``."""
+    highest ``producer_seq`` last; at most ``PRODUCER_SEQS_KEPT`` pairs, each with up to
+    ``PRODUCER_RANGES_PER_SEQ_MAX`` LSN ranges (attempts of the same append)."""
