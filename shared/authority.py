@@ -10,9 +10,9 @@ that answered included a node that forgot it.
 
 On the wire a node says so with ``non_authoritative``: the LSN ranges (inclusive, ascending,
 disjoint) inside what it was asked about where it cannot vouch for its answer (READ_REPLY,
-SEALED, DIGEST, LOG_STATE). Empty, the default and the common case, means fully
-authoritative; it then costs nothing on the wire. Received ranges are untrusted: ``checked``
-validates them once.
+SEALED, DIGEST, LOG_STATE, FOUND_TIME, PRODUCER_STATE). Empty, the default and the common
+case, means fully authoritative; it then costs nothing on the wire. Received ranges are
+untrusted: ``checked`` validates them once.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What a storage node can vouch for (its authoritative status), kept durable beside its data.
 
 A node is fully authoritative until it finds that it lost copies; then it says, in every
-READ, SEAL, DIGEST and GET_LOG_STATE answer, which LSN ranges of what it was asked about it
-cannot vouch for (``shared.authority``; the wire field ``non_authoritative``). Sources of
-damage:
+READ, SEAL, DIGEST, GET_LOG_STATE, FIND_TIME and GET_PRODUCER answer, which LSN ranges of
+what it was asked about it cannot vouch for (``shared.authority``; the wire field
+``non_authoritative``). Sources of damage:
 
 - the start-up scan finds a bad entry in the middle of a segment (``segment_files``): nothing
   after it is indexed, and the entry boundaries there cannot be trusted, so which logs and
@@ -43,8 +43,10 @@ from shared.types import (
     log_id_valid,
 )
 from shared.wire.codec import Message
+from shared.wire.producer import GetProducer, ProducerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Digest, GetDigest, Seal, Sealed
+from shared.wire.trim import FindTime, FoundTime
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +220,9 @@ ReplyFn = Callable[[Message], None]
 
 def annotated_reply(status: AuthorityStatus, message: Message, reply: ReplyFn) -> ReplyFn:
     """``reply`` that adds the node's non-authoritative ranges for what ``message`` asked
-    about to its answer (READ_REPLY, SEALED, DIGEST, LOG_STATE); other messages' answers pass
-    unchanged. Only used while the node is unsure of anything (``AuthorityStatus.damaged``)."""
+    about to its answer (READ_REPLY, SEALED, DIGEST, LOG_STATE, FOUND_TIME, PRODUCER_STATE);
+    other messages' answers pass unchanged. Only used while the node is unsure of anything
+    (``AuthorityStatus.damaged``)."""
     window = _asked_window(message)
     if window is None:
         return reply
@@ -231,7 +234,8 @@ def annotated_reply(status: AuthorityStatus, message: Message, reply: ReplyFn) -
         return reply
 
     def annotated(answer: Message) -> None:
-        if isinstance(answer, ReadReply | Sealed | Digest | LogState):
+        if isinstance(answer, ReadReply | Sealed | Digest | LogState | FoundTime
+                      | ProducerState):
             answer = dataclasses.replace(answer, non_authoritative=ranges)
         reply(answer)
 
@@ -251,7 +255,7 @@ def _asked_window(message: Message) -> tuple[LogId, int, int] | None:
     elif type(message) is GetDigest:
         lo = _epoch_lsn(message.epoch, max(message.from_esn, 1))
         hi = _epoch_lsn(message.epoch, ESN_MAX)
-    elif type(message) is GetLogState:
+    elif isinstance(message, GetLogState | FindTime | GetProducer):
         lo, hi = 1, LSN_MAX
     else:
         return None
