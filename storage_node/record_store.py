@@ -52,7 +52,8 @@ from shared.status import LogError, Status
 from shared.types import LogId, Lsn
 from shared.wire.producer import ProducerEntry
 from shared.wire.store import Store
-from storage_node.authority import AuthorityStatus
+from storage_node.authority import AuthorityFile
+from storage_node.core.authority import AuthorityStatus
 from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
 from storage_node.core.store_machine import LogStorageState
 from storage_node.durable_state import DurableState
@@ -160,7 +161,8 @@ class RecordStore:
         """Size of every segment file (as far as completed writes and reclaims know)."""
         self._newest_segment_id = 0
         self._corrupt_segments: frozenset[int] = frozenset()
-        self.authority = AuthorityStatus(data_dir)
+        self.authority = AuthorityStatus()
+        self._authority_file = AuthorityFile(data_dir)
         """Which of its copies this node can vouch for (``storage_node.authority``)."""
         self._authority_saves: set[asyncio.Future[None]] = set()
         """Writes of the status file under way (``close`` waits for them)."""
@@ -336,7 +338,7 @@ class RecordStore:
 
     def _save_authority(self) -> None:
         try:
-            self.authority.save()
+            self._authority_file.save(self.authority)
         except OSError as error:
             # Still in memory; a restart finds the bad entry again when it reads it.
             log.error("cannot persist the authoritative status: %s", error)
@@ -847,7 +849,7 @@ class RecordStore:
             os.close(self._lock_fd)
             raise LogError(Status.EXISTS, f"{self._data_dir} is used by another process") from None
         try:
-            self.authority.load()
+            self._authority_file.load(self.authority)
             report = self._writer.recover(self._durable.on_entry)
         except BaseException:
             os.close(self._lock_fd)

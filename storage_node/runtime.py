@@ -49,7 +49,7 @@ from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
 from shared.wire.trim import FindTime, FoundTime, Trim
-from storage_node.authority import annotated_reply
+from storage_node.core.authority import annotated_reply
 from storage_node.core.retention import BacklogTable, plan_age_trims
 from storage_node.core.store_machine import (
     LogStorageState,
