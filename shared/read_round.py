@@ -104,7 +104,8 @@ class RoundResult:
 class ReadRound:
     __slots__ = ("_answers", "_asked", "_blocks", "_bytes_max", "_failed", "_order",
                  "_quorum_ms",
-                 "_records_max", "_speculative_delay_ms", "_started_ms", "request", "span")
+                 "_records_max", "_speculative_delay_ms", "_started_ms", "_unsure", "request",
+                 "span")
 
     def __init__(self, *, log_id: LogId, span: NodesetSpan, from_lsn: Lsn, release_lsn: Lsn,
                  records_max: int, bytes_max: int, wait_ms: int, speculative_delay_ms: int,
@@ -126,6 +127,8 @@ class ReadRound:
         self._failed: dict[NodeId, Status] = {}
         self._quorum_ms: int | None = None
         self._blocks: BlockCache = {}
+        self._unsure = False
+        """Some answer carries non-authoritative ranges (rare: a damaged node)."""
 
     @property
     def needed(self) -> int:
@@ -136,6 +139,8 @@ class ReadRound:
 
     def _vouching(self) -> int:
         """Answers authoritative at the cursor: the ones that count toward the f-majority."""
+        if not self._unsure:
+            return len(self._answers)  # the usual case: every node vouches for everything
         from_lsn = self.request.from_lsn
         return sum(1 for a in self._answers.values()
                    if not a.non_authoritative or not covers(a.non_authoritative, from_lsn))
@@ -146,7 +151,7 @@ class ReadRound:
                 or len(self._answers) == len(self._order))
 
     def _merge(self, release: Lsn) -> Merged:
-        complete = len(self._answers) == len(self._order)
+        complete = not self._unsure or len(self._answers) == len(self._order)
         return merge(list(self._answers.values()), self.request.from_lsn, release,
                      self._records_max, self._bytes_max, 0 if complete else self.needed)
 
@@ -186,6 +191,7 @@ class ReadRound:
             self._answers[node] = NodeAnswer(
                 records=records, next_lsn=reply.next_lsn, release_lsn=reply.release_lsn,
                 markers=reply.markers, trim_lsn=reply.trim_lsn, non_authoritative=unsure)
+            self._unsure = self._unsure or bool(unsure)
             if self._quorum_ms is None and self._decided():
                 self._quorum_ms = now_ms
         else:

@@ -62,11 +62,12 @@ class AuthorityStatus:
         """Segments whose damage made the node non-authoritative (for the operator)."""
         self.version = 0
         """Bumped on every change (a save can tell whether it has anything new to write)."""
+        self.damaged = False
+        """Whether the node is unsure of anything: a plain attribute, checked per message."""
 
-    @property
-    def damaged(self) -> bool:
-        """Whether the node is unsure of anything (a plain attribute check per message)."""
-        return bool(self._all) or bool(self._logs)
+    def _changed(self) -> None:
+        self.version += 1
+        self.damaged = bool(self._all) or bool(self._logs)
 
     def ranges(self, log_id: LogId, lo: int, hi: int) -> NonAuthoritative:
         """Where in ``[lo, hi]`` of ``log_id`` the node cannot vouch for its answers."""
@@ -92,7 +93,7 @@ class AuthorityStatus:
         log.error("segments %s are damaged: this node is no longer authoritative for any log "
                   "until it is rebuilt", sorted(new))
         self._all = EVERYTHING
-        self.version += 1
+        self._changed()
         return True
 
     def range_damaged(self, log_id: LogId, first_lsn: int, last_lsn: int) -> bool:
@@ -106,7 +107,7 @@ class AuthorityStatus:
         else:
             self._logs[log_id] = normalized((*self._logs.get(log_id, ()),
                                              (first_lsn, last_lsn)))
-        self.version += 1
+        self._changed()
         return True
 
     def clear(self, log_id: LogId | None, first_lsn: int, last_lsn: int) -> bool:
@@ -136,13 +137,13 @@ class AuthorityStatus:
                 del self._logs[log_id]
         if before == (self._all, self._logs):
             return False
-        self.version += 1
+        self._changed()
         return True
 
     def unsure_of_everything(self) -> None:
         """Vouch for nothing (the status itself was lost or is unreadable)."""
         self._all = EVERYTHING
-        self.version += 1
+        self._changed()
 
     def restore(self, document: Any) -> bool:
         """The status from ``snapshot``'s document; False (nothing changed) if malformed."""
@@ -162,6 +163,7 @@ class AuthorityStatus:
             restored[LogId(int(key))] = ranges
         self._all, self._logs = all_logs, restored
         self.damaged_segments = frozenset(segments)
+        self._changed()
         return True
 
 
