@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.types import LSN_MAX, LogId
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.authority import checked
+from shared.status import Status
+from shared.types import LSN_MAX, LogId, Lsn, NodeId
+from shared.wire.read import Read, ReadReply
+from shared.wire.recovery import GetDigest, Seal
 from storage_node.authority import FILE_NAME, AuthorityFile
-from storage_node.core.authority import AuthorityStatus
+from storage_node.core.authority import AuthorityStatus, annotated_reply
 
 LOG = LogId(3)
 OTHER = LogId(4)
@@ -54,3 +61,26 @@ def test_the_file_round_trips_and_a_bad_one_vouches_for_nothing(tmp_path: Path) 
         broken = AuthorityStatus()
         AuthorityFile(str(tmp_path)).load(broken)
         assert broken.ranges(OTHER, 1, LSN_MAX) == ((1, LSN_MAX),)
+
+
+_ints = st.integers(min_value=0, max_value=2**64 - 1)
+
+
+@given(st.one_of(
+    st.builds(Read, log_id=_ints, from_lsn=_ints, until_lsn=_ints, release_lsn=_ints,
+              records_max=_ints, bytes_max=_ints),
+    st.builds(Seal, log_id=_ints, seal_epoch=_ints, sealed_by=st.just(NodeId("s")),
+              from_epoch=_ints),
+    st.builds(GetDigest, log_id=_ints, epoch=_ints, from_esn=_ints, seal_epoch=_ints,
+              records_max=_ints, bytes_max=_ints)))
+def test_any_request_gets_well_formed_ranges(message: Read | Seal | GetDigest) -> None:
+    """Requests are annotated before their fields are validated: any values must give
+    well-formed ranges (or none), never an exception."""
+    status = AuthorityStatus()
+    status.segments_damaged(frozenset({1}))
+    answers: list[object] = []
+    answer = ReadReply(status=Status.BADMSG, log_id=LOG, release_lsn=Lsn(0), records=(),
+                       next_lsn=Lsn(0))
+    annotated_reply(status, message, answers.append)(answer)
+    ranges = getattr(answers[0], "non_authoritative", ())
+    assert checked(ranges) is not None
