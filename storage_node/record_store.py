@@ -162,8 +162,8 @@ class RecordStore:
         self._newest_segment_id = 0
         self._corrupt_segments: frozenset[int] = frozenset()
         self.authority = AuthorityStatus()
+        """Which of its copies this node can vouch for (``storage_node.core.authority``)."""
         self._authority_file = AuthorityFile(data_dir)
-        """Which of its copies this node can vouch for (``storage_node.authority``)."""
         self._authority_saves: set[asyncio.Future[None]] = set()
         """Writes of the status file under way (``close`` waits for them)."""
         self._reclaim_failed: set[int] = set()
