@@ -28,7 +28,7 @@ from typing import Literal
 from shared.authority import NonAuthoritative, vouched_until
 from shared.compression import expand_stored
 from shared.status import Status
-from shared.types import ESN_MAX, Lsn, compose_lsn, lsn_to_epoch, lsn_to_esn
+from shared.types import ESN_MAX, LSN_MAX, Lsn, compose_lsn, lsn_to_epoch, lsn_to_esn
 from shared.wire.read import Block, Marker, WireRecord
 from shared.wire.store import RecordFlags, copy_precedence
 
@@ -115,16 +115,22 @@ def merge(
         # the trim still holds.
         gaps.append(Gap("TRIM", Lsn(cursor), trim_lsn))
         cursor = trim_lsn + 1
+    bridge_cap: int = LSN_MAX
     if needed and cursor <= until:
-        until = vouched_until((a.non_authoritative for a in answers), cursor, until, needed)
-        if until < cursor:
+        vouched = vouched_until((a.non_authoritative for a in answers), cursor, until, needed)
+        if vouched < cursor:
             # Too few answers can vouch for the next LSN: nothing more is decided here.
             return Merged(records, gaps, Lsn(cursor))
+        if vouched < until:
+            # Past it an unheard node could hold a later recovery's copies: a bridge ends
+            # no more of its epoch than is vouched for (the next round goes on from there).
+            until = bridge_cap = vouched
     best = _best_copies(answers, Lsn(cursor), until)
     ended = _ended_before(answers, Lsn(cursor), best)
     if ended is not None:
         # The read starts past the bridge that ends this epoch: nothing of it is a record.
-        end = min(compose_lsn(lsn_to_epoch(Lsn(cursor)), ESN_MAX) + 1, release_lsn)
+        end = min(compose_lsn(lsn_to_epoch(Lsn(cursor)), ESN_MAX) + 1, release_lsn,
+                  bridge_cap)
         gaps.append(Gap("BRIDGE", Lsn(cursor), Lsn(max(end, cursor))))
         cursor = max(end, cursor) + 1
     payload_bytes = 0
@@ -137,7 +143,8 @@ def merge(
                 gaps.extend(_gaps_between(Lsn(cursor), Lsn(lsn - 1)))
             if flags & RecordFlags.BRIDGE:
                 # Nothing of this epoch after its bridge is a record: jump to the next epoch.
-                end = min(compose_lsn(lsn_to_epoch(Lsn(lsn)), ESN_MAX) + 1, release_lsn)
+                end = min(compose_lsn(lsn_to_epoch(Lsn(lsn)), ESN_MAX) + 1, release_lsn,
+                          bridge_cap)
                 gaps.append(Gap("BRIDGE", Lsn(lsn), Lsn(max(end, lsn))))
                 cursor = max(end, lsn) + 1
             else:

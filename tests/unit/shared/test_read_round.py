@@ -286,3 +286,20 @@ def test_malformed_ranges_fail_the_node() -> None:
     r = new_round(release=lsn(1, 2))
     r.on_reply(NodeId("n1"), unsure(reply(1, release=lsn(1, 2)), (5, 3)), 1)
     assert r.stragglers()[0] == "n1"
+
+
+def test_a_bridge_ends_no_more_of_its_epoch_than_is_vouched_for() -> None:
+    """A bridge at e1n2, read by an f-majority that vouches only up to e1n3: the BRIDGE gap
+    stops at e1n3; the next round decides the rest with nodes that vouch for it."""
+    bridge = ((lsn(1, 2), lsn(1, 2), 7, 1),)  # WRITTEN_BY_RECOVERY | HOLE | BRIDGE
+    r = new_round(release=lsn(2, 1))
+    for node in NODES[:2]:
+        r.on_reply(node, dataclasses.replace(reply(1, release=lsn(2, 1)), markers=bridge), 1)
+    r.on_reply(NODES[2], unsure(reply(1, release=lsn(2, 1)), (lsn(1, 4), lsn(1, 9))), 1)
+    r.on_reply(NODES[3], Status.TIMEDOUT, 1)
+    r.on_reply(NODES[4], Status.TIMEDOUT, 1)
+    result = r.result(1)
+    assert result is not None and result.merged is not None
+    assert [(g.kind, g.lo, g.hi) for g in result.merged.gaps] == [
+        ("BRIDGE", lsn(1, 2), lsn(1, 3))]
+    assert result.merged.next_lsn == lsn(1, 4)
