@@ -9,6 +9,12 @@ order: a crash in between loses the write and its reply. A crash loses everythin
 memory (the machine, hence the soft seals); a restart rebuilds the machine with ``restore``
 from the disk, the way ``storage_node.record_store`` does (the newest record's epoch
 re-creates its soft seal).
+
+A damaged disk, as a restart's scan finds it (``damage_disk``: a random part of the records
+is gone; ``restart(lose_entries=N)``: the last N durable writes are gone, as with a corrupt
+or torn segment tail): the node knows it, its authoritative status
+(``storage_node.core.authority``, kept with the disk) then marks every log, and its SEALED
+and DIGEST answers say so, as the real node's do. (Release pointers are kept.)
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from shared.wire.read import GetLogState
 from shared.wire.recovery import Clean, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
+from storage_node.core.authority import AuthorityStatus, annotated_reply
 from storage_node.core.store_machine import LogStorageState, StoreMachine
 from storage_node.handlers import StorageHandlers
 from storage_node.record_reads import CopiesResult
@@ -71,6 +78,8 @@ class Disk:
     records: dict[tuple[LogId, Lsn], DiskRecord]
     release_lsn: dict[LogId, Lsn]
     seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
+    authority: AuthorityStatus = field(default_factory=AuthorityStatus)
+    """What the node can vouch for (lost copies found by a restart's scan)."""
     journal: list[RecordWrite | SealWrite] = field(default_factory=list)
     """Every record and seal write, in order (what the segment files hold): a damaged restart
     loses a suffix of it."""
@@ -135,6 +144,7 @@ class SimStorageNode:
         if lose_entries:
             before = dict(self.disk.records)
             self.disk.lose_suffix(lose_entries)
+            self.disk.authority.segments_damaged(frozenset({self.incarnation}))
             self._trace.log(self._queue.clock.now_ms(),
                             f"storage {self.node_id} DAMAGED: lost its last {lose_entries} "
                             "writes")
@@ -147,6 +157,21 @@ class SimStorageNode:
         self.up = True
         self._network.restart(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} RESTART")
+
+    def damage_disk(self, keep_fraction: float) -> list[tuple[LogId, Lsn]]:
+        """While down: lose a random part of the records (each kept with ``keep_fraction``),
+        as a damaged segment does; the restart's scan finds it (marks every log). Returns
+        the copies lost."""
+        assert not self.up, self.node_id
+        lost = [key for key in sorted(self.disk.records) if self._rng.random() >= keep_fraction]
+        for key in lost:
+            del self.disk.records[key]
+        gone = set(lost)
+        self.disk.journal = [w for w in self.disk.journal if w[0] not in gone]
+        self.disk.authority.segments_damaged(frozenset({self.incarnation}))
+        self._trace.log(self._queue.clock.now_ms(),
+                        f"storage {self.node_id} DISK DAMAGED ({len(lost)} copies lost)")
+        return lost
 
     def _recovered_states(self) -> dict[LogId, LogStorageState]:
         states: dict[LogId, LogStorageState] = {}
@@ -180,6 +205,8 @@ class SimStorageNode:
 
     def on_message(self, peer: NodeId, message: Any, reply: ReplyFn | None) -> None:
         assert self.up
+        if reply is not None and self.disk.authority.damaged:
+            reply = annotated_reply(self.disk.authority, message, reply)
         kind = type(message)
         if kind is Release:
             self.handlers.on_release(message)

@@ -28,12 +28,12 @@ def test_seed(seed: int) -> None:
 
 def test_default_seeds_exercise_the_recovery_faults() -> None:
     """The generated mix restarts recovery attempts, loses CLEANs and stalls members (else
-    the seeds above prove nothing about them), and the R2 checker reads along."""
+    the seeds above prove nothing about them), damages disks, and the R2 checker reads along."""
     seen: Counter[str] = Counter()
     for seed in range(1, 21):
         seen.update(run_simulation(seed).stats)
     for kind in ("recovery_restart", "lost_clean", "lost_cleaned", "storage_stall",
-                 "reader_checks"):
+                 "storage_damaged", "reader_checks"):
         assert seen[kind] > 0, (kind, seen)
 
 
