@@ -93,18 +93,20 @@ class EffectDriver:
     the clock (the ports' own by default); ``live`` filters late answers (none by default:
     the runtime lets a dropped core's appenders finish)."""
 
-    __slots__ = ("_answer", "_applied", "_deliver", "_live", "_now_ms", "_ports", "_send_store",
-                 "_waiters")
+    __slots__ = ("_answer", "_applied", "_deliver", "_live", "_now_ms", "_ports",
+                 "_recovery_request_timeout_ms", "_send_store", "_waiters")
 
     def __init__(self, ports: SequencerPorts, *, now_ms: Callable[[], int] | None = None,
                  applied: Callable[[Sequencer], None] | None = None,
                  send_store: Callable[[NodeId, Store, Callback], None] | None = None,
-                 live: Live | None = None,
+                 live: Live | None = None, recovery_request_timeout_ms: int | None = None,
                  waiters: dict[int, Callable[[Any], None]] | None = None,
                  deliver: Callable[[Callable[[Any], None], AppendReply], None] | None = None,
                  ) -> None:
         """``now_ms``, ``applied``, ``send_store``: the ports' own, given directly (no hop per
         STORE or STORED reply);
+        ``recovery_request_timeout_ms``: the transport timeout of every recovery request
+        (None: none), so that a member that hangs fails as TIMEDOUT;
         ``waiters`` and ``deliver``: answers go straight to ``deliver(waiters.pop(id),
         reply)`` instead of ``ports.answer`` (the runtime's hot path: no call per append)."""
         self._ports = ports
@@ -114,6 +116,7 @@ class EffectDriver:
         self._send_store = send_store or ports.send_store
         self._now_ms = now_ms or ports.now_ms
         self._live = live
+        self._recovery_request_timeout_ms = recovery_request_timeout_ms
         assert (waiters is None) == (deliver is None)
         self._waiters = waiters
         self._deliver = deliver
@@ -182,7 +185,8 @@ class EffectDriver:
                 self.apply(sequencer, sequencer.on_recovery_reply(node, message, reply,
                                                                   self._now_ms()))
 
-        self._ports.request(node, message, on_reply)
+        self._ports.request(node, message, on_reply,
+                            timeout_ms=self._recovery_request_timeout_ms)
 
     def fetch_log_state(self, sequencer: Sequencer, effect: FetchLogState) -> None:
         def on_reply(reply: Any) -> None:
