@@ -11,7 +11,10 @@ over the binary protocol), or with ``--batch N`` (N > 1) append-batches of N rec
   summed over the nodes. ``amplification`` = bytes_written / (payload bytes appended x R):
   1.0 means each copy was written once, with no overhead; a STORE written twice to a node
   (a spurious store timeout re-sent it) shows as up to 2.0.
-- ``stores``: STORE messages the nodes received, per append (R means no wave ever went again).
+- ``records_written_per_copy``: records the nodes wrote (``store_records``) per record
+  appended x R, without the entry headers: 1.0 when no copy was written twice.
+- ``store_messages``, ``stores_written``, ``stores_joined``: STOREs the nodes received,
+  wrote, and answered with a write of the same copy already under way (not written again).
 - CPU seconds of the sequencer and storage processes per MB appended (from /proc/PID/stat).
 
 The phase ends when every append was acknowledged and the nodes' counters stopped moving
@@ -43,7 +46,8 @@ READY_TIMEOUT_MS = 60_000
 SETTLE_S = 0.5
 """The counters must stay still this long for a phase to end."""
 SETTLE_TIMEOUT_S = 30.0
-COUNTERS = ("bytes_written", "store_messages", "stored_ok", "fsyncs", "commit_batches")
+COUNTERS = ("bytes_written", "store_messages", "stored_ok", "stores", "store_records",
+            "stores_joined", "fsyncs", "commit_batches")
 DEFAULT_INFLIGHT = {1024: 256, 262_144: 32, 1_048_576: 16}
 """Full load per size: enough in flight that the nodes' writers are never idle."""
 
@@ -143,15 +147,17 @@ async def _phase(client: Client, log_id: int, size: int, args: argparse.Namespac
     cpu_seq, cpu_st = _cpu(sequencers) - cpu_seq, _cpu([n.pid for n in storage]) - cpu_st
     delta = {name: after[name] - before[name] for name in COUNTERS}
     payload_bytes = appended * size
-    requests = appended // batch
     r = args.replication
     return {
         "size": size, "logs": args.logs, "inflight": inflight, "batch": batch, "records": appended,
         "errors": errors, "first_error": first_error[:1], "seconds": round(elapsed, 2),
         "mb_per_s": round(payload_bytes / elapsed / 1e6, 2),
         "amplification": round(delta["bytes_written"] / max(payload_bytes * r, 1), 4),
-        "stores_per_append": round(delta["store_messages"] / max(requests, 1), 3),
-        "stored_ok_per_append": round(delta["stored_ok"] / max(requests, 1), 3),
+        "records_written_per_copy": round(
+            delta["store_records"] / max(appended * r, 1), 4),
+        "store_messages": int(delta["store_messages"]),
+        "stores_written": int(delta["stores"]),
+        "stores_joined": int(delta["stores_joined"]),
         "fsyncs": int(delta["fsyncs"]),
         "bytes_written": int(delta["bytes_written"]),
         "sequencer_cpu_s_per_mb": round(cpu_seq / max(payload_bytes / 1e6, 1e-9), 4),

@@ -35,6 +35,8 @@ from shared.status import Status
 from shared.types import Esn, LogId, Lsn, NodeId
 from shared.wire.store import ProducerTag, Store, payloads_checksum
 
+_NONE: frozenset[NodeId] = frozenset()
+
 
 class AppenderResult(Enum):
     PENDING = "pending"
@@ -44,7 +46,7 @@ class AppenderResult(Enum):
 
 class Appender:
     __slots__ = (
-        "checksum", "compression", "deadline_ms", "deferred", "first_esn", "inflight", "key",
+        "checksum", "compression", "deadline_ms", "deferred", "first_esn", "key",
         "log_id", "lsn", "payload_bytes", "payloads", "previous_sent_ms", "producers",
         "recipients", "records", "replication", "requests", "sent_ms", "stored_nodes",
         "timestamp_ms", "wave",
@@ -92,9 +94,7 @@ class Appender:
         """When the current wave went out (its answers' round trips feed the estimate)."""
         self.previous_sent_ms = 0
         """When the previous wave went out."""
-        self.inflight: dict[NodeId, int] = {}
-        """Nodes sent the payload and not answered yet: the wave of the latest such STORE."""
-        self.deferred: frozenset[NodeId] = frozenset()
+        self.deferred = _NONE
         """Current recipients not sent this wave: they answer the previous wave's STORE."""
         self.recipients: dict[NodeId, Status | None] = {}
         """Current wave's recipients and their answers (None while outstanding)."""
@@ -127,15 +127,16 @@ class Appender:
         self.wave += 1
         wave = self.wave
         self.previous_sent_ms, self.sent_ms = self.sent_ms, now_ms
-        stored, inflight = self.stored_nodes, self.inflight
-        # Still working on the previous wave's STORE: preferred, and not sent it again (see
-        # the module). Only right after that wave: a node that did not answer the wave after
-        # either is no longer preferred over the others.
-        working = frozenset(n for n, sent in inflight.items()
-                            if sent == wave - 1) if inflight else frozenset()
+        stored = self.stored_nodes
+        # Still working on the previous wave's STORE (sent in that wave, not answered yet):
+        # preferred, and not sent it again (see the module). Only right after that wave: a
+        # node that waited a wave without answering is no longer preferred over the others.
+        previous, deferred = self.recipients, self.deferred
+        working = frozenset(n for n, answer in previous.items()
+                            if answer is None and n not in deferred) if previous else _NONE
         copyset = nodeset.pick_copyset(self.replication, rng, now_ms,
                                        stored.union(working) if working else stored)
-        self.deferred = frozenset()
+        self.deferred = _NONE
         if copyset is None:
             # Not enough available nodes: try again when this wave's timer fires.
             self.recipients = {}
@@ -145,7 +146,7 @@ class Appender:
             self.deferred = frozenset(n for n in copyset if n in working and n not in stored)
         skipped = stored.union(self.deferred) if self.deferred else stored
         first_wave_ms = None if latency is None else latency.timeout_ms(
-            (n for n in copyset if n not in stored), self.payload_bytes, config)
+            copyset, self.payload_bytes, config, stored)
         timeout_ms = self.store_timeout_ms(config, first_wave_ms)
         self.deadline_ms = now_ms + timeout_ms
         self.recipients = {n: (Status.OK if n in stored else None) for n in copyset}
@@ -159,17 +160,7 @@ class Appender:
             payloads=self.payloads, checksum=self.checksum, producers=self.producers,
             compression=self.compression, records=self.records if self.compression else 0,
         )
-        for node in sends:
-            inflight[node] = wave
         return [Send(node, store) for node in sends]
-
-    def sent_ms_of(self, wave: int) -> int | None:
-        """When ``wave`` went out, for the current and the previous wave."""
-        if wave == self.wave:
-            return self.sent_ms
-        if wave == self.wave - 1:
-            return self.previous_sent_ms
-        return None
 
     def awaited_sent_ms(self, node: NodeId) -> int:
         """When the STORE whose answer ``node`` owes the current wave went out."""
@@ -181,8 +172,6 @@ class Appender:
         """Account for one STORED (or a transport failure reported as a status).
 
         Returns the result and whether a new wave should go out now."""
-        if self.inflight.get(node) == wave:
-            del self.inflight[node]
         if status is Status.PREEMPTED:
             return AppenderResult.PREEMPTED, False
         if status is Status.OK and wave <= self.wave:

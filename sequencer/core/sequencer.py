@@ -480,9 +480,14 @@ class Sequencer:
         appender = self.appenders.get(lsn_to_esn(lsn))
         if appender is None:
             return []
-        if status is Status.OK and (sent_ms := appender.sent_ms_of(wave)) is not None:
+        if status is Status.OK:
             # The answer names its wave, so it measures that wave's STORE, late or not.
-            self.store_latency.on_sample(node, appender.payload_bytes, now_ms - sent_ms)
+            if wave == appender.wave:
+                self.store_latency.on_sample(node, appender.payload_bytes,
+                                             now_ms - appender.sent_ms)
+            elif wave == appender.wave - 1:
+                self.store_latency.on_sample(node, appender.payload_bytes,
+                                             now_ms - appender.previous_sent_ms)
         result, resend = appender.on_reply(node, wave, status, self.nodeset, now_ms)
         if result is AppenderResult.PREEMPTED:
             return self._on_preempted(sealed_epoch, sealed_by)

@@ -57,23 +57,28 @@ def size_class(payload_bytes: int) -> int:
 
 
 class StoreTimeout:
-    """One smoothed STORE round trip (ms) and the timeout derived from it."""
+    """One smoothed STORE round trip (ms) and the timeout derived from it (``rto_ms``)."""
 
-    __slots__ = ("rttvar_ms", "srtt_ms")
+    __slots__ = ("rto_ms", "rttvar_ms", "srtt_ms")
 
     def __init__(self) -> None:
         self.srtt_ms: float | None = None
         self.rttvar_ms = 0.0
+        self.rto_ms = -1.0
+        """The timeout, or -1 before any sample."""
 
     def on_sample(self, rtt_ms: int) -> None:
-        sample = float(max(rtt_ms, 0))
+        sample = float(rtt_ms) if rtt_ms > 0 else 0.0
         srtt = self.srtt_ms
         if srtt is None:
-            self.srtt_ms = sample
+            self.srtt_ms = srtt = sample
             self.rttvar_ms = sample / 2
-            return
-        self.rttvar_ms += (abs(srtt - sample) - self.rttvar_ms) / (1 << _VAR_GAIN_SHIFT)
-        self.srtt_ms = srtt + (sample - srtt) / (1 << _GAIN_SHIFT)
+        else:
+            self.rttvar_ms += (abs(srtt - sample) - self.rttvar_ms) / (1 << _VAR_GAIN_SHIFT)
+            self.srtt_ms = srtt = srtt + (sample - srtt) / (1 << _GAIN_SHIFT)
+        # (``_derive``, inlined: this runs for every STORED OK.)
+        rto = srtt + _VAR_FACTOR * self.rttvar_ms
+        self.rto_ms = rto if rto > _SRTT_FACTOR * srtt else _SRTT_FACTOR * srtt
 
     def on_silent_timeout(self, waited_ms: int) -> None:
         """Waited ``waited_ms`` for nothing: the estimate was too low for the load (RFC 6298's
@@ -81,15 +86,16 @@ class StoreTimeout:
         estimate down again."""
         if self.srtt_ms is None or self.srtt_ms < waited_ms:
             self.srtt_ms = float(waited_ms)
+            self._derive(self.srtt_ms)
 
-    def timeout_ms(self) -> float | None:
-        srtt = self.srtt_ms
-        if srtt is None:
-            return None
+    def _derive(self, srtt: float) -> None:
         # At a steady round trip rttvar decays to nothing and srtt + 4 * rttvar to about
         # srtt, which half the answers exceed: at least twice srtt keeps jitter from resending
         # (TCP has its 200 ms - 1 s floor for the same reason).
-        return max(srtt + _VAR_FACTOR * self.rttvar_ms, _SRTT_FACTOR * srtt)
+        self.rto_ms = max(srtt + _VAR_FACTOR * self.rttvar_ms, _SRTT_FACTOR * srtt)
+
+    def timeout_ms(self) -> float | None:
+        return None if self.rto_ms < 0 else self.rto_ms
 
 
 class StoreLatency:
@@ -113,9 +119,9 @@ class StoreLatency:
 
     def on_sample(self, node: NodeId, payload_bytes: int, rtt_ms: int) -> None:
         """``node`` answered STORED OK ``rtt_ms`` after the STORE went out."""
-        classes = self._classes(node)
+        classes = self._nodes.get(node) or self._classes(node)
         if classes is not None:
-            classes[size_class(payload_bytes)].on_sample(rtt_ms)
+            classes[0 if payload_bytes <= 1024 else size_class(payload_bytes)].on_sample(rtt_ms)
 
     def on_silent_timeout(self, node: NodeId, payload_bytes: int, waited_ms: int) -> None:
         classes = self._classes(node)
@@ -126,31 +132,35 @@ class StoreLatency:
         """How long ``node`` may take for a STORE of ``payload_bytes`` (at least ``min_ms``,
         not yet bounded above)."""
         classes = self._nodes.get(node)
-        wanted = size_class(payload_bytes)
-        best = 0.0
-        seen = False
-        if classes is not None:
-            for index in range(wanted + 1):
-                timeout = classes[index].timeout_ms()
-                if timeout is not None:
-                    best = max(best, timeout)
-                    seen = index == wanted
-        best = max(best, min_ms)
-        if not seen:
+        if classes is None:
+            return min_ms + payload_bytes // ASSUMED_WRITE_BYTES_PER_MS
+        wanted = 0 if payload_bytes <= 1024 else size_class(payload_bytes)
+        own = best = classes[wanted].rto_ms
+        for index in range(wanted):  # never less than a smaller STORE's
+            smaller = classes[index].rto_ms
+            if smaller > best:
+                best = smaller
+        if best < min_ms:
+            best = min_ms
+        if own < 0:  # this size not measured yet
             best += payload_bytes // ASSUMED_WRITE_BYTES_PER_MS
         return best
 
     def timeout_ms(self, nodes: Iterable[NodeId], payload_bytes: int,
-                   config: SequencerConfig) -> int:
-        """The first wave's timeout for a STORE of ``payload_bytes`` to ``nodes``, within
-        ``store_timeout_ms_min`` and ``store_timeout_ms_max``."""
-        min_ms, max_ms = config.store_timeout_ms_min, config.store_timeout_ms_max
-        slowest = fastest = None
+                   config: SequencerConfig, skip: frozenset[NodeId] = frozenset()) -> int:
+        """The first wave's timeout for a STORE of ``payload_bytes`` to ``nodes`` (but those
+        in ``skip``), within ``store_timeout_ms_min`` and ``store_timeout_ms_max``."""
+        min_ms = config.store_timeout_ms_min
+        slowest = fastest = -1.0
         for node in nodes:
+            if node in skip:
+                continue
             timeout = self.node_timeout_ms(node, payload_bytes, min_ms)
-            slowest = timeout if slowest is None else max(slowest, timeout)
-            fastest = timeout if fastest is None else min(fastest, timeout)
-        if slowest is None or fastest is None:
+            if timeout > slowest:
+                slowest = timeout
+            if fastest < 0 or timeout < fastest:
+                fastest = timeout
+        if slowest < 0:
             return min_ms
         wait = min(slowest, OUTLIER_FACTOR * fastest)
-        return min(max(math.ceil(wait), min_ms), max_ms)
+        return min(max(math.ceil(wait), min_ms), config.store_timeout_ms_max)
