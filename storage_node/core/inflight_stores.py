@@ -30,52 +30,47 @@ JOINED_PER_STORE_MAX = 16
 not grow this without bound)."""
 
 
-class _Entry(Generic[T]):
-    __slots__ = ("joined", "store")
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.joined: list[tuple[Store, T]] = []
-
-
 class InflightStores(Generic[T]):
     """By (log, first LSN), the STORE being written and the later ones waiting for it, each
     with a caller's token (the runtime's reply function)."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_joined", "_writing")
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[LogId, Lsn], _Entry[T]] = {}
+        self._writing: dict[tuple[LogId, Lsn], Store] = {}
+        self._joined: dict[tuple[LogId, Lsn], list[tuple[Store, T]]] = {}
+        """Only for STOREs that have joiners (rare: no object per STORE written)."""
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._writing)
 
     def join(self, store: Store, token: T) -> bool:
         """True when ``store`` is a copy of one being written: it must not be written, and
         ``token`` comes back from ``finish`` of the first. False: write it (then ``begin``)."""
         if store.flags:
             return False
-        entry = self._entries.get((store.log_id, store.lsn))
-        if entry is None or len(entry.joined) >= JOINED_PER_STORE_MAX:
+        key = (store.log_id, store.lsn)
+        first = self._writing.get(key)
+        if first is None or (first.checksum != store.checksum
+                             or first.records_count != store.records_count
+                             or first.compression != store.compression):
             return False
-        first = entry.store
-        if (first.checksum != store.checksum or first.records_count != store.records_count
-                or first.compression != store.compression or first.flags):
+        joined = self._joined.setdefault(key, [])
+        if len(joined) >= JOINED_PER_STORE_MAX:
             return False
-        entry.joined.append((store, token))
+        joined.append((store, token))
         return True
 
     def begin(self, store: Store) -> None:
         """``store`` was queued for writing (a recovery copy is not tracked)."""
         if not store.flags:
-            self._entries.setdefault((store.log_id, store.lsn), _Entry(store))
+            self._writing.setdefault((store.log_id, store.lsn), store)
 
     def finish(self, store: Store) -> list[tuple[Store, T]]:
         """``store``'s write ended (durable or failed): the STOREs that joined it, to be
         answered with its outcome."""
         key = (store.log_id, store.lsn)
-        entry = self._entries.get(key)
-        if entry is None or entry.store is not store:
+        if self._writing.get(key) is not store:
             return []
-        del self._entries[key]
-        return entry.joined
+        del self._writing[key]
+        return self._joined.pop(key, []) if self._joined else []
