@@ -125,7 +125,6 @@ class Appender:
         latency: StoreLatency | None = None,
     ) -> list[Send]:
         self.wave += 1
-        wave = self.wave
         self.previous_sent_ms, self.sent_ms = self.sent_ms, now_ms
         stored = self.stored_nodes
         # Still working on the previous wave's STORE (sent in that wave, not answered yet):
@@ -154,7 +153,7 @@ class Appender:
         if not sends:
             return []
         store = Store(
-            log_id=self.log_id, lsn=self.lsn, wave=wave, sequencer_node=sequencer_node,
+            log_id=self.log_id, lsn=self.lsn, wave=self.wave, sequencer_node=sequencer_node,
             copyset=copyset, timestamp_ms=self.timestamp_ms, last_known_good=last_known_good,
             release_lsn=release_lsn, timeout_ms=timeout_ms, key=self.key,
             payloads=self.payloads, checksum=self.checksum, producers=self.producers,
