@@ -40,6 +40,7 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
+from sequencer.core.store_timeout import StoreLatency
 from sequencer.producer_lookup import lookup_producer
 from shared import failpoints
 from shared.clock import Clock
@@ -149,6 +150,8 @@ class SequencerRuntime:
         self._drained = asyncio.Event()
         """Set once closing and no appender is in flight any more."""
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+        self.store_latency = StoreLatency()
+        """STORE round trips per storage node, shared by every log's sequencer here."""
         self.producer_lookups_count: collections.Counter[bool] = collections.Counter()
         """Producer lookups that succeeded (True) and failed (False), for /metrics."""
         self.recovery_phases_count: collections.Counter[str] = collections.Counter()
@@ -338,7 +341,8 @@ class SequencerRuntime:
         sequencer = self.sequencers.get(log_id)
         if sequencer is None:
             sequencer = Sequencer(log_id=log_id, node_id=self.node_id, config=self.config,
-                                  rng=self.rng, weights=self._weights)
+                                  rng=self.rng, weights=self._weights,
+                                  store_latency=self.store_latency)
             sequencer.set_unavailable_nodes(self._unavailable)
             self.sequencers[log_id] = sequencer
         return sequencer

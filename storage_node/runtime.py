@@ -50,6 +50,7 @@ from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
 from shared.wire.trim import FindTime, FoundTime, Trim
 from storage_node.core.authority import annotated_reply
+from storage_node.core.inflight_stores import InflightStores
 from storage_node.core.retention import BacklogTable, plan_age_trims
 from storage_node.core.store_machine import (
     LogStorageState,
@@ -76,7 +77,7 @@ _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", 
 COUNTERS = (
     "store_messages", "release_messages", "read_messages", "seals", "unexpected_messages",
     "digests", "cleans", "purged_records", "retention_passes", "retention_trims",
-    "producer_lookups",
+    "producer_lookups", "stores_joined",
     *(f"stored_{name.lower()}" for name in _STORE_REPLIES),
     *(f"read_{name.lower()}" for name in ("BADMSG", "OVERLOADED", "NOTREADY", "SHUTDOWN")),
 )
@@ -125,6 +126,8 @@ class StorageNode:
         self._wall_ms = wall_ms
         """Wall clock, the one record timestamps come from (tests move it)."""
         self._machine = StoreMachine(accept_writes=config.accept_writes)
+        self._inflight: InflightStores[ReplyFn] = InflightStores()
+        """STOREs queued and not yet durable: a copy arriving again waits for their write."""
         self._store = RecordStore(data_dir=data_dir, config=config)
         self._retention_task: asyncio.Task[None] | None = None
         self._retention_lock = asyncio.Lock()
@@ -274,17 +277,25 @@ class StorageNode:
             self._counts[f"stored_{decision.status.name.lower()}"] += 1
             reply(decision.reply)
             return
+        if self._inflight.join(store, reply):
+            self._counts["stores_joined"] += 1  # answered with the write already queued
+            return
 
         def persisted(status: Status) -> None:
+            joined = self._inflight.finish(store)
             if status != Status.OK:
                 self._reply_store(reply, store, status)
-                return
-            self._counts["stored_ok"] += 1
-            reply(self._machine.on_persisted(store))
+            else:
+                self._counts["stored_ok"] += 1
+                reply(self._machine.on_persisted(store))
+            for other, other_reply in joined:
+                self._reply_store(other_reply, other, status)
 
         status = self._store.submit_store(store, persisted)
         if status != Status.OK:
             self._reply_store(reply, store, status)
+        else:
+            self._inflight.begin(store)
 
     def _reply_store(self, reply: ReplyFn, store: Store, status: Status) -> None:
         self._counts[f"stored_{status.name.lower()}"] += 1

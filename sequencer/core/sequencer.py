@@ -39,7 +39,7 @@ from sequencer.core.nodeset_state import NodesetState
 from sequencer.core.producers import ProducerTable, Verdict
 from sequencer.core.recovery import LogRecovery, Phase
 from sequencer.core.sliding_window import SlidingWindow
-from sequencer.core.store_timeout import StoreTimeout
+from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
@@ -106,6 +106,7 @@ class Sequencer:
         rng: Rng,
         weights: dict[NodeId, float] | None = None,
         esn_max: Esn = ESN_MAX,
+        store_latency: StoreLatency | None = None,
     ) -> None:
         self.log_id = log_id
         self.node_id = node_id
@@ -125,8 +126,9 @@ class Sequencer:
         self.nodeset: NodesetState | None = None
         self.appenders: dict[Esn, Appender] = {}
         self._timers: list[tuple[int, int, int]] = []  # (deadline_ms, first_esn, wave)
-        self.store_timeout = StoreTimeout(config)
-        """The first wave's store timeout, adapted to the STOREs' round trips."""
+        self.store_latency = store_latency or StoreLatency()
+        """The storage nodes' STORE round trips, which the first wave's timeout follows
+        (shared by the sequencers of one process: the same disks serve every log)."""
         self._release_owed: set[NodeId] = set()
         """Copyset nodes not yet told the current release pointer (see release_delay_ms)."""
         self._release_due_ms: int | None = None
@@ -340,7 +342,7 @@ class Sequencer:
             nodeset=self.nodeset, config=self.config, rng=self.rng,
             sequencer_node=self.node_id, last_known_good=self.window.lng,
             release_lsn=self.release_lsn, now_ms=now_ms,
-            first_wave_timeout_ms=self.store_timeout.first_wave_ms(),
+            latency=self.store_latency,
         )
         if appender.recipients and all(s is Status.OK for s in appender.recipients.values()):
             # Every node of the new copyset already holds a copy from an earlier wave.
@@ -478,9 +480,14 @@ class Sequencer:
         appender = self.appenders.get(lsn_to_esn(lsn))
         if appender is None:
             return []
-        if (status is Status.OK and wave == appender.wave
-                and appender.recipients.get(node, Status.OK) is None):
-            self.store_timeout.on_sample(now_ms - appender.sent_ms)
+        if status is Status.OK:
+            # The answer names its wave, so it measures that wave's STORE, late or not.
+            if wave == appender.wave:
+                self.store_latency.on_sample(node, appender.payload_bytes,
+                                             now_ms - appender.sent_ms)
+            elif wave == appender.wave - 1:
+                self.store_latency.on_sample(node, appender.payload_bytes,
+                                             now_ms - appender.previous_sent_ms)
         result, resend = appender.on_reply(node, wave, status, self.nodeset, now_ms)
         if result is AppenderResult.PREEMPTED:
             return self._on_preempted(sealed_epoch, sealed_by)
@@ -623,7 +630,10 @@ class Sequencer:
             assert self.nodeset is not None
             if appender.recipients and all(
                     answer is None for answer in appender.recipients.values()):
-                self.store_timeout.on_silent_timeout(appender.deadline_ms - appender.sent_ms)
+                for node in appender.recipients:
+                    self.store_latency.on_silent_timeout(
+                        node, appender.payload_bytes,
+                        appender.deadline_ms - appender.awaited_sent_ms(node))
             appender.on_timeout(self.nodeset, now_ms)
             effects.extend(self._send_wave(appender, now_ms))
         return effects

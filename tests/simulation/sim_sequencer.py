@@ -35,6 +35,7 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer
+from sequencer.core.store_timeout import StoreLatency
 from shared.compression import Codec
 from shared.config import SequencerConfig
 from shared.effects import Send
@@ -108,6 +109,9 @@ class SimSequencerNode:
         self._staged: dict[LogId, list[PendingAppend]] = {}
         self._flush_scheduled = False
         self._cores_created_count = 0
+        self.store_latency = StoreLatency()
+        """As in ``SequencerRuntime``: shared by this node's cores, kept across restarts
+        only as long as the process lives (see ``crash``)."""
         env.network.add_node(node_id, self._on_message)
         env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
 
@@ -163,7 +167,7 @@ class SimSequencerNode:
             sequencer = Sequencer(
                 log_id=log_id, node_id=self.node_id, config=self.config,
                 rng=random.Random(self.env.rng.getrandbits(64)), esn_max=Esn(
-                    self.env.options.esn_max))
+                    self.env.options.esn_max), store_latency=self.store_latency)
             core = Core(sequencer, f"sequencer {self.node_id}#{self._cores_created_count}")
             self.cores[log_id] = core
         return core
@@ -372,6 +376,7 @@ class SimSequencerNode:
         self.inflight.clear()
         self._staged.clear()
         self.cores = {}
+        self.store_latency = StoreLatency()
         self.env.stats["sequencer_crash" if outcome == Status.CONNFAILED else "drain_closed"] += 1
         self._log("CRASH" if outcome == Status.CONNFAILED else "CLOSED")
 

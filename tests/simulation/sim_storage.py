@@ -39,11 +39,13 @@ from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
 from storage_node.core.authority import AuthorityStatus, annotated_reply
+from storage_node.core.inflight_stores import InflightStores
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
     purge_ranges,
     recovery_hole_stores,
+    stored_reply,
 )
 from tests.simulation.sim_client import store_payloads
 from tests.simulation.sim_clock import EventQueue
@@ -101,6 +103,9 @@ class SimStorageNode:
         self._on_release = on_release
         self.disk = Disk(records={}, release_lsn={})
         self.machine = StoreMachine(accept_writes=True)
+        self.inflight: InflightStores[ReplyFn] = InflightStores()
+        """As in ``storage_node.runtime``: STOREs being written, which copies join."""
+        self.stores_joined_count = 0
         self.up = True
         self.incarnation = 0
         network.add_node(node_id, self.on_message)
@@ -111,6 +116,7 @@ class SimStorageNode:
         assert self.up, self.node_id
         self.up = False
         self.incarnation += 1
+        self.inflight = InflightStores()  # the writes in flight are lost, and their replies
         self._network.crash(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} CRASH")
 
@@ -200,6 +206,10 @@ class SimStorageNode:
             assert decision.reply is not None
             reply(decision.reply)
             return
+        if self.inflight.join(store, reply):
+            self.stores_joined_count += 1  # a copy still being written: not written again
+            return
+        self.inflight.begin(store)
         incarnation = self.incarnation
 
         def persisted() -> None:
@@ -207,6 +217,8 @@ class SimStorageNode:
                 return  # crashed before the write was durable: no record, no reply
             self._write(store)
             reply(self.machine.on_persisted(store))
+            for other, other_reply in self.inflight.finish(store):
+                other_reply(stored_reply(other, Status.OK))
 
         self._queue.after(self._rng.randint(0, self._disk_delay_ms_max), persisted)
 

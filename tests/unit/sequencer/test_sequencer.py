@@ -197,11 +197,15 @@ def test_late_ok_from_an_earlier_wave_counts_and_is_not_resent() -> None:
     first, second, third = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
     lsn = first.message.lsn
     sequencer.on_stored(first.node, lsn, 1, Status.OK, Epoch(0), None, 1)
-    wave2 = stores(sequencer.on_timer(10))
-    # Only the nodes without a copy get the payload again.
-    assert {s.node for s in wave2} == {second.node, third.node}
-    sequencer.on_stored(second.node, lsn, 1, Status.OK, Epoch(0), None, 12)  # late, wave 1
-    done = replies(sequencer.on_stored(third.node, lsn, 2, Status.OK, Epoch(0), None, 13))
+    # The other two are still working on wave 1: wave 2 waits for those answers (no
+    # payload goes again).
+    assert stores(sequencer.on_timer(10)) == []
+    wave3 = stores(sequencer.on_timer(30))
+    # Wave 2 timed out too: the nodes without a copy get the payload again.
+    assert {s.node for s in wave3} == {second.node, third.node}
+    assert {s.message.wave for s in wave3} == {3}
+    sequencer.on_stored(second.node, lsn, 1, Status.OK, Epoch(0), None, 32)  # late, wave 1
+    done = replies(sequencer.on_stored(third.node, lsn, 3, Status.OK, Epoch(0), None, 33))
     assert [r.status for r in done] == [Status.OK]
 
 
