@@ -4,7 +4,10 @@ answered with a Status, never an exception."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +16,7 @@ from shared.wire import codec
 from shared.wire.framing import FrameDecoder
 from shared.wire.message_type import MessageType
 from shared.wire.release import Release
-from shared.wire.store import Store, payloads_checksum
+from shared.wire.store import Store, payloads_checksum, sequencer_store
 from shared.wire.store_batch import (
     RELEASE_BATCH_LOGS_MAX,
     STORE_BATCH_STORES_MAX,
@@ -156,3 +159,17 @@ def test_release_batch_round_trips_and_skips_invalid_pairs() -> None:
     assert release_batch_entries(odd) == [Release(log_id=4, release_lsn=2)]
     huge = ReleaseBatch(releases=((1, 1),) * (RELEASE_BATCH_LOGS_MAX + 1))
     assert release_batch_entries(huge) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(stores())
+def test_sequencer_store_is_the_same_store_as_the_dataclass_builds(built: Store) -> None:
+    fast = sequencer_store(
+        built.log_id, built.lsn, built.wave, built.sequencer_node, built.copyset,
+        built.timestamp_ms, built.last_known_good, built.release_lsn, built.timeout_ms,
+        built.key, built.payloads, built.checksum, built.producers, built.compression,
+        built.records)
+    assert fast == built and hash(fast) == hash(built) and fast.wire_fields is None
+    assert codec.encode(fast, 3) == codec.encode(built, 3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.wave = 2  # type: ignore[misc]
