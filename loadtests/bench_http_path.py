@@ -38,6 +38,7 @@ from shared.net import PeerPool
 from shared.status import Status
 from shared.types import Epoch, NodeId
 from shared.wire.store import Store, Stored
+from shared.wire.store_batch import StoreBatch, StoredBatch
 
 WARMUP_ROUNDS = 20
 LOOP_TURNS_PER_ROUND = 4
@@ -45,13 +46,18 @@ LOOP_TURNS_PER_ROUND = 4
 
 
 class _InstantStorage:
-    """The runtime's transport: every STORE is answered OK in the next loop iteration."""
+    """The runtime's transport: every STORE (alone or in a STORE_BATCH) is answered OK in the
+    next loop iteration."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
 
     def request(self, node: NodeId, message: Any, callback: Callable[[Any], None], *,
                 timeout_ms: int | None = None) -> None:
+        if type(message) is StoreBatch:
+            self._loop.call_soon(callback, StoredBatch(
+                statuses=(int(Status.OK),) * len(message.stores)))
+            return
         assert type(message) is Store, message
         self._loop.call_soon(callback, Stored(
             log_id=message.log_id, lsn=message.lsn, wave=message.wave, status=Status.OK,

@@ -142,7 +142,8 @@ class SequencerRuntime:
         self._staged_size: dict[tuple[LogId, str | None], tuple[int, int]] = {}
         """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
         self._flush_scheduled = False
-        self._store_batcher: StoreBatcher[Sequencer] = StoreBatcher()
+        self._store_batcher: StoreBatcher[Sequencer] = StoreBatcher(
+            stores_max=config.store_batch_stores_max)
         """STOREs of this loop iteration, sent per storage node in one STORE_BATCH (issue 15:
         with many logs, a frame and a reply callback per record was the sequencer's cost)."""
         self._flushing_appends = False

@@ -74,14 +74,15 @@ class StoreBatcher(Generic[Owner]):
         return first
 
     def take_releases(self) -> list[tuple[NodeId, Release | ReleaseBatch]]:
-        """The staged release pointers, per node: a RELEASE when one, else RELEASE_BATCHes of
-        at most ``RELEASE_BATCH_LOGS_MAX``."""
+        """The staged release pointers, per node: a RELEASE when one (or when
+        ``stores_max`` is 1: batching is off), else RELEASE_BATCHes of at most
+        ``RELEASE_BATCH_LOGS_MAX``."""
         staged, self._releases = self._releases, {}
         messages: list[tuple[NodeId, Release | ReleaseBatch]] = []
         for node, logs in staged.items():
-            if len(logs) == 1:
-                [(log_id, release_lsn)] = logs.items()
-                messages.append((node, Release(log_id=log_id, release_lsn=release_lsn)))
+            if len(logs) == 1 or self._stores_max == 1:
+                messages.extend((node, Release(log_id=log_id, release_lsn=release_lsn))
+                                for log_id, release_lsn in logs.items())
                 continue
             pairs = tuple(logs.items())
             for start in range(0, len(pairs), RELEASE_BATCH_LOGS_MAX):

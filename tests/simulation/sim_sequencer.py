@@ -112,7 +112,8 @@ class SimSequencerNode:
         """Appends a core took (or that wait in ``_staged``) and has not answered yet."""
         self._staged: dict[LogId, list[PendingAppend]] = {}
         self._flush_scheduled = False
-        self._batcher: StoreBatcher[Core] = StoreBatcher()
+        self._batcher: StoreBatcher[Core] = StoreBatcher(
+            stores_max=self.config.store_batch_stores_max)
         self._flushing_appends = False
         self._cores_created_count = 0
         env.network.add_node(node_id, self._on_message)
@@ -233,7 +234,8 @@ class SimSequencerNode:
         """As ``SequencerRuntime._flush_stores``: per storage node one STORE_BATCH (a lone
         STORE as it is) and one RELEASE_BATCH (a lone RELEASE as it is)."""
         if incarnation != self.incarnation or not self.up:
-            self._batcher = StoreBatcher()  # crashed since: those sends are lost
+            self._batcher = StoreBatcher(  # crashed since: those sends are lost
+                stores_max=self.config.store_batch_stores_max)
             return
         for node, release in self._batcher.take_releases():
             self.env.network.send(self.node_id, node, release)

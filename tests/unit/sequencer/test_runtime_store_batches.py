@@ -4,12 +4,19 @@ test_runtime (three StorageNodes behind TCP servers, a PeerPool, a file epoch st
 from __future__ import annotations
 
 import asyncio
+import random
+from pathlib import Path
 
 import pytest
 
+from epoch_store import open_epoch_store
+from sequencer.runtime import SequencerRuntime
+from shared.clock import SystemClock
+from shared.config import ClusterConfig, NodeConfig, SequencerConfig
 from shared.status import Status
 from shared.types import LogId, NodeId
-from tests.unit.sequencer.test_runtime import Stack, stack
+from tests.unit.sequencer.storage_stack import storage_stack
+from tests.unit.sequencer.test_runtime import STORAGE, Stack, stack
 
 __all__ = ["stack"]  # the fixture
 
@@ -54,3 +61,32 @@ async def test_a_batch_to_a_dead_node_fails_each_store_and_new_waves_succeed(
             stack.runtime.append(log_id, (b"r%d" % round_index,), None) for log_id in LOGS))
         assert [r.status for r in results] == [Status.OK] * len(LOGS)
     assert st3.stats()["store_messages"] == stored_before
+
+
+@pytest.mark.timeout(30)
+async def test_store_batch_stores_max_one_sends_each_store_alone(tmp_path: Path) -> None:
+    """The setting for clusters that still have storage nodes of builds without STORE_BATCH
+    (they would close the connection): every STORE and RELEASE in a frame of its own."""
+    async with storage_stack(tmp_path, STORAGE) as storage:
+        cluster = ClusterConfig(
+            nodes=(NodeConfig(node_id=NodeId("seq"), roles=("sequencer",)),
+                   *(NodeConfig(node_id=n, roles=("storage",), data_port=storage.ports[n])
+                     for n in STORAGE)),
+            replication_factor=2)
+        store = open_epoch_store(f"file://{tmp_path / 'epochs'}")
+        runtime = SequencerRuntime(
+            node_id=NodeId("seq"), config=SequencerConfig(store_batch_stores_max=1),
+            cluster=cluster, transport=storage.pool, epoch_store=store, clock=SystemClock(),
+            rng=random.Random(3))
+        await runtime.start()
+        try:
+            for _ in range(2):
+                results = await asyncio.gather(*(runtime.append(log_id, (b"x",), None)
+                                                 for log_id in LOGS))
+                assert all(r.status is Status.OK for r in results)
+            stats = [n.stats() for n in storage.nodes]
+            assert sum(s["store_messages"] for s in stats) >= 2 * 2 * len(LOGS)
+            assert sum(s["store_batches"] for s in stats) == 0
+        finally:
+            await runtime.close()
+            await store.close()
