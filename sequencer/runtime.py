@@ -147,6 +147,9 @@ class SequencerRuntime:
         """STOREs of this loop iteration, sent per storage node in one STORE_BATCH (issue 15:
         with many logs, a frame and a reply callback per record was the sequencer's cost)."""
         self._flushing_appends = False
+        self._release_moved: set[LogId] = set()
+        """Logs whose release pointer moved since the last flush: their owed RELEASEs go with
+        the next flush that sends a STORE_BATCH (see ``Sequencer.release_owed_now``)."""
         self._timer_due: dict[LogId, int] = {}
         """Each log's earliest deadline in ``_timers`` (not pushed again while it is the
         earliest: most effects leave a log's deadline where it was)."""
@@ -370,6 +373,7 @@ class SequencerRuntime:
                 self._send(sequencer, effect)
             elif type(effect) is ReleaseAdvanced:
                 self._broadcast_dirty.add(effect.log_id)
+                self._release_moved.add(effect.log_id)
                 event = self._release_events.pop(effect.log_id, None)
                 if event is not None:
                     event.set()
@@ -425,10 +429,20 @@ class SequencerRuntime:
         the iteration's RELEASEs, one RELEASE_BATCH per node."""
         if not self._store_batcher:
             return
+        chunks = self._store_batcher.take()
+        moved, self._release_moved = self._release_moved, set()
+        if moved and any(len(chunk) > 1 for _, chunk in chunks):
+            # Many logs are busy: their owed RELEASEs ride along in this flush's frames
+            # instead of each log's timer sending them 2 ms later (one loop wake-up per log).
+            for log_id in moved:
+                sequencer = self.sequencers.get(log_id)
+                if sequencer is not None:
+                    for effect in sequencer.release_owed_now():
+                        self._store_batcher.add_release(effect.node, effect.message)
         for node, release in self._store_batcher.take_releases():
             self.transport.send(node, release)
         packed: dict[int, bytes] = {}
-        for node, chunk in self._store_batcher.take():
+        for node, chunk in chunks:
             if len(chunk) == 1:
                 sequencer, store = chunk[0]
                 self._send_store(sequencer, node, store)

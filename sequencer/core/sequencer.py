@@ -610,10 +610,7 @@ class Sequencer:
                 due_ms := recovery.deadline_ms()) is not None and due_ms <= now_ms:
             effects.extend(self._recovery_step(recovery.on_timer(now_ms), now_ms))
         if self._release_due_ms is not None and self._release_due_ms <= now_ms:
-            self._release_due_ms = None
-            release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-            effects.extend(Send(node, release) for node in sorted(self._release_owed))
-            self._release_owed.clear()
+            effects.extend(self.release_owed_now())
         timers = self._timers
         while timers and timers[0][0] <= now_ms:
             _, first_esn, wave = heapq.heappop(timers)
@@ -626,6 +623,20 @@ class Sequencer:
                 self.store_timeout.on_silent_timeout(appender.deadline_ms - appender.sent_ms)
             appender.on_timeout(self.nodeset, now_ms)
             effects.extend(self._send_wave(appender, now_ms))
+        return effects
+
+    def release_owed_now(self) -> list[Effect]:
+        """The RELEASEs owed to copyset nodes (see ``release_delay_ms``), now instead of when
+        due; nothing is owed afterwards. A driver that sends this loop iteration's frames to
+        those nodes anyway (a cross-log STORE_BATCH) sends them along: earlier is always
+        allowed, and no timer then fires per log to send them on their own."""
+        owed = self._release_owed
+        self._release_due_ms = None
+        if not owed:
+            return []
+        release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+        effects: list[Effect] = [Send(node, release) for node in sorted(owed)]
+        owed.clear()
         return effects
 
     # ---- release broadcast and draining -------------------------------------------------

@@ -115,6 +115,7 @@ class SimSequencerNode:
         self._batcher: StoreBatcher[Core] = StoreBatcher(
             stores_max=self.config.store_batch_stores_max)
         self._flushing_appends = False
+        self._release_moved: set[LogId] = set()
         self._cores_created_count = 0
         env.network.add_node(node_id, self._on_message)
         env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
@@ -203,7 +204,9 @@ class SimSequencerNode:
             elif kind is RecoveryProgress:
                 self.env.stats[f"recovery_{effect.phase.lower()}"] += 1
                 self._log(f"log {effect.log_id}: recovery #{effect.attempt} {effect.phase}")
-            elif kind is not ReleaseAdvanced:
+            elif kind is ReleaseAdvanced:
+                self._release_moved.add(effect.log_id)
+            else:
                 raise AssertionError(f"unknown effect {effect!r}")
         # Checked after every call rather than only on ReleaseAdvanced, so that a pointer
         # that moves without the effect is caught too; before the core's own invariants, so
@@ -237,9 +240,18 @@ class SimSequencerNode:
             self._batcher = StoreBatcher(  # crashed since: those sends are lost
                 stores_max=self.config.store_batch_stores_max)
             return
+        chunks = self._batcher.take()
+        moved, self._release_moved = self._release_moved, set()
+        if moved and any(len(chunk) > 1 for _, chunk in chunks):
+            # As the runtime: owed RELEASEs of logs whose pointer moved ride along.
+            for log_id in sorted(moved):
+                core = self.cores.get(log_id)
+                if core is not None:
+                    for release in core.sequencer.release_owed_now():
+                        self._batcher.add_release(release.node, release.message)
         for node, release in self._batcher.take_releases():
             self.env.network.send(self.node_id, node, release)
-        for node, chunk in self._batcher.take():
+        for node, chunk in chunks:
             if len(chunk) == 1:
                 self._send_store(chunk[0][0], node, chunk[0][1])
             else:

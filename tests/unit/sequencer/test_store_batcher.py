@@ -1,14 +1,17 @@
 """The pure cross-log STORE batcher: per-node chunks in staging order within their limits,
-RELEASEs coalesced per log, and a chunk's answer split back into one per STORE."""
+RELEASEs coalesced per log, and a chunk's answer split back into one per STORE; and the
+core's owed RELEASEs leaving early with a batch."""
 
 from __future__ import annotations
 
 from sequencer.core.store_batcher import StoreBatcher, chunk_answers
+from shared.effects import Send
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.release import Release
 from shared.wire.store import Store, payloads_checksum
 from shared.wire.store_batch import ReleaseBatch, StoredBatch
+from tests.unit.sequencer.helpers import active_sequencer, stores
 
 N1, N2 = NodeId("n1"), NodeId("n2")
 
@@ -77,3 +80,20 @@ def test_chunk_answers_give_each_store_its_own_answer() -> None:
     # An answer that does not fit (or is not a STORED_BATCH): BADMSG for each.
     assert chunk_answers(reply, 3) == [(Status.BADMSG, Epoch(0), None)] * 3
     assert chunk_answers(object(), 2) == [(Status.BADMSG, Epoch(0), None)] * 2
+
+
+def test_owed_release_can_leave_now_and_then_no_timer_sends_it() -> None:
+    sequencer = active_sequencer(replication=3, release_delay_ms=10)
+    first = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
+    for send in first:
+        sequencer.on_stored(send.node, send.message.lsn, 1, Status.OK, Epoch(0), None, 1)
+    released = sequencer.release_lsn
+    assert sequencer.deadline_ms() == 1 + 10  # the owed RELEASE is due then
+    # The driver sends a STORE_BATCH to these nodes now: the RELEASEs go along.
+    now = sequencer.release_owed_now()
+    release = Release(log_id=LogId(1), release_lsn=released)
+    assert sorted(now, key=lambda e: e.node) == sorted(
+        (Send(send.node, release) for send in first), key=lambda e: e.node)
+    assert sequencer.deadline_ms() is None and sequencer.release_owed_now() == []
+    late = sequencer.on_timer(100)
+    assert not [e for e in late if type(e) is Send and type(e.message) is Release]
