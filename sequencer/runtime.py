@@ -634,7 +634,12 @@ class SequencerRuntime:
             sequencer = self.sequencers.get(log_id)
             if sequencer is None:
                 continue  # a stale deadline of a deactivated log
-            self._apply(sequencer, sequencer.on_timer(now_ms))
+            deadline_ms = sequencer.deadline_ms()
+            if deadline_ms is not None and deadline_ms > now_ms:
+                # Stale (its appender finished in time, as most do): only the next deadline.
+                self._rearm(sequencer)
+            elif deadline_ms is not None:
+                self._apply(sequencer, sequencer.on_timer(now_ms))
         if self._timers and self._armed_ms is None:
             self._arm(self._timers[0][0])
 
