@@ -466,8 +466,12 @@ class SequencerRuntime:
                     chunk, chunk_answers(reply, len(chunk)), strict=True):
                 if status is Status.OK:
                     failpoints.hit("appender.after_k_stores")
-                self._apply(sequencer, sequencer.on_stored(
-                    node, store.lsn, store.wave, status, sealed_epoch, sealed_by, now_ms))
+                effects = sequencer.on_stored(node, store.lsn, store.wave, status,
+                                              sealed_epoch, sealed_by, now_ms)
+                if effects:
+                    # None (most answers, all but an appender's last): nothing changed that
+                    # _apply looks at, no deadline or appender came or went.
+                    self._apply(sequencer, effects)
 
         return on_reply
 
@@ -483,7 +487,8 @@ class SequencerRuntime:
                 status = reply if isinstance(reply, Status) else Status.BADMSG
                 effects = sequencer.on_stored(node, message.lsn, message.wave, status,
                                               Epoch(0), None, now_ms)
-            self._apply(sequencer, effects)
+            if effects:  # as in _batch_reply
+                self._apply(sequencer, effects)
 
         self.transport.request(node, message, on_reply)
 
