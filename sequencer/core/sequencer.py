@@ -584,21 +584,23 @@ class Sequencer:
         """The earliest store timeout of a live appender wave (stale entries are dropped), or
         the time owed RELEASEs are due."""
         timers = self._timers
+        appenders = self.appenders
         while timers:
             _, first_esn, wave = timers[0]
-            appender = self.appenders.get(Esn(first_esn))
+            appender = appenders.get(first_esn)  # type: ignore[call-overload]
             if appender is not None and appender.wave == wave:
                 break
             heapq.heappop(timers)
-        due = [timers[0][0]] if timers else []
-        if self._drain_until_ms is not None:
-            due.append(self._drain_until_ms)
-        if self._release_due_ms is not None:
-            due.append(self._release_due_ms)
+        # No list and min(): this runs after nearly every call into the core.
+        due = timers[0][0] if timers else None
+        for other_ms in (self._drain_until_ms, self._release_due_ms):
+            if other_ms is not None and (due is None or other_ms < due):
+                due = other_ms
         if self.recovery is not None and (
-                recovery_due_ms := self.recovery.deadline_ms()) is not None:
-            due.append(recovery_due_ms)
-        return min(due) if due else None
+                recovery_due_ms := self.recovery.deadline_ms()) is not None and (
+                due is None or recovery_due_ms < due):
+            due = recovery_due_ms
+        return due
 
     def on_timer(self, now_ms: int) -> list[Effect]:
         effects: list[Effect] = []
