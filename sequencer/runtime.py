@@ -147,9 +147,6 @@ class SequencerRuntime:
         """STOREs of this loop iteration, sent per storage node in one STORE_BATCH (issue 15:
         with many logs, a frame and a reply callback per record was the sequencer's cost)."""
         self._flushing_appends = False
-        self._release_moved: set[LogId] = set()
-        """Logs whose release pointer moved since the last flush: their owed RELEASEs go with
-        the next flush that sends a STORE_BATCH (see ``Sequencer.release_owed_now``)."""
         self._timer_due: dict[LogId, int] = {}
         """Each log's earliest deadline in ``_timers`` (not pushed again while it is the
         earliest: most effects leave a log's deadline where it was)."""
@@ -373,7 +370,6 @@ class SequencerRuntime:
                 self._send(sequencer, effect)
             elif type(effect) is ReleaseAdvanced:
                 self._broadcast_dirty.add(effect.log_id)
-                self._release_moved.add(effect.log_id)
                 event = self._release_events.pop(effect.log_id, None)
                 if event is not None:
                     event.set()
@@ -429,20 +425,10 @@ class SequencerRuntime:
         the iteration's RELEASEs, one RELEASE_BATCH per node."""
         if not self._store_batcher:
             return
-        chunks = self._store_batcher.take()
-        moved, self._release_moved = self._release_moved, set()
-        if moved and any(len(chunk) > 1 for _, chunk in chunks):
-            # Many logs are busy: their owed RELEASEs ride along in this flush's frames
-            # instead of each log's timer sending them 2 ms later (one loop wake-up per log).
-            for log_id in moved:
-                sequencer = self.sequencers.get(log_id)
-                if sequencer is not None:
-                    for effect in sequencer.release_owed_now():
-                        self._store_batcher.add_release(effect.node, effect.message)
         for node, release in self._store_batcher.take_releases():
             self.transport.send(node, release)
         packed: dict[int, bytes] = {}
-        for node, chunk in chunks:
+        for node, chunk in self._store_batcher.take():
             if len(chunk) == 1:
                 sequencer, store = chunk[0]
                 self._send_store(sequencer, node, store)
@@ -462,6 +448,7 @@ class SequencerRuntime:
         def on_reply(reply: Any) -> None:
             # One callback per STORE_BATCH: each STORE's answer goes to its log's core.
             now_ms = self.clock.now_ms()
+            answered: list[Sequencer] = []
             for (sequencer, store), (status, sealed_epoch, sealed_by) in zip(
                     chunk, chunk_answers(reply, len(chunk)), strict=True):
                 if status is Status.OK:
@@ -472,6 +459,14 @@ class SequencerRuntime:
                     # None (most answers, all but an appender's last): nothing changed that
                     # _apply looks at, no deadline or appender came or went.
                     self._apply(sequencer, effects)
+                    answered.append(sequencer)
+            # Many logs are busy: the RELEASEs their completed appends owe leave now, all in
+            # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
+            # later (a loop wake-up and a call into the core per log; no STORE of the same
+            # log comes soon enough to carry them). Earlier is always allowed.
+            for sequencer in answered:
+                for effect in sequencer.release_owed_now():
+                    self._send(sequencer, effect)
 
         return on_reply
 

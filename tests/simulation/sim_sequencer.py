@@ -115,7 +115,6 @@ class SimSequencerNode:
         self._batcher: StoreBatcher[Core] = StoreBatcher(
             stores_max=self.config.store_batch_stores_max)
         self._flushing_appends = False
-        self._release_moved: set[LogId] = set()
         self._cores_created_count = 0
         env.network.add_node(node_id, self._on_message)
         env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
@@ -204,9 +203,7 @@ class SimSequencerNode:
             elif kind is RecoveryProgress:
                 self.env.stats[f"recovery_{effect.phase.lower()}"] += 1
                 self._log(f"log {effect.log_id}: recovery #{effect.attempt} {effect.phase}")
-            elif kind is ReleaseAdvanced:
-                self._release_moved.add(effect.log_id)
-            else:
+            elif kind is not ReleaseAdvanced:
                 raise AssertionError(f"unknown effect {effect!r}")
         # Checked after every call rather than only on ReleaseAdvanced, so that a pointer
         # that moves without the effect is caught too; before the core's own invariants, so
@@ -240,18 +237,9 @@ class SimSequencerNode:
             self._batcher = StoreBatcher(  # crashed since: those sends are lost
                 stores_max=self.config.store_batch_stores_max)
             return
-        chunks = self._batcher.take()
-        moved, self._release_moved = self._release_moved, set()
-        if moved and any(len(chunk) > 1 for _, chunk in chunks):
-            # As the runtime: owed RELEASEs of logs whose pointer moved ride along.
-            for log_id in sorted(moved):
-                core = self.cores.get(log_id)
-                if core is not None:
-                    for release in core.sequencer.release_owed_now():
-                        self._batcher.add_release(release.node, release.message)
         for node, release in self._batcher.take_releases():
             self.env.network.send(self.node_id, node, release)
-        for node, chunk in chunks:
+        for node, chunk in self._batcher.take():
             if len(chunk) == 1:
                 self._send_store(chunk[0][0], node, chunk[0][1])
             else:
@@ -260,15 +248,22 @@ class SimSequencerNode:
 
     def _send_store_batch(self, node: NodeId, chunk: list[tuple[Core, Store]]) -> None:
         def on_reply(reply: Any) -> None:
+            answered: list[Core] = []
             for (core, store), (status, sealed_epoch, sealed_by) in zip(
                     chunk, chunk_answers(reply, len(chunk)), strict=True):
                 if not self._live(core):
                     continue
                 if status != Status.OK:
                     self.env.stats[f"stored_{status.name.lower()}"] += 1
-                self._apply(core, core.sequencer.on_stored(
-                    node, store.lsn, store.wave, status, sealed_epoch, sealed_by,
-                    self._now_ms))
+                effects = core.sequencer.on_stored(node, store.lsn, store.wave, status,
+                                                   sealed_epoch, sealed_by, self._now_ms)
+                self._apply(core, effects)
+                if effects:
+                    answered.append(core)
+            # As the runtime: owed RELEASEs of the appends completed here leave at once.
+            for core in answered:
+                if self._live(core):
+                    self._apply(core, core.sequencer.release_owed_now())
 
         batch = StoreBatch(stores=tuple(store for _, store in chunk))
         self.env.network.request(self.node_id, node, batch, on_reply)
