@@ -207,3 +207,23 @@ def sequencer_store(
     _set_records(store, records)
     _set_wire_fields(store, None)
     return store
+
+
+(_set_stored_log_id, _set_stored_lsn, _set_stored_wave, _set_stored_status,
+ _set_stored_sealed_epoch, _set_stored_sealed_by) = (Stored.__dict__[name].__set__ for name in (
+     "log_id", "lsn", "wave", "status", "sealed_epoch", "sealed_by"))
+assert len(Stored.__dataclass_fields__) == 6 and not hasattr(Stored, "__post_init__")
+
+
+def stored_of(log_id: LogId, lsn: Lsn, wave: int, status: Status, sealed_epoch: Epoch,
+              sealed_by: NodeId | None) -> Stored:
+    """``Stored(...)`` built as ``sequencer_store`` builds a STORE: a storage node answers
+    every STORE with one, a record each when many logs are written."""
+    stored = _new_object(Stored)
+    _set_stored_log_id(stored, log_id)
+    _set_stored_lsn(stored, lsn)
+    _set_stored_wave(stored, wave)
+    _set_stored_status(stored, status)
+    _set_stored_sealed_epoch(stored, sealed_epoch)
+    _set_stored_sealed_by(stored, sealed_by)
+    return stored

@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from shared.status import Status
 from shared.types import (
     Epoch,
-    LogId,
-    Lsn,
     NodeId,
     epoch_valid,
     log_id_valid,
@@ -120,6 +118,20 @@ def release_batch_entries(batch: ReleaseBatch) -> list[Release]:
     releases = batch.releases
     if len(releases) > RELEASE_BATCH_LOGS_MAX:
         return []
-    return [Release(log_id=LogId(pair[0]), release_lsn=Lsn(pair[1])) for pair in releases
+    return [_release(pair[0], pair[1]) for pair in releases
             if type(pair) is tuple and len(pair) == 2 and log_id_valid(pair[0])
             and lsn_valid(pair[1])]
+
+
+_new_object = object.__new__
+_set_release_log_id = Release.__dict__["log_id"].__set__
+_set_release_lsn = Release.__dict__["release_lsn"].__set__
+assert len(Release.__dataclass_fields__) == 2 and not hasattr(Release, "__post_init__")
+
+
+def _release(log_id: int, release_lsn: int) -> Release:
+    """``Release(...)`` without the frozen dataclass's ``__init__`` (one per log and node)."""
+    release = _new_object(Release)
+    _set_release_log_id(release, log_id)
+    _set_release_lsn(release, release_lsn)
+    return release

@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.status import Status
+from shared.types import Epoch, LogId, Lsn
 from shared.wire import codec
 from shared.wire.framing import FrameDecoder
 from shared.wire.message_type import MessageType
 from shared.wire.release import Release
-from shared.wire.store import Store, payloads_checksum, sequencer_store
+from shared.wire.store import Store, Stored, payloads_checksum, sequencer_store, stored_of
 from shared.wire.store_batch import (
     RELEASE_BATCH_LOGS_MAX,
     STORE_BATCH_STORES_MAX,
@@ -173,3 +174,13 @@ def test_sequencer_store_is_the_same_store_as_the_dataclass_builds(built: Store)
     assert codec.encode(fast, 3) == codec.encode(built, 3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.wave = 2  # type: ignore[misc]
+
+
+@given(st.sampled_from(list(Status)), st.integers(0, 2**32), st.none() | st.text(max_size=5))
+def test_stored_of_is_the_same_stored_as_the_dataclass_builds(
+        status: Status, sealed_epoch: int, sealed_by: str | None) -> None:
+    built = Stored(log_id=LogId(3), lsn=Lsn(9), wave=2, status=status,
+                   sealed_epoch=Epoch(sealed_epoch), sealed_by=sealed_by)
+    fast = stored_of(LogId(3), Lsn(9), 2, status, Epoch(sealed_epoch), sealed_by)
+    assert fast == built and hash(fast) == hash(built)
+    assert codec.encode(fast, 1) == codec.encode(built, 1)
