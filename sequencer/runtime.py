@@ -40,6 +40,7 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
+from sequencer.core.store_batcher import StoreBatcher, chunk_answers
 from sequencer.core.store_timeout import StoreLatency
 from sequencer.producer_lookup import lookup_producer
 from shared import failpoints
@@ -50,9 +51,11 @@ from shared.epoch_metadata import ProvisionSpec
 from shared.ports import EpochStore, Rng
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.wire.codec import encode_fields
 from shared.wire.read import GetLogState, LogState
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
+from shared.wire.store_batch import StoreBatch
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,14 @@ class SequencerRuntime:
         self._staged_size: dict[tuple[LogId, str | None], tuple[int, int]] = {}
         """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
         self._flush_scheduled = False
+        self._store_batcher: StoreBatcher[Sequencer] = StoreBatcher(
+            stores_max=config.store_batch_stores_max)
+        """STOREs of this loop iteration, sent per storage node in one STORE_BATCH (issue 15:
+        with many logs, a frame and a reply callback per record was the sequencer's cost)."""
+        self._flushing_appends = False
+        self._timer_due: dict[LogId, int] = {}
+        """Each log's earliest deadline in ``_timers`` (not pushed again while it is the
+        earliest: most effects leave a log's deadline where it was)."""
         self._expiries: deque[tuple[float, list[int]]] = deque()
         """(deadline, request ids): the appends of one loop iteration share one entry."""
         self._expiry_batch: list[int] | None = None
@@ -273,8 +284,14 @@ class SequencerRuntime:
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
         self._expiry_batch = None
-        for group_key in list(self._staged):
-            self._flush_group(group_key)
+        self._flushing_appends = True
+        try:
+            for group_key in list(self._staged):
+                self._flush_group(group_key)
+        finally:
+            self._flushing_appends = False
+        # The STOREs of every log's appends of this iteration leave together, now.
+        self._flush_stores()
 
     def _flush_group(self, group_key: tuple[LogId, str | None]) -> None:
         group = self._staged.pop(group_key, None)
@@ -394,13 +411,70 @@ class SequencerRuntime:
     def _send(self, sequencer: Sequencer, effect: Send) -> None:
         message = effect.message
         if type(message) is Release:
-            self.transport.send(effect.node, message)
+            # Leaves with this iteration's other RELEASEs to that node, in one frame.
+            if self._store_batcher.add_release(effect.node, message) and (
+                    not self._flushing_appends):
+                self._loop.call_soon(self._flush_stores)
             return
         node = effect.node
         if type(message) is not Store or message.flags:
             self._send_recovery(sequencer, node, message)
             return
+        if self._store_batcher.add(node, message, sequencer) and not self._flushing_appends:
+            self._loop.call_soon(self._flush_stores)
 
+    def _flush_stores(self) -> None:
+        """Send the STOREs staged in this loop iteration: to each storage node one
+        STORE_BATCH (a STORE alone goes as it is), its STOREs packed once for all nodes; and
+        the iteration's RELEASEs, one RELEASE_BATCH per node."""
+        if not self._store_batcher:
+            return
+        for node, release in self._store_batcher.take_releases():
+            self.transport.send(node, release)
+        packed: dict[int, bytes] = {}
+        for node, chunk in self._store_batcher.take():
+            if len(chunk) == 1:
+                sequencer, store = chunk[0]
+                self._send_store(sequencer, node, store)
+                continue
+            parts = []
+            for _, store in chunk:
+                fields = packed.get(id(store))
+                if fields is None:
+                    fields = packed[id(store)] = encode_fields(store)
+                parts.append(fields)
+            batch = StoreBatch(stores=tuple(store for _, store in chunk)).with_packed(
+                tuple(parts))
+            self.transport.request(node, batch, self._batch_reply(node, chunk))
+
+    def _batch_reply(self, node: NodeId,
+                     chunk: list[tuple[Sequencer, Store]]) -> Callable[[Any], None]:
+        def on_reply(reply: Any) -> None:
+            # One callback per STORE_BATCH: each STORE's answer goes to its log's core.
+            now_ms = self.clock.now_ms()
+            answered: list[Sequencer] = []
+            for (sequencer, store), (status, sealed_epoch, sealed_by) in zip(
+                    chunk, chunk_answers(reply, len(chunk)), strict=True):
+                if status is Status.OK:
+                    failpoints.hit("appender.after_k_stores")
+                effects = sequencer.on_stored(node, store.lsn, store.wave, status,
+                                              sealed_epoch, sealed_by, now_ms)
+                if effects:
+                    # None (most answers, all but an appender's last): nothing changed that
+                    # _apply looks at, no deadline or appender came or went.
+                    self._apply(sequencer, effects)
+                    answered.append(sequencer)
+            # Many logs are busy: the RELEASEs their completed appends owe leave now, all in
+            # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
+            # later (a loop wake-up and a call into the core per log; no STORE of the same
+            # log comes soon enough to carry them). Earlier is always allowed.
+            for sequencer in answered:
+                for effect in sequencer.release_owed_now():
+                    self._send(sequencer, effect)
+
+        return on_reply
+
+    def _send_store(self, sequencer: Sequencer, node: NodeId, message: Store) -> None:
         def on_reply(reply: Any) -> None:
             now_ms = self.clock.now_ms()
             if type(reply) is Stored:
@@ -412,7 +486,8 @@ class SequencerRuntime:
                 status = reply if isinstance(reply, Status) else Status.BADMSG
                 effects = sequencer.on_stored(node, message.lsn, message.wave, status,
                                               Epoch(0), None, now_ms)
-            self._apply(sequencer, effects)
+            if effects:  # as in _batch_reply
+                self._apply(sequencer, effects)
 
         self.transport.request(node, message, on_reply)
 
@@ -534,7 +609,12 @@ class SequencerRuntime:
         deadline_ms = sequencer.deadline_ms()
         if deadline_ms is None:
             return
-        heapq.heappush(self._timers, (deadline_ms, sequencer.log_id))
+        log_id = sequencer.log_id
+        due_ms = self._timer_due.get(log_id)
+        if due_ms is not None and due_ms <= deadline_ms:
+            return  # that entry fires first; on_timer then finds the log's next deadline
+        self._timer_due[log_id] = deadline_ms
+        heapq.heappush(self._timers, (deadline_ms, log_id))
         if self._armed_ms is None or deadline_ms < self._armed_ms:
             self._arm(deadline_ms)
 
@@ -549,13 +629,21 @@ class SequencerRuntime:
         self._timer_handle, self._armed_ms = None, None
         now_ms = self.clock.now_ms()
         due: set[LogId] = set()
+        timer_due = self._timer_due
         while self._timers and self._timers[0][0] <= now_ms:
-            due.add(heapq.heappop(self._timers)[1])
+            log_id = heapq.heappop(self._timers)[1]
+            due.add(log_id)
+            timer_due.pop(log_id, None)
         for log_id in due:
             sequencer = self.sequencers.get(log_id)
             if sequencer is None:
                 continue  # a stale deadline of a deactivated log
-            self._apply(sequencer, sequencer.on_timer(now_ms))
+            deadline_ms = sequencer.deadline_ms()
+            if deadline_ms is not None and deadline_ms > now_ms:
+                # Stale (its appender finished in time, as most do): only the next deadline.
+                self._rearm(sequencer)
+            elif deadline_ms is not None:
+                self._apply(sequencer, sequencer.on_timer(now_ms))
         if self._timers and self._armed_ms is None:
             self._arm(self._timers[0][0])
 
@@ -682,6 +770,7 @@ class SequencerRuntime:
             # Only sends: not through _apply, which looks at every log when closing.
             for effect in sequencer.release_broadcast():
                 self._send(sequencer, effect)
+        self._flush_stores()
         marking = list(self._deactivating.values())  # idle epochs being marked clean
         if not drained and not marking:
             return

@@ -233,6 +233,11 @@ class SequencerConfig:
     per copyset node). 1 turns grouping off."""
     append_group_bytes_max: int = 1024 * 1024
     """Most payload bytes of one appender built from grouped appends."""
+    store_batch_stores_max: int = 1024
+    """Most STOREs of different logs (and, apart, RELEASEs) that go to one storage node in one
+    frame per loop iteration (STORE_BATCH, RELEASE_BATCH: docs/PROTOCOL.md). 1 sends each in
+    a frame of its own, as builds before STORE_BATCH did: set it while storage nodes of such
+    builds remain in the cluster (they close a connection that carries one)."""
     producers_per_log_max: int = 10_000
     """Producers of idempotent appends a log's sequencer keeps in memory; one it drops is
     looked up on the storage nodes again when it comes back."""
@@ -264,6 +269,7 @@ class SequencerConfig:
         _in_range("append_timeout_ms", self.append_timeout_ms, 1, 3_600_000)
         _in_range("append_group_records_max", self.append_group_records_max, 1, 100_000)
         _in_range("append_group_bytes_max", self.append_group_bytes_max, 1, 2**30)
+        _in_range("store_batch_stores_max", self.store_batch_stores_max, 1, 4096)
         _in_range("producers_per_log_max", self.producers_per_log_max, 1, 10_000_000)
         _in_range("producer_lookup_timeout_ms", self.producer_lookup_timeout_ms, 1, 600_000)
 

@@ -48,10 +48,12 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
+from shared.wire.store_batch import ReleaseBatch, StoreBatch, release_batch_entries
 from shared.wire.trim import FindTime, FoundTime, Trim
 from storage_node.core.authority import annotated_reply
 from storage_node.core.inflight_stores import InflightStores
 from storage_node.core.retention import BacklogTable, plan_age_trims
+from storage_node.core.store_batch import StoredBatchAnswers
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
@@ -75,7 +77,8 @@ READ_WAITERS_MAX = 4096
 _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", "NOSPC",
                   "OVERLOADED", "NOTREADY", "SHUTDOWN", "INTERNAL")
 COUNTERS = (
-    "store_messages", "release_messages", "read_messages", "seals", "unexpected_messages",
+    "store_messages", "store_batches", "release_messages", "read_messages", "seals",
+    "unexpected_messages",
     "digests", "cleans", "purged_records", "retention_passes", "retention_trims",
     "producer_lookups", "stores_joined",
     *(f"stored_{name.lower()}" for name in _STORE_REPLIES),
@@ -138,6 +141,8 @@ class StorageNode:
         self._counts: collections.Counter[str] = collections.Counter(dict.fromkeys(COUNTERS, 0))
         self._handlers: dict[type[Any], Callable[[Any, ReplyFn], None]] = {
             Store: self._on_store,
+            StoreBatch: self._on_store_batch,
+            ReleaseBatch: self._on_release_batch,
             Release: self._on_release,
             Read: self._on_read,
             GetLogState: self._on_get_log_state,
@@ -297,6 +302,15 @@ class StorageNode:
         else:
             self._inflight.begin(store)
 
+    def _on_store_batch(self, batch: StoreBatch, reply: ReplyFn) -> None:
+        """The STOREs of many logs in one frame: each handled as if it came alone (its own
+        checks, seals and answer), all written in this iteration's group commit, and answered
+        together in one STORED_BATCH once the last is settled."""
+        self._counts["store_batches"] += 1
+        answers = StoredBatchAnswers(len(batch.stores), reply)
+        for index, store in enumerate(batch.stores):
+            self._on_store(store, answers.slot(index))
+
     def _reply_store(self, reply: ReplyFn, store: Store, status: Status) -> None:
         self._counts[f"stored_{status.name.lower()}"] += 1
         reply(stored_reply(store, status))
@@ -309,6 +323,11 @@ class StorageNode:
         if release_lsn is not None:
             self._store.note_release(release.log_id, release_lsn)
             self._release_moved(release.log_id)
+
+    def _on_release_batch(self, batch: ReleaseBatch, reply: ReplyFn) -> None:
+        """The release pointers of many logs: each as a RELEASE of its own."""
+        for release in release_batch_entries(batch):
+            self._on_release(release, reply)
 
     def _on_read(self, read: Read, reply: ReplyFn) -> None:
         self._counts["read_messages"] += 1

@@ -33,7 +33,7 @@ from shared.effects import Send
 from shared.ports import Rng
 from shared.status import Status
 from shared.types import Esn, LogId, Lsn, NodeId
-from shared.wire.store import ProducerTag, Store, payloads_checksum
+from shared.wire.store import ProducerTag, payloads_checksum, sequencer_store
 
 _NONE: frozenset[NodeId] = frozenset()
 
@@ -152,13 +152,10 @@ class Appender:
         sends = [n for n in copyset if n not in skipped]
         if not sends:
             return []
-        store = Store(
-            log_id=self.log_id, lsn=self.lsn, wave=self.wave, sequencer_node=sequencer_node,
-            copyset=copyset, timestamp_ms=self.timestamp_ms, last_known_good=last_known_good,
-            release_lsn=release_lsn, timeout_ms=timeout_ms, key=self.key,
-            payloads=self.payloads, checksum=self.checksum, producers=self.producers,
-            compression=self.compression, records=self.records if self.compression else 0,
-        )
+        store = sequencer_store(
+            self.log_id, self.lsn, self.wave, sequencer_node, copyset, self.timestamp_ms,
+            last_known_good, release_lsn, timeout_ms, self.key, self.payloads, self.checksum,
+            self.producers, self.compression, self.records if self.compression else 0)
         return [Send(node, store) for node in sends]
 
     def awaited_sent_ms(self, node: NodeId) -> int:

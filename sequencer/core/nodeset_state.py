@@ -69,6 +69,11 @@ class NodesetState:
         not enough nodes are available. Nodes in ``unavailable`` (DEAD to the failure
         detector) are skipped unless too few others remain: gossip views can be wrong, and a
         store that times out costs less than refusing the append."""
+        if not (self._blacklist_until_ms or self._graylist_until_ms or self.unavailable
+                or preferred) and len(self.nodeset) >= replication:
+            # Every node usable (the common case): what the general path below picks, with
+            # the same draws, without its lists (one pick per appender).
+            return self._weighted_sample(list(self.nodeset), replication, rng)
         self._expire(now_ms)
         candidates = [n for n in self.nodeset if n not in self._blacklist_until_ms]
         if self.unavailable:

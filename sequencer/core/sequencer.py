@@ -591,21 +591,23 @@ class Sequencer:
         """The earliest store timeout of a live appender wave (stale entries are dropped), or
         the time owed RELEASEs are due."""
         timers = self._timers
+        appenders = self.appenders
         while timers:
             _, first_esn, wave = timers[0]
-            appender = self.appenders.get(Esn(first_esn))
+            appender = appenders.get(first_esn)  # type: ignore[call-overload]
             if appender is not None and appender.wave == wave:
                 break
             heapq.heappop(timers)
-        due = [timers[0][0]] if timers else []
-        if self._drain_until_ms is not None:
-            due.append(self._drain_until_ms)
-        if self._release_due_ms is not None:
-            due.append(self._release_due_ms)
+        # No list and min(): this runs after nearly every call into the core.
+        due = timers[0][0] if timers else None
+        for other_ms in (self._drain_until_ms, self._release_due_ms):
+            if other_ms is not None and (due is None or other_ms < due):
+                due = other_ms
         if self.recovery is not None and (
-                recovery_due_ms := self.recovery.deadline_ms()) is not None:
-            due.append(recovery_due_ms)
-        return min(due) if due else None
+                recovery_due_ms := self.recovery.deadline_ms()) is not None and (
+                due is None or recovery_due_ms < due):
+            due = recovery_due_ms
+        return due
 
     def on_timer(self, now_ms: int) -> list[Effect]:
         effects: list[Effect] = []
@@ -617,10 +619,7 @@ class Sequencer:
                 due_ms := recovery.deadline_ms()) is not None and due_ms <= now_ms:
             effects.extend(self._recovery_step(recovery.on_timer(now_ms), now_ms))
         if self._release_due_ms is not None and self._release_due_ms <= now_ms:
-            self._release_due_ms = None
-            release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-            effects.extend(Send(node, release) for node in sorted(self._release_owed))
-            self._release_owed.clear()
+            effects.extend(self.release_owed_now())
         timers = self._timers
         while timers and timers[0][0] <= now_ms:
             _, first_esn, wave = heapq.heappop(timers)
@@ -636,6 +635,20 @@ class Sequencer:
                         appender.deadline_ms - appender.awaited_sent_ms(node))
             appender.on_timeout(self.nodeset, now_ms)
             effects.extend(self._send_wave(appender, now_ms))
+        return effects
+
+    def release_owed_now(self) -> list[Effect]:
+        """The RELEASEs owed to copyset nodes (see ``release_delay_ms``), now instead of when
+        due; nothing is owed afterwards. A driver that sends this loop iteration's frames to
+        those nodes anyway (a cross-log STORE_BATCH) sends them along: earlier is always
+        allowed, and no timer then fires per log to send them on their own."""
+        owed = self._release_owed
+        self._release_due_ms = None
+        if not owed:
+            return []
+        release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+        effects: list[Effect] = [Send(node, release) for node in sorted(owed)]
+        owed.clear()
         return effects
 
     # ---- release broadcast and draining -------------------------------------------------

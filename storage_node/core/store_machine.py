@@ -54,6 +54,7 @@ from shared.wire.store import (
     payloads_checksum,
     recovery_wave,
     seal_epoch_of_wave,
+    stored_of,
 )
 from shared.wire.trim import Trim, Trimmed
 
@@ -437,8 +438,7 @@ class StoreMachine:
 
 def stored_reply(store: Store, status: Status, sealed_epoch: Epoch = EPOCH_INVALID,
                  sealed_by: NodeId | None = None) -> Stored:
-    return Stored(log_id=store.log_id, lsn=store.lsn, wave=store.wave, status=status,
-                  sealed_epoch=sealed_epoch, sealed_by=sealed_by)
+    return stored_of(store.log_id, store.lsn, store.wave, status, sealed_epoch, sealed_by)
 
 
 def purge_ranges(held: Sequence[tuple[int, int]],

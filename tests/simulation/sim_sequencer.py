@@ -11,7 +11,10 @@ runtime's dirty set) and, with ``idle_deactivate_ms``, deactivates idle cores: f
 sent, epoch marked clean, core dropped (the next append activates a new one).
 After every call the core's ``check_invariants`` runs and its release
 pointer goes to the checker. Appends to one log that arrive at the same moment are handed over
-together (``on_append_group``), as the runtime does for one event-loop iteration.
+together (``on_append_group``), as the runtime does for one event-loop iteration; and, as
+there, the STOREs and RELEASEs of every log of one moment go to each storage node in one
+STORE_BATCH and one RELEASE_BATCH (``sequencer.core.store_batcher``), whose answer is split
+back into each STORE's ``on_stored``.
 
 Lifecycle: up -> crash (cores and their in-flight appends are lost) -> restart (empty), or
 up -> drain (refuse appends, let in-flight ones finish, confirm the release on every node of
@@ -35,6 +38,7 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer
+from sequencer.core.store_batcher import StoreBatcher, chunk_answers
 from sequencer.core.store_timeout import StoreLatency
 from shared.compression import Codec
 from shared.config import SequencerConfig
@@ -45,6 +49,7 @@ from shared.types import Epoch, Esn, LogId, NodeId, format_lsn
 from shared.wire.read import GetLogState, LogState
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
+from shared.wire.store_batch import StoreBatch
 from tests.simulation.checkers import SafetyChecker, fail
 from tests.simulation.sim_client import ClientAppend, sim_blob
 from tests.simulation.sim_clock import EventQueue
@@ -108,6 +113,9 @@ class SimSequencerNode:
         """Appends a core took (or that wait in ``_staged``) and has not answered yet."""
         self._staged: dict[LogId, list[PendingAppend]] = {}
         self._flush_scheduled = False
+        self._batcher: StoreBatcher[Core] = StoreBatcher(
+            stores_max=self.config.store_batch_stores_max)
+        self._flushing_appends = False
         self._cores_created_count = 0
         self.store_latency = StoreLatency()
         """As in ``SequencerRuntime``: shared by this node's cores, kept across restarts
@@ -151,8 +159,13 @@ class SimSequencerNode:
 
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
-        for log_id in list(self._staged):
-            self._flush_group(log_id)
+        self._flushing_appends = True
+        try:
+            for log_id in list(self._staged):
+                self._flush_group(log_id)
+        finally:
+            self._flushing_appends = False
+        self._flush_stores(self.incarnation)
 
     def _flush_group(self, log_id: LogId) -> None:
         group = self._staged.pop(log_id, None)
@@ -206,7 +219,7 @@ class SimSequencerNode:
     def _send(self, core: Core, effect: Send) -> None:
         message, node = effect.message, effect.node
         if type(message) is Release:
-            self.env.network.send(self.node_id, node, message)
+            self._staged_send(self._batcher.add_release(node, message))
             return
         if type(message) is not Store or message.flags:
             self._send_recovery(core, node, message)
@@ -214,7 +227,52 @@ class SimSequencerNode:
         self.env.checker.on_store_sent(message)
         if message.wave > 1:
             self.env.stats["store_retry_wave"] += 1
+        self._staged_send(self._batcher.add(node, message, core))
 
+    def _staged_send(self, first: bool) -> None:
+        if first and not self._flushing_appends:
+            incarnation = self.incarnation
+            self.env.queue.after(0, lambda: self._flush_stores(incarnation))
+
+    def _flush_stores(self, incarnation: int) -> None:
+        """As ``SequencerRuntime._flush_stores``: per storage node one STORE_BATCH (a lone
+        STORE as it is) and one RELEASE_BATCH (a lone RELEASE as it is)."""
+        if incarnation != self.incarnation or not self.up:
+            self._batcher = StoreBatcher(  # crashed since: those sends are lost
+                stores_max=self.config.store_batch_stores_max)
+            return
+        for node, release in self._batcher.take_releases():
+            self.env.network.send(self.node_id, node, release)
+        for node, chunk in self._batcher.take():
+            if len(chunk) == 1:
+                self._send_store(chunk[0][0], node, chunk[0][1])
+            else:
+                self.env.stats["store_batches"] += 1
+                self._send_store_batch(node, chunk)
+
+    def _send_store_batch(self, node: NodeId, chunk: list[tuple[Core, Store]]) -> None:
+        def on_reply(reply: Any) -> None:
+            answered: list[Core] = []
+            for (core, store), (status, sealed_epoch, sealed_by) in zip(
+                    chunk, chunk_answers(reply, len(chunk)), strict=True):
+                if not self._live(core):
+                    continue
+                if status != Status.OK:
+                    self.env.stats[f"stored_{status.name.lower()}"] += 1
+                effects = core.sequencer.on_stored(node, store.lsn, store.wave, status,
+                                                   sealed_epoch, sealed_by, self._now_ms)
+                self._apply(core, effects)
+                if effects:
+                    answered.append(core)
+            # As the runtime: owed RELEASEs of the appends completed here leave at once.
+            for core in answered:
+                if self._live(core):
+                    self._apply(core, core.sequencer.release_owed_now())
+
+        batch = StoreBatch(stores=tuple(store for _, store in chunk))
+        self.env.network.request(self.node_id, node, batch, on_reply)
+
+    def _send_store(self, core: Core, node: NodeId, message: Store) -> None:
         def on_reply(reply: Any) -> None:
             if not self._live(core):
                 return
@@ -428,6 +486,7 @@ class SimSequencerNode:
         sequencer = core.sequencer
         assert sequencer.metadata is not None
         self._apply(core, sequencer.release_broadcast())
+        self._flush_stores(self.incarnation)  # the RELEASEs leave before the GET_LOG_STATEs
         nodes = sequencer.metadata.nodeset
         answers: dict[NodeId, bool] = {}
         state = {"done": False}

@@ -38,8 +38,10 @@ from shared.wire.read import GetLogState
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
+from shared.wire.store_batch import ReleaseBatch, StoreBatch, release_batch_entries
 from storage_node.core.authority import AuthorityStatus, annotated_reply
 from storage_node.core.inflight_stores import InflightStores
+from storage_node.core.store_batch import StoredBatchAnswers
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
@@ -179,10 +181,17 @@ class SimStorageNode:
         if type(message) is Store:
             assert reply is not None
             self._on_store(message, reply)
+        elif type(message) is StoreBatch:
+            # As ``StorageNode._on_store_batch``: each STORE as if alone, one answer for all.
+            assert reply is not None
+            answers = StoredBatchAnswers(len(message.stores), reply)
+            for index, store in enumerate(message.stores):
+                self._on_store(store, answers.slot(index))
         elif type(message) is Release:
-            released = self.machine.on_release(message)
-            if released is not None:
-                self._persist_release(message.log_id, released)
+            self._handle_release(message)
+        elif type(message) is ReleaseBatch:
+            for release in release_batch_entries(message):
+                self._handle_release(release)
         elif type(message) is GetLogState:
             assert reply is not None
             reply(self.machine.on_get_log_state(message))
@@ -197,6 +206,11 @@ class SimStorageNode:
             self._on_clean(message, reply)
         else:
             raise AssertionError(f"storage node got unexpected {message!r}")
+
+    def _handle_release(self, release: Release) -> None:
+        released = self.machine.on_release(release)
+        if released is not None:
+            self._persist_release(release.log_id, released)
 
     def _on_store(self, store: Store, reply: ReplyFn) -> None:
         decision = self.machine.on_store(store, disk_low=False)
