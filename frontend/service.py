@@ -48,7 +48,7 @@ from shared.read_merge import f_majority
 from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.codec import Message
 from shared.wire.hello import PROTOCOL_VERSION
@@ -421,33 +421,72 @@ class FrontEnd:
             next_lsn=merged.next_lsn, release_lsn=release)
 
     async def tail(self, log_id: LogId) -> TailOutcome:
+        """The log's release pointer, never less than one this node or any other reported
+        before (consumers use it as a high-water mark). It is the highest of: the sequencer's
+        pointer once its epoch releases (recovery of the earlier epochs done: then it is at
+        least every earlier epoch's), the storage nodes' durable pointers, the tail of the last
+        clean epoch in the epoch store, and what this node reported before. Without a
+        releasing sequencer it needs the pointers of an f-majority of the nodeset (every
+        pointer that reached R nodes is among them), else it answers NOTREADY: the pointer of
+        a sequencer still recovering (0 after a restart) says nothing about earlier epochs."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return TailOutcome(status=status, message=f"log {log_id}: {status.description}")
         owner = self.owner(log_id)
-        release, answered = await self._asked_release(log_id)
-        epoch = self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0)
+        seq_release, seq_epoch, answered = await self._sequencer_view(log_id)
         replies: list[Any] = await asyncio.gather(*(
             self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
             for node in metadata.nodeset))
         trim_lsn = Lsn(0)
+        stored = Lsn(0)
+        storage_answers = 0
         for reply in replies:
             if type(reply) is LogState and reply.status is Status.OK:
-                release = max(release, reply.release_lsn)
+                stored = max(stored, reply.release_lsn)
                 trim_lsn = max(trim_lsn, reply.trim_lsn)
-                answered = True
-        if not answered:
+                storage_answers += 1
+        releasing = answered and seq_epoch > 0 and lsn_to_epoch(seq_release) == seq_epoch
+        release = max(stored, seq_release) if releasing else stored
+        if not releasing:
+            lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+            if lce is not None and lce_status is Status.OK:
+                release = max(release, lce.tail_lsn)
+                # Every epoch before the sequencer's is clean: its pointer covers them.
+                releasing = answered and seq_epoch > 0 and lce.epoch >= seq_epoch - 1
+                if releasing:
+                    release = max(release, seq_release)
+        if not releasing and storage_answers < f_majority(len(metadata.nodeset),
+                                                          metadata.replication_factor):
             return TailOutcome(
                 status=Status.NOTREADY, sequencer_node=owner,
-                message=f"neither the sequencer of log {log_id} nor any of its storage nodes "
-                        "answered; the tail is unknown here")
+                message=f"the sequencer of log {log_id} is not releasing yet (recovering, or "
+                        f"unreachable) and {storage_answers} of {len(metadata.nodeset)} "
+                        "storage nodes answered; the tail is unknown here")
         release = self._note_release(log_id, Lsn(release))
+        epoch = seq_epoch if answered else Epoch(0)
+        if epoch == 0 and self.sequencer is not None:
+            epoch = self.sequencer.epoch(log_id)
         if epoch == 0:
             _, fresh = await self.epoch_store.get_metadata(log_id)
             if fresh is not None:
                 epoch = Epoch(max(fresh.next_epoch - 1, 0))
         return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
+
+    async def _sequencer_view(self, log_id: LogId) -> tuple[Lsn, Epoch, bool]:
+        """The release pointer and epoch of the log's active sequencer (this node's, or the
+        owner's through one GetSequencerState), and whether one answered."""
+        owner = self.owner(log_id)
+        sequencer = self.sequencer
+        if owner is None or owner == self.node_id:
+            if sequencer is not None and sequencer.is_active(log_id):
+                return sequencer.release_lsn(log_id), sequencer.epoch(log_id), True
+            return Lsn(0), Epoch(0), False
+        reply = await self.pool.call(owner, GetSequencerState(log_id=log_id),
+                                     SEQUENCER_STATE_TIMEOUT_MS)
+        if type(reply) is SequencerState and reply.status is Status.OK:
+            return reply.release_lsn, reply.epoch, True
+        return Lsn(0), Epoch(0), False
 
     async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
         status, metadata = await self._log_metadata(log_id)

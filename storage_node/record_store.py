@@ -12,7 +12,8 @@ hands the result back with one ``call_soon_threadsafe``, whose callback complete
 and starts the next batch at once (no asyncio task or future in between: every hop costs a
 wake-up, and a STORE's latency is mostly wake-ups). A STORE is written as the bytes it arrived
 as (``segment_format.store_entry_parts``), never packed again. Release pointers are coalesced
-per log and ride along with the next batch. Durability per ``StorageConfig.fsync``:
+per log and ride along with the next batch, or are written alone within
+``RELEASE_FLUSH_INTERVAL_MS`` (and fsynced like STOREs). Durability per ``StorageConfig.fsync``:
 ``always`` fsyncs before answering; ``interval`` answers after the write and fsyncs every
 ``fsync_interval_ms``; ``never`` leaves it to the kernel (a close still fsyncs). SEAL entries
 are fsynced unless the mode is ``never``, since recovery relies on them.
@@ -251,6 +252,11 @@ class RecordStore:
             return
         if current is None or release_lsn > current:
             self._releases[log_id] = release_lsn
+            if (not self._writing and not self._start_scheduled and self._idle_timer is None
+                    and self._loop is not None):
+                # An idle writer has no timer armed: without one a pointer that came alone (a
+                # RELEASE) would wait for the next STORE, however long that takes.
+                self._arm_idle_timer()
 
     async def read(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
                    bytes_max: int) -> ReadResult:
@@ -325,6 +331,13 @@ class RecordStore:
     def durable_trim_lsn(self, log_id: LogId) -> Lsn:
         """The trim point the files hold (written; fsynced per the fsync mode)."""
         return self._durable.trim_lsn(log_id)
+
+    def durable_release_lsn(self, log_id: LogId) -> Lsn:
+        """The release pointer the files hold (written, and fsynced unless the mode is
+        ``never`` or ``interval``: a batch that carries release pointers is fsynced in
+        ``always`` mode even without STOREs). What the node reports as its pointer to others
+        (GET_LOG_STATE): after a crash it never reports less than it did before."""
+        return self._durable.release_lsn(log_id)
 
     def find_time(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
         """The first LSN this store holds a record of with a timestamp at or after
@@ -685,7 +698,12 @@ class RecordStore:
         # but "never". A checkpoint is synced in every mode: files are deleted right after.
         has_seal = any(not isinstance(p.chunk_source, Store) or p.chunk_source.flags
                        for p in batch)
-        fsync = (mode == "always" and bool(batch)) or (mode != "never" and has_seal) or (
+        # Release pointers are fsynced too ("always"): a node reports its written pointer
+        # (GET_LOG_STATE, the tail's high-water mark), which must not go backwards after a
+        # power loss. Under load they ride on STORE batches; alone, at most one fsync every
+        # RELEASE_FLUSH_INTERVAL_MS.
+        fsync = (mode == "always" and bool(batch or releases)) or (
+            mode != "never" and has_seal) or (
             mode == "interval" and self._interval_sync_due_ms() <= 0) or any(
             isinstance(p.chunk_source, CheckpointEntry) for p in batch)
         self._inflight = batch

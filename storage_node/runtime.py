@@ -587,4 +587,10 @@ class StorageNode:
             reply(LogState(status=status, log_id=message.log_id, release_lsn=LSN_INVALID,
                            sealed_epoch=EPOCH_INVALID, last_lsn=LSN_INVALID))
             return
-        reply(self._machine.on_get_log_state(message))
+        state = self._machine.on_get_log_state(message)
+        if state.status is Status.OK:
+            # Only a written (fsynced) pointer is reported: tails and new sequencers take it as
+            # a high-water mark, which a crash must not lower (record_store.note_release).
+            state = dataclasses.replace(state, release_lsn=Lsn(min(
+                state.release_lsn, self._store.durable_release_lsn(message.log_id))))
+        reply(state)
