@@ -354,6 +354,11 @@ class RecordStore:
         ``DurableState.bridge_below``)."""
         return self._durable.bridge_below(log_id, lsn)
 
+    def first_copy_lsn(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> Lsn | None:
+        """The first LSN in ``[from_lsn, until_lsn]`` this store holds a copy of (no I/O)."""
+        found = self._index.locate(log_id, from_lsn, until_lsn, 1)
+        return Lsn(max(found[0].first_lsn, from_lsn)) if found else None
+
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
         return self._index.ranges(log_id, from_lsn, until_lsn)

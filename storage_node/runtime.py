@@ -70,6 +70,12 @@ READS_INFLIGHT_MAX = 256
 READ_WAITERS_MAX = 4096
 """Long-poll READs held at once; past this a READ is answered at once, as if it had no wait
 (the reader just asks again), so that idle tailing readers cannot pin unbounded memory."""
+READ_RELEASE_WAIT_MS = 1_000
+"""How long a READ without ``wait_ms`` is held when it carries a release pointer above this
+node's and would get nothing, because the node holds a copy at its start that its own pointer
+does not release yet: the sequencer's RELEASE (within ``release_delay_ms`` of the
+acknowledgement) or its periodic broadcast (``release_broadcast_interval_ms``) normally comes
+first, and a reader right after an acknowledged append then reads it."""
 _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", "NOSPC",
                   "OVERLOADED", "NOTREADY", "SHUTDOWN", "INTERNAL")
 COUNTERS = (
@@ -307,8 +313,8 @@ class StorageNode:
             reply(ReadReply(status=status, log_id=read.log_id, release_lsn=LSN_INVALID,
                             records=(), next_lsn=read.from_lsn))
             return
-        if (read.wait_ms > 0 and not self._readable(read)
-                and self._waiters_count < READ_WAITERS_MAX):
+        if ((read.wait_ms > 0 or read.release_lsn >= read.from_lsn)
+                and not self._readable(read) and self._waiters_count < READ_WAITERS_MAX):
             self._hold(read, reply)
             return
         self._start_read(read, reply)
@@ -325,13 +331,16 @@ class StorageNode:
     def _readable(self, read: Read) -> bool:
         """Whether the node may answer ``read`` with something at or after ``from_lsn``: a
         released record, or the trim gap."""
-        release = max(self._machine.release_lsn(read.log_id), read.release_lsn)
-        return release >= read.from_lsn or self._machine.trim_lsn(read.log_id) >= read.from_lsn
+        return (self._readable_until(read) >= read.from_lsn
+                or self._machine.trim_lsn(read.log_id) >= read.from_lsn)
+
+    def _readable_until(self, read: Read) -> Lsn:
+        return self._machine.readable_until(read, self._store.first_copy_lsn)
 
     def _hold(self, read: Read, reply: ReplyFn) -> None:
         waiter = _Waiter(read, reply)
         waiter.timer = asyncio.get_running_loop().call_later(
-            read.wait_ms / 1000, self._wake, waiter)
+            (read.wait_ms or READ_RELEASE_WAIT_MS) / 1000, self._wake, waiter)
         self._waiters.setdefault(read.log_id, {})[waiter] = None
         self._waiters_count += 1
 
@@ -357,7 +366,7 @@ class StorageNode:
     def _read_now(self, read: Read, reply: ReplyFn) -> bool:
         """Serve ``read`` at once if the record store can (a small read of what was just
         written: a tailing reader, often one just woken by a release); False if not."""
-        until_lsn = self._machine.readable_until(read)
+        until_lsn = self._readable_until(read)
         trim_lsn = self._machine.trim_lsn(read.log_id)
         from_lsn = Lsn(max(read.from_lsn, trim_lsn + 1))
         if self._bridge_below(read.log_id, from_lsn, trim_lsn) is not None:
@@ -370,13 +379,12 @@ class StorageNode:
             return False  # the read thread tries again and answers INTERNAL if it fails too
         if result is None:
             return False
-        release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
-        reply(_read_answer(read, result, release_lsn, trim_lsn))
+        reply(_read_answer(read, result, self._machine.release_lsn(read.log_id), trim_lsn))
         return True
 
     async def _serve_read(self, read: Read, reply: ReplyFn) -> None:
-        until_lsn = self._machine.readable_until(read)
-        release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
+        until_lsn = self._readable_until(read)
+        release_lsn = self._machine.release_lsn(read.log_id)
         trim_lsn = self._machine.trim_lsn(read.log_id)
         try:
             # Trimmed records are never served, even if still on disk.
