@@ -34,12 +34,13 @@ from frontend.outcomes import (
     TailOutcome,
 )
 from frontend.ports import AppendAnswer, LocalSequencer, MembershipView
+from frontend.trim_spread import TrimSpreader
 from shared.append_validation import check_append, check_compressed_append
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.http_contract import wants_retry_after
 from shared.limits import READ_WAIT_MS_MAX
-from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
+from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset, ask_nodeset_by_node
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
@@ -91,6 +92,8 @@ class FrontEnd:
         self._metadata: dict[LogId, LogMetadata] = {}
         self._release_seen: dict[LogId, Lsn] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._trims = TrimSpreader(pool)
+        """Trims owed to storage nodes that missed them."""
         self.gossip = gossip
         self._sequencer_weights = [
             (n.node_id, n.sequencer_weight) for n in config.cluster.sequencer_nodes
@@ -522,10 +525,12 @@ class FrontEnd:
         return LsnOutcome(status=Status.OK, lsn=Lsn(min(lsn, release + 1)))
 
     async def trim(self, log_id: LogId, trim_lsn: Lsn) -> LsnOutcome:
-        """Raise the trim point on every storage node of the log's nodeset; done once an
-        f-majority has it durably. Readers take the highest trim point any answering node
-        reports, so a node that missed the trim (down at the time) can only serve records below
-        it to a reader that reaches no node that has it; calling trim again reaches it."""
+        """Raise the trim point on every storage node of the log's nodeset; done once R of
+        them (at least an f-majority) have it durably. Every f-majority of the nodeset then
+        holds one of them, and readers take the highest trim point any answering node
+        reports, so no reader reads below it (with an f-majority alone, two f-majorities can
+        be disjoint when ``|nodeset| < 2R - 1``). The nodes that missed it are sent it again
+        until they have it (``frontend.trim_spread``)."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
@@ -541,11 +546,20 @@ class FrontEnd:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")
-        asked = await self._ask_f_majority(log_id, Trim(log_id=log_id, trim_lsn=trim_lsn),
-                                           Trimmed)
-        if isinstance(asked, LsnOutcome):
-            return asked
-        return LsnOutcome(status=Status.OK, lsn=Lsn(max(r.trim_lsn for r in asked)))
+        nodeset, replication = metadata.nodeset, metadata.replication_factor
+        needed = max(f_majority(len(nodeset), replication), replication)
+        answers = await ask_nodeset_by_node(
+            self.pool, nodeset, Trim(log_id=log_id, trim_lsn=trim_lsn),
+            lambda r: type(r) is Trimmed and r.status is Status.OK, needed=needed,
+            timeout_ms=STORAGE_CALL_TIMEOUT_MS)
+        if answers is None:
+            return LsnOutcome(
+                status=Status.NOTREADY,
+                message=f"fewer than {needed} of {len(nodeset)} storage nodes wrote the trim "
+                        "point; retry")
+        self._trims.owe(log_id, trim_lsn, set(nodeset) - set(answers))
+        return LsnOutcome(status=Status.OK, lsn=Lsn(max(
+            a.trim_lsn for a in answers.values() if type(a) is Trimmed)))
 
     async def _ask_f_majority(self, log_id: LogId, message: Any,
                               answer_type: type[T]) -> list[T] | LsnOutcome:
@@ -583,6 +597,7 @@ class FrontEnd:
         return self.started
 
     async def close(self) -> None:
+        await self._trims.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
