@@ -51,6 +51,7 @@ from shared.wire.store import RecordFlags, Store
 from shared.wire.trim import FindTime, FoundTime, Trim
 from storage_node.core.retention import BacklogTable, plan_age_trims
 from storage_node.core.store_machine import (
+    LSN_READABLE_MAX,
     LogStorageState,
     StoreMachine,
     purge_ranges,
@@ -313,8 +314,7 @@ class StorageNode:
             reply(ReadReply(status=status, log_id=read.log_id, release_lsn=LSN_INVALID,
                             records=(), next_lsn=read.from_lsn))
             return
-        if ((read.wait_ms > 0 or read.release_lsn >= read.from_lsn)
-                and not self._readable(read) and self._waiters_count < READ_WAITERS_MAX):
+        if not self._readable(read) and self._waiters_count < READ_WAITERS_MAX:
             self._hold(read, reply)
             return
         self._start_read(read, reply)
@@ -329,18 +329,25 @@ class StorageNode:
     # ---- long-poll READs ----
 
     def _readable(self, read: Read) -> bool:
-        """Whether the node may answer ``read`` with something at or after ``from_lsn``: a
-        released record, or the trim gap."""
-        return (self._readable_until(read) >= read.from_lsn
-                or self._machine.trim_lsn(read.log_id) >= read.from_lsn)
+        """Whether the node answers ``read`` now: it can serve all the READ's pointer says is
+        released (no copy here waits for this node's own pointer), and, for a long poll,
+        something at or after ``from_lsn`` (a released record, or the trim gap)."""
+        until = self._readable_until(read)
+        if until < min(read.until_lsn, read.release_lsn, LSN_READABLE_MAX):
+            return False  # a copy here the reader was told is released: its RELEASE is due
+        return read.wait_ms == 0 or until >= read.from_lsn or (
+            self._machine.trim_lsn(read.log_id) >= read.from_lsn)
 
     def _readable_until(self, read: Read) -> Lsn:
         return self._machine.readable_until(read, self._store.first_copy_lsn)
 
     def _hold(self, read: Read, reply: ReplyFn) -> None:
         waiter = _Waiter(read, reply)
+        # Waiting for a RELEASE that is due takes at most READ_RELEASE_WAIT_MS (then what is
+        # released here is served); a long poll for new records takes its wait_ms.
+        due = read.wait_ms == 0 or self._readable_until(read) >= read.from_lsn
         waiter.timer = asyncio.get_running_loop().call_later(
-            (read.wait_ms or READ_RELEASE_WAIT_MS) / 1000, self._wake, waiter)
+            (READ_RELEASE_WAIT_MS if due else read.wait_ms) / 1000, self._wake, waiter)
         self._waiters.setdefault(read.log_id, {})[waiter] = None
         self._waiters_count += 1
 

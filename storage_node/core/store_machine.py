@@ -426,8 +426,8 @@ class StoreMachine:
         cap = self.release_lsn(log_id)
         carried = read.release_lsn
         if carried > cap:
-            # Below the trim point nothing is served anyway.
-            base = max(cap, self.trim_lsn(log_id))
+            # Below the trim point, or the READ's start, nothing is served anyway.
+            base = max(cap, self.trim_lsn(log_id), read.from_lsn - 1)
             first = first_copy(log_id, Lsn(base + 1), carried) if carried > base else None
             cap = Lsn(carried if first is None else max(cap, first - 1))
         return Lsn(min(read.until_lsn, cap, LSN_READABLE_MAX))

@@ -67,3 +67,26 @@ async def test_a_read_past_the_nodes_pointer_waits_for_the_release(tmp_path: Pat
         assert isinstance(late, ReadReply) and late.status is Status.OK
         assert (late.records, late.next_lsn) == ((), lsn(1, 4))
         assert loop.time() - started >= READ_RELEASE_WAIT_MS / 1000 * 0.9
+
+
+async def test_a_read_right_after_an_ack_is_not_answered_short(tmp_path: Path) -> None:
+    # The node holds released records and one the reader was told is released (acknowledged)
+    # whose RELEASE has not come yet: it answers once it has, not with the older part only.
+    async with running_node(str(tmp_path)) as node:
+        assert_ok(await store_all(node, [make_store(lsn(1, i)) for i in range(1, 4)]))
+        node.on_message(NodeId("seq"), Release(log_id=LOG, release_lsn=lsn(1, 2)),
+                        lambda _: None)
+        pending = asyncio.ensure_future(request(node, make_read(1, release_lsn=lsn(1, 3))))
+        await asyncio.sleep(0.05)
+        assert not pending.done()
+        node.on_message(NodeId("seq"), Release(log_id=LOG, release_lsn=lsn(1, 3)),
+                        lambda _: None)
+        async with asyncio.timeout(5):
+            reply = await pending
+        assert isinstance(reply, ReadReply)
+        assert [r[0] for r in reply.records] == [lsn(1, 1), lsn(1, 2), lsn(1, 3)]
+        # Copies below the READ's start do not hold it.
+        assert_ok(await store_all(node, [make_store(lsn(1, i)) for i in range(4, 6)]))
+        async with asyncio.timeout(0.5):
+            past = await request(node, make_read(lsn(1, 6), release_lsn=lsn(1, 8)))
+        assert isinstance(past, ReadReply) and past.next_lsn == lsn(1, 9)
