@@ -13,7 +13,8 @@ and starts the next batch at once (no asyncio task or future in between: every h
 wake-up, and a STORE's latency is mostly wake-ups). A STORE is written as the bytes it arrived
 as (``segment_format.store_entry_parts``), never packed again. Release pointers are coalesced
 per log and ride along with the next batch, or are written alone within
-``RELEASE_FLUSH_INTERVAL_MS`` (and fsynced like STOREs). Durability per ``StorageConfig.fsync``:
+``RELEASE_FLUSH_INTERVAL_MS`` (fsynced with the next batch, or ``RELEASE_SYNC_DELAY_MS``
+later). Durability per ``StorageConfig.fsync``:
 ``always`` fsyncs before answering; ``interval`` answers after the write and fsyncs every
 ``fsync_interval_ms``; ``never`` leaves it to the kernel (a close still fsyncs). SEAL entries
 are fsynced unless the mode is ``never``, since recovery relies on them.
