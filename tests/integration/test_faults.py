@@ -16,11 +16,11 @@ from seqlog_cluster_support import metric
 
 from seqlog import Client
 from services import local_cluster as lc
-from shared.config import SequencerConfig, TransportConfig, process_from_dict
-from shared.net.pool import PeerPool
+from shared.config import SequencerConfig, StorageConfig
 from shared.status import LogError, Status
-from shared.types import LSN_MAX, Lsn
-from shared.wire.read import Read, ReadReply
+from shared.types import LSN_MAX, LogId, Lsn
+from shared.wire.store import RecordFlags
+from storage_node.record_store import RecordStore
 
 pytestmark = pytest.mark.integration
 
@@ -131,29 +131,44 @@ async def _released(client: Client, log_id: int, lsn: int) -> bool:
     return (await client.tail(log_id)).release_lsn >= lsn
 
 
-async def _copies_on_disk(root: Path, log_id: int) -> dict[int, list[bytes]]:
-    """Every copy each storage node holds for the log, released or not: a READ whose release
-    hint is LSN_MAX, sent over the node-to-node protocol as a peer would."""
-    config = process_from_dict(json.loads((root / "seq1" / "config.json").read_text()))
-    nodes = {n.node_id: (n.host, n.data_port) for n in config.cluster.nodes}
-    pool = PeerPool(node_id=config.node_id, cluster_fingerprint=config.cluster.fingerprint(),
-                    config=TransportConfig(), addresses=nodes.get)
+def _wait_dead(pid: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return  # a zombie holds no locks any more
+        except FileNotFoundError:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} still alive")
+
+
+async def _copies_on_disk(state: lc.ClusterState, log_id: int) -> dict[int, list[bytes]]:
+    """Every record copy each storage node's files hold for the log, released or not, read
+    with the node's own record store while the node is down (a running node serves no copy
+    above its release pointer, whatever a READ carries)."""
     copies: dict[int, list[bytes]] = {}
-    try:
-        for node in config.cluster.storage_node_ids:
+    for node in state.nodes:
+        if "storage" not in node.roles:
+            continue
+        store = RecordStore(data_dir=node.data_dir, config=StorageConfig(
+            fsync="never", disk_free_bytes_min=0))
+        await store.open()
+        try:
             cursor = 1
             while True:
-                reply = await pool.call(node, Read(
-                    log_id=log_id, from_lsn=Lsn(cursor), until_lsn=Lsn(LSN_MAX - 1),
-                    release_lsn=Lsn(LSN_MAX - 1), records_max=1000, bytes_max=1 << 24), 5000)
-                assert type(reply) is ReadReply, reply
-                for lsn, _, _, payload in reply.records:
-                    copies.setdefault(lsn, []).append(payload)
-                if not reply.records:
+                found = await store.read_copies(LogId(log_id), Lsn(cursor), Lsn(LSN_MAX - 1),
+                                                1000, 1 << 24)
+                assert found.status is Status.OK, found.status
+                for lsn, _, _, payload, flags, _, _ in found.copies:
+                    if not flags & RecordFlags.HOLE:
+                        copies.setdefault(lsn, []).append(payload)
+                if not found.copies:
                     break
-                cursor = reply.next_lsn
-    finally:
-        await pool.close()
+                cursor = found.next_lsn
+        finally:
+            await store.close()
     return copies
 
 
@@ -173,13 +188,16 @@ async def test_kill9_every_node_keeps_acknowledged_records(cluster_dir: Path) ->
     for node in state.nodes:
         os.kill(node.pid, signal.SIGKILL)
     for node in state.nodes:
+        await asyncio.to_thread(_wait_dead, node.pid)
+    for log_id, log_acked in acked.items():
+        # Durable: every acknowledged record is on all R=3 nodes with its payload.
+        copies = await _copies_on_disk(state, log_id)
+        for lsn, payload in log_acked.items():
+            assert copies.get(lsn) == [payload] * 3, f"log {log_id} lsn {lsn}"
+    for node in state.nodes:
         await asyncio.to_thread(lc.restart, cluster_dir, node.node_id)
     async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
         for log_id, log_acked in acked.items():
-            # Durable: every acknowledged record is on all R=3 nodes with its payload.
-            copies = await _copies_on_disk(cluster_dir, log_id)
-            for lsn, payload in log_acked.items():
-                assert copies.get(lsn) == [payload] * 3, f"log {log_id} lsn {lsn}"
             # The restarted sequencer takes a higher epoch, recovers the crashed one and
             # releases again: every acknowledged record reads back, including those whose
             # RELEASE had not reached any storage node before the crash.
