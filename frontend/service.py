@@ -443,11 +443,16 @@ class FrontEnd:
         trim_lsn = Lsn(0)
         stored = Lsn(0)
         storage_answers = 0
-        for reply in replies:
+        trims: dict[NodeId, Lsn] = {}
+        for node, reply in zip(metadata.nodeset, replies, strict=True):
             if type(reply) is LogState and reply.status is Status.OK:
                 stored = max(stored, reply.release_lsn)
                 trim_lsn = max(trim_lsn, reply.trim_lsn)
+                trims[node] = reply.trim_lsn
                 storage_answers += 1
+        # A node behind the trim point the others wrote durably missed a trim: it is sent it
+        # again, so the trim reaches every node however long it was away.
+        self._trims.owe(log_id, trim_lsn, {n for n, t in trims.items() if t < trim_lsn})
         releasing = answered and seq_epoch > 0 and lsn_to_epoch(seq_release) == seq_epoch
         release = max(stored, seq_release) if releasing else stored
         if not releasing:

@@ -5,9 +5,10 @@ f-majority of the nodeset then holds at least one of them, and readers take the 
 point any answering node reports, so no reader reads below an acknowledged trim point
 (``shared.read_merge``). The nodes that missed it (down, paused, slow) still hold the records
 below it on disk and answer find-time from them; ``TrimSpreader`` keeps sending them the trim,
-with backoff, until each has written it or ``TRIM_RETRY_DURATION_MS`` passed. It is in memory:
-a front end that stops forgets what it owed, and calling trim again (it is idempotent) reaches
-the rest.
+with backoff, until each has written it or ``TRIM_RETRY_DURATION_MS`` passed. It is in memory,
+but the trim point is durable on the nodes that have it: every ``tail`` call compares the
+nodes' trim points and owes the highest to those behind it, so a node that was away longer,
+or a front end that stopped, is caught up by the next tail of the log (consumers poll it).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.append import GetSequencerState, SequencerState
 from shared.wire.codec import Message
+from shared.wire.read import GetLogState, LogState
 from shared.wire.trim import Trim, Trimmed
 
 STORAGE = tuple(NodeId(f"st{i}") for i in range(1, 5))
@@ -73,6 +74,10 @@ class _Nodes:
     async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
         if type(message) is Trim:
             return self._trim(node, message)
+        if type(message) is GetLogState:
+            return LogState(status=Status.OK, log_id=message.log_id, release_lsn=RELEASE,
+                            sealed_epoch=Epoch(1), last_lsn=RELEASE,
+                            trim_lsn=self.trims.get(node, Lsn(0)))
         assert type(message) is GetSequencerState
         return SequencerState(status=Status.OK, log_id=message.log_id, release_lsn=RELEASE,
                               epoch=Epoch(1))
@@ -133,6 +138,24 @@ async def test_trim_needs_r_nodes_and_reaches_the_rest_later(
     assert STORAGE[3] not in nodes.trims
     await asyncio.sleep(0.05)
     nodes.down = set()
+    async with asyncio.timeout(5):
+        while nodes.trims.get(STORAGE[3]) != TRIM:
+            nodes.changed.clear()
+            await nodes.changed.wait()
+    await front.close()
+
+
+async def test_a_tail_call_catches_up_a_node_that_missed_a_trim(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The trim's own retries gave up (or the front end that owed them stopped): the trim
+    # point is durable on the nodes that have it, and the next tail of the log sees st4
+    # behind and sends it the trim.
+    monkeypatch.setattr(trim_spread, "TRIM_RETRY_FIRST_MS", 10)
+    nodes = _Nodes()
+    front, log_id = _front_end(nodes)
+    nodes.trims = {STORAGE[0]: TRIM, STORAGE[1]: TRIM, STORAGE[2]: TRIM}
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.trim_lsn) == (Status.OK, TRIM)
     async with asyncio.timeout(5):
         while nodes.trims.get(STORAGE[3]) != TRIM:
             nodes.changed.clear()
