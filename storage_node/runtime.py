@@ -72,11 +72,12 @@ READ_WAITERS_MAX = 4096
 """Long-poll READs held at once; past this a READ is answered at once, as if it had no wait
 (the reader just asks again), so that idle tailing readers cannot pin unbounded memory."""
 READ_RELEASE_WAIT_MS = 1_000
-"""How long a READ without ``wait_ms`` is held when it carries a release pointer above this
-node's and would get nothing, because the node holds a copy at its start that its own pointer
-does not release yet: the sequencer's RELEASE (within ``release_delay_ms`` of the
-acknowledgement) or its periodic broadcast (``release_broadcast_interval_ms``) normally comes
-first, and a reader right after an acknowledged append then reads it."""
+"""How long a READ is held at most when it carries a release pointer above this node's and
+the node holds a copy in between that its own pointer does not release yet (the READ would be
+answered short): the sequencer's RELEASE (within ``release_delay_ms`` of the acknowledgement)
+or its periodic broadcast (``release_broadcast_interval_ms``) normally comes first, and a
+reader right after an acknowledged append then reads it. Then what is released here is
+served."""
 _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", "NOSPC",
                   "OVERLOADED", "NOTREADY", "SHUTDOWN", "INTERNAL")
 COUNTERS = (
