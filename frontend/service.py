@@ -34,12 +34,13 @@ from frontend.outcomes import (
     TailOutcome,
 )
 from frontend.ports import AppendAnswer, LocalSequencer, MembershipView
+from frontend.trim_spread import TrimSpreader
 from shared.append_validation import check_append, check_compressed_append
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.http_contract import wants_retry_after
 from shared.limits import READ_WAIT_MS_MAX
-from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
+from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset, ask_nodeset_by_node
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
@@ -48,7 +49,7 @@ from shared.read_merge import f_majority
 from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.codec import Message
 from shared.wire.hello import PROTOCOL_VERSION
@@ -91,6 +92,8 @@ class FrontEnd:
         self._metadata: dict[LogId, LogMetadata] = {}
         self._release_seen: dict[LogId, Lsn] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._trims = TrimSpreader(pool)
+        """Trims owed to storage nodes that missed them."""
         self.gossip = gossip
         self._sequencer_weights = [
             (n.node_id, n.sequencer_weight) for n in config.cluster.sequencer_nodes
@@ -421,33 +424,77 @@ class FrontEnd:
             next_lsn=merged.next_lsn, release_lsn=release)
 
     async def tail(self, log_id: LogId) -> TailOutcome:
+        """The log's release pointer, never less than one this node or any other reported
+        before (consumers use it as a high-water mark). It is the highest of: the sequencer's
+        pointer once its epoch releases (recovery of the earlier epochs done: then it is at
+        least every earlier epoch's), the storage nodes' durable pointers, the tail of the last
+        clean epoch in the epoch store, and what this node reported before. Without a
+        releasing sequencer it needs the pointers of an f-majority of the nodeset (every
+        pointer that reached R nodes is among them), else it answers NOTREADY: the pointer of
+        a sequencer still recovering (0 after a restart) says nothing about earlier epochs."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return TailOutcome(status=status, message=f"log {log_id}: {status.description}")
         owner = self.owner(log_id)
-        release, answered = await self._asked_release(log_id)
-        epoch = self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0)
+        seq_release, seq_epoch, answered = await self._sequencer_view(log_id)
         replies: list[Any] = await asyncio.gather(*(
             self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
             for node in metadata.nodeset))
         trim_lsn = Lsn(0)
-        for reply in replies:
+        stored = Lsn(0)
+        storage_answers = 0
+        trims: dict[NodeId, Lsn] = {}
+        for node, reply in zip(metadata.nodeset, replies, strict=True):
             if type(reply) is LogState and reply.status is Status.OK:
-                release = max(release, reply.release_lsn)
+                stored = max(stored, reply.release_lsn)
                 trim_lsn = max(trim_lsn, reply.trim_lsn)
-                answered = True
-        if not answered:
+                trims[node] = reply.trim_lsn
+                storage_answers += 1
+        # A node behind the trim point the others wrote durably missed a trim: it is sent it
+        # again, so the trim reaches every node however long it was away.
+        self._trims.owe(log_id, trim_lsn, {n for n, t in trims.items() if t < trim_lsn})
+        releasing = answered and seq_epoch > 0 and lsn_to_epoch(seq_release) == seq_epoch
+        release = max(stored, seq_release) if releasing else stored
+        if not releasing:
+            lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+            if lce is not None and lce_status is Status.OK:
+                release = max(release, lce.tail_lsn)
+                # Every epoch before the sequencer's is clean: its pointer covers them.
+                releasing = answered and seq_epoch > 0 and lce.epoch >= seq_epoch - 1
+                if releasing:
+                    release = max(release, seq_release)
+        if not releasing and storage_answers < f_majority(len(metadata.nodeset),
+                                                          metadata.replication_factor):
             return TailOutcome(
                 status=Status.NOTREADY, sequencer_node=owner,
-                message=f"neither the sequencer of log {log_id} nor any of its storage nodes "
-                        "answered; the tail is unknown here")
+                message=f"the sequencer of log {log_id} is not releasing yet (recovering, or "
+                        f"unreachable) and {storage_answers} of {len(metadata.nodeset)} "
+                        "storage nodes answered; the tail is unknown here")
         release = self._note_release(log_id, Lsn(release))
+        epoch = seq_epoch if answered else Epoch(0)
+        if epoch == 0 and self.sequencer is not None:
+            epoch = self.sequencer.epoch(log_id)
         if epoch == 0:
             _, fresh = await self.epoch_store.get_metadata(log_id)
             if fresh is not None:
                 epoch = Epoch(max(fresh.next_epoch - 1, 0))
         return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
+
+    async def _sequencer_view(self, log_id: LogId) -> tuple[Lsn, Epoch, bool]:
+        """The release pointer and epoch of the log's active sequencer (this node's, or the
+        owner's through one GetSequencerState), and whether one answered."""
+        owner = self.owner(log_id)
+        sequencer = self.sequencer
+        if owner is None or owner == self.node_id:
+            if sequencer is not None and sequencer.is_active(log_id):
+                return sequencer.release_lsn(log_id), sequencer.epoch(log_id), True
+            return Lsn(0), Epoch(0), False
+        reply = await self.pool.call(owner, GetSequencerState(log_id=log_id),
+                                     SEQUENCER_STATE_TIMEOUT_MS)
+        if type(reply) is SequencerState and reply.status is Status.OK:
+            return reply.release_lsn, reply.epoch, True
+        return Lsn(0), Epoch(0), False
 
     async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
         status, metadata = await self._log_metadata(log_id)
@@ -483,10 +530,12 @@ class FrontEnd:
         return LsnOutcome(status=Status.OK, lsn=Lsn(min(lsn, release + 1)))
 
     async def trim(self, log_id: LogId, trim_lsn: Lsn) -> LsnOutcome:
-        """Raise the trim point on every storage node of the log's nodeset; done once an
-        f-majority has it durably. Readers take the highest trim point any answering node
-        reports, so a node that missed the trim (down at the time) can only serve records below
-        it to a reader that reaches no node that has it; calling trim again reaches it."""
+        """Raise the trim point on every storage node of the log's nodeset; done once R of
+        them (at least an f-majority) have it durably. Every f-majority of the nodeset then
+        holds one of them, and readers take the highest trim point any answering node
+        reports, so no reader reads below it (with an f-majority alone, two f-majorities can
+        be disjoint when ``|nodeset| < 2R - 1``). The nodes that missed it are sent it again
+        until they have it (``frontend.trim_spread``)."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
@@ -502,11 +551,20 @@ class FrontEnd:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")
-        asked = await self._ask_f_majority(log_id, Trim(log_id=log_id, trim_lsn=trim_lsn),
-                                           Trimmed)
-        if isinstance(asked, LsnOutcome):
-            return asked
-        return LsnOutcome(status=Status.OK, lsn=Lsn(max(r.trim_lsn for r in asked)))
+        nodeset, replication = metadata.nodeset, metadata.replication_factor
+        needed = max(f_majority(len(nodeset), replication), replication)
+        answers = await ask_nodeset_by_node(
+            self.pool, nodeset, Trim(log_id=log_id, trim_lsn=trim_lsn),
+            lambda r: type(r) is Trimmed and r.status is Status.OK, needed=needed,
+            timeout_ms=STORAGE_CALL_TIMEOUT_MS)
+        if answers is None:
+            return LsnOutcome(
+                status=Status.NOTREADY,
+                message=f"fewer than {needed} of {len(nodeset)} storage nodes wrote the trim "
+                        "point; retry")
+        self._trims.owe(log_id, trim_lsn, set(nodeset) - set(answers))
+        return LsnOutcome(status=Status.OK, lsn=Lsn(max(
+            a.trim_lsn for a in answers.values() if type(a) is Trimmed)))
 
     async def _ask_f_majority(self, log_id: LogId, message: Any,
                               answer_type: type[T]) -> list[T] | LsnOutcome:
@@ -544,6 +602,7 @@ class FrontEnd:
         return self.started
 
     async def close(self) -> None:
+        await self._trims.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

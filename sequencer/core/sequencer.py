@@ -146,6 +146,11 @@ class Sequencer:
         """Request id -> producer pair, for idempotent appends in flight."""
         self.last_append_ms = 0
         """When the latest append arrived (for idle deactivation)."""
+        self.timestamp_floor_ms = 0
+        """The highest record timestamp given so far: a record never gets a lower one than
+        a record before it, so that timestamps do not fall along LSNs (an append that waited
+        for activation or a producer lookup keeps its arrival time otherwise), which age
+        retention on the storage nodes relies on (``storage_node.core.retention``)."""
         self._release_broadcasts_owed = 0
         """Periodic broadcasts still owed the current release pointer (see
         ``RELEASE_BROADCASTS_PER_MOVE``)."""
@@ -315,9 +320,11 @@ class Sequencer:
         producers: tuple[ProducerTag, ...] = ()
         if self._producer_of:
             producers = _producer_tags(group, lsn)
+        timestamp_ms = self.timestamp_floor_ms = max(group[0].timestamp_ms,
+                                                     self.timestamp_floor_ms)
         appender = Appender(
             log_id=self.log_id, lsn=lsn, first_esn=first_esn,
-            payloads=payloads, key=group[0].key, timestamp_ms=group[0].timestamp_ms,
+            payloads=payloads, key=group[0].key, timestamp_ms=timestamp_ms,
             requests=tuple((p.request_id, p.records_count) for p in group),
             replication=metadata.replication_factor, producers=producers,
             compression=compression, records=esn_count,

@@ -413,11 +413,25 @@ class StoreMachine:
         log = self._logs.get(log_id)
         return log.release_lsn if log is not None else LSN_INVALID
 
-    def readable_until(self, read: Read) -> Lsn:
-        """Highest LSN the READ may return: released per this node or per the sequencer that
-        the reader asked (the authority), and within the read's range."""
-        released = max(self.release_lsn(read.log_id), read.release_lsn)
-        return Lsn(min(read.until_lsn, released, LSN_READABLE_MAX))
+    def readable_until(self, read: Read,
+                       first_copy: Callable[[LogId, Lsn, Lsn], Lsn | None]) -> Lsn:
+        """Highest LSN the READ may return, within its range: this node's own release pointer,
+        which only a sequencer moves (RELEASE, or the pointer a STORE carries). Any client may
+        send a READ, so the pointer it carries never makes a copy above the node's own pointer
+        readable (it may be unreleased, or a stray copy recovery has not plugged yet). It only
+        lets the node say, past its own pointer, that it holds nothing up to there: a node
+        outside the newest copysets learns the pointer late (periodic broadcast), and readers
+        need not wait for it. ``first_copy(log, lo, hi)``: the first LSN in ``[lo, hi]`` this
+        node holds a copy of (record, hole or bridge), or None."""
+        log_id = read.log_id
+        cap = self.release_lsn(log_id)
+        carried = read.release_lsn
+        if carried > cap:
+            # Below the trim point, or the READ's start, nothing is served anyway.
+            base = max(cap, self.trim_lsn(log_id), read.from_lsn - 1)
+            first = first_copy(log_id, Lsn(base + 1), carried) if carried > base else None
+            cap = Lsn(carried if first is None else max(cap, first - 1))
+        return Lsn(min(read.until_lsn, cap, LSN_READABLE_MAX))
 
     def _log(self, log_id: LogId) -> _LogState:
         log = self._logs.get(log_id)

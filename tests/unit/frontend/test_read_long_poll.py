@@ -10,7 +10,7 @@ from typing import cast
 
 from frontend.service import FrontEnd
 from shared.config import ClusterConfig, NodeConfig, ProcessConfig
-from shared.epoch_metadata import LogMetadata
+from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.net.pool import PeerPool
 from shared.net.types import RequestCallback
 from shared.ports import EpochStore
@@ -37,9 +37,16 @@ CLUSTER = ClusterConfig(cluster_name="c", replication_factor=3, nodes=(
 
 
 class _Store:
+    lce = (Epoch(0), Lsn(0))
+    """(last clean epoch, its tail)."""
+
     async def get_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
         return Status.OK, LogMetadata(log_id=log_id, next_epoch=Epoch(2), nodeset=STORAGE,
                                       replication_factor=3, last_writer=None, version=1)
+
+    async def get_last_clean_epoch(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
+        return Status.OK, LastCleanEpoch(log_id=log_id, epoch=self.lce[0],
+                                         tail_lsn=self.lce[1], version=1)
 
 
 class _Cluster:
@@ -90,10 +97,10 @@ class _Cluster:
         self._held.extend(held[nodes_told:])
 
 
-def _front_end(cluster: _Cluster) -> tuple[FrontEnd, LogId]:
+def _front_end(cluster: _Cluster, store: _Store | None = None) -> tuple[FrontEnd, LogId]:
     config = ProcessConfig(node_id=ME, cluster=CLUSTER, data_dir="/nonexistent")
     front = FrontEnd(config=config, pool=cast(PeerPool, cluster), sequencer=None,
-                     epoch_store=cast(EpochStore, _Store()))
+                     epoch_store=cast(EpochStore, store or _Store()))
     log_id = next(LogId(i) for i in range(1, 1000) if front.owner(LogId(i)) == "seq1")
     return front, log_id
 
@@ -191,3 +198,66 @@ async def test_trim_below_the_release_succeeds_when_the_owner_view_is_stale() ->
     assert outcome.status is Status.OK and outcome.lsn == FIRST + 5
     # Beyond what any storage node reports released stays refused.
     assert (await front.trim(log_id, Lsn(FIRST + 10))).status is Status.INVALID_PARAM
+
+
+class _TailCluster(_Cluster):
+    """The owner's sequencer state and the storage nodes' pointers, for ``FrontEnd.tail``:
+    ``stored`` per storage node (None: it does not answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sequencer: SequencerState | None = None
+        self.stored: dict[NodeId, Lsn | None] = dict.fromkeys(STORAGE)
+
+    async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
+        if type(message) is GetLogState:
+            release = self.stored[node]
+            if release is None:
+                return Status.TIMEDOUT
+            return LogState(status=Status.OK, log_id=message.log_id, release_lsn=release,
+                            sealed_epoch=Epoch(0), last_lsn=release)
+        assert type(message) is GetSequencerState
+        return self.sequencer or Status.TIMEDOUT
+
+
+def _sequencer(log_id: LogId, epoch: int, release: int) -> SequencerState:
+    return SequencerState(status=Status.OK, log_id=log_id, release_lsn=Lsn(release),
+                          epoch=Epoch(epoch))
+
+
+async def test_tail_of_a_recovering_sequencer_is_not_its_pointer() -> None:
+    # Issue 16 item 4: after a full restart the new sequencer (epoch 3) recovers with a release
+    # pointer of 0; the tail used to answer 0 after having answered e2n5.
+    cluster, store = _TailCluster(), _Store()
+    front, log_id = _front_end(cluster, store)
+    e2n5 = compose_lsn(Epoch(2), Esn(5))
+    cluster.sequencer = _sequencer(log_id, 3, 0)
+    store.lce = (Epoch(1), compose_lsn(Epoch(1), Esn(9)))
+    # No storage node answers: nobody can vouch for the tail.
+    assert (await front.tail(log_id)).status is Status.NOTREADY
+    # One does (an f-majority of 3 nodes with R=3): its written pointer.
+    cluster.stored[STORAGE[0]] = e2n5
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.release_lsn, outcome.epoch) == (Status.OK, e2n5, 3)
+    # A node that lags does not lower it, nor does a restart of the others.
+    cluster.stored = {STORAGE[0]: None, STORAGE[1]: Lsn(0), STORAGE[2]: None}
+    assert (await front.tail(log_id)).release_lsn == e2n5
+    # Once the sequencer releases in its epoch, its pointer is the tail.
+    cluster.sequencer = _sequencer(log_id, 3, compose_lsn(Epoch(3), Esn(2)))
+    cluster.stored = dict.fromkeys(STORAGE)
+    assert (await front.tail(log_id)).release_lsn == compose_lsn(Epoch(3), Esn(2))
+
+
+async def test_tail_takes_the_last_clean_epochs_tail_and_a_clean_successors_pointer() -> None:
+    cluster, store = _TailCluster(), _Store()
+    front, log_id = _front_end(cluster, store)
+    e1n9 = compose_lsn(Epoch(1), Esn(9))
+    # Epoch 1 was drained and marked clean; the storage nodes missed the final RELEASE.
+    store.lce = (Epoch(1), e1n9)
+    cluster.stored = dict.fromkeys(STORAGE, compose_lsn(Epoch(1), Esn(7)))
+    assert (await front.tail(log_id)).release_lsn == e1n9
+    # A sequencer of epoch 2 releases at once (epoch 1 is clean), from epoch 1's tail on.
+    cluster.sequencer = _sequencer(log_id, 2, e1n9)
+    cluster.stored = dict.fromkeys(STORAGE)
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.release_lsn) == (Status.OK, e1n9)

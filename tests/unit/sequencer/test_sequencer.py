@@ -37,7 +37,8 @@ def test_done_only_when_whole_current_wave_stored() -> None:
     lsn = first.message.lsn
     assert replies(sequencer.on_stored(first.node, lsn, 1, Status.OK, Epoch(0), None, 11)) == []
     done = replies(sequencer.on_stored(second.node, lsn, 1, Status.OK, Epoch(0), None, 12))
-    assert done == [AppendReply(5, Status.OK, lsn, lsn, 1)]
+    # (Stamped no lower than the record before it: see test_record_timestamps_never_fall.)
+    assert done == [AppendReply(5, Status.OK, lsn, lsn, first.message.timestamp_ms)]
 
 
 def test_release_follows_reaping_and_leaves_after_the_answer() -> None:
@@ -299,3 +300,16 @@ def test_compressed_batch_gets_one_lsn_per_record_in_its_own_store() -> None:
                   for r in answers) == [(7, 0, 0), (8, 1, 50), (9, 51, 51), (10, 52, 52),
                                         (11, 53, 55)]
     assert sequencer.release_lsn == first + 55
+
+
+def test_record_timestamps_never_fall_along_lsns() -> None:
+    # An append that waited (activation, a producer lookup) keeps its arrival time; a record
+    # after one stamped later must not get it, or age retention could trim the younger
+    # record below it early (issue 16 item 10).
+    sequencer = active_sequencer(replication=2)
+    first = stores(sequencer.on_append(1, (b"late",), None, 2_000, 0))
+    second = stores(sequencer.on_append(2, (b"waited",), None, 1_500, 0))
+    assert first[0].message.lsn < second[0].message.lsn
+    assert [s.message.timestamp_ms for s in first + second] == [2_000] * 4
+    third = stores(sequencer.on_append(3, (b"later",), None, 2_500, 0))
+    assert third[0].message.timestamp_ms == 2_500

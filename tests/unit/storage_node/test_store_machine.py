@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
@@ -95,10 +96,26 @@ def test_release_never_decreases_and_rides_on_stores() -> None:
 def test_readable_until_is_bounded_by_release_and_range() -> None:
     core = machine()
     core.on_release(Release(log_id=LOG, release_lsn=lsn(1, 5)))
-    assert core.readable_until(make_read(1)) == lsn(1, 5)
-    assert core.readable_until(make_read(1, release_lsn=lsn(1, 8))) == lsn(1, 8)
-    assert core.readable_until(make_read(1, until_lsn=lsn(1, 2))) == lsn(1, 2)
-    assert core.readable_until(make_read(1, release_lsn=2**64 - 1)) == 2**64 - 2
+
+    def holds(*lsns: int) -> Callable[[LogId, Lsn, Lsn], Lsn | None]:
+        def first_copy(log_id: LogId, lo: Lsn, hi: Lsn) -> Lsn | None:
+            assert log_id == LOG
+            return next((Lsn(x) for x in sorted(lsns) if lo <= x <= hi), None)
+        return first_copy
+
+    assert core.readable_until(make_read(1), holds()) == lsn(1, 5)
+    assert core.readable_until(make_read(1, until_lsn=lsn(1, 2)), holds()) == lsn(1, 2)
+    # A READ's pointer never makes a copy above the node's own pointer readable (issue 16
+    # item 7): it only says the node holds nothing up to there.
+    assert core.readable_until(make_read(1, release_lsn=lsn(1, 8)), holds(lsn(1, 6))) == (
+        lsn(1, 5))
+    assert core.readable_until(make_read(1, release_lsn=lsn(1, 8)), holds(lsn(1, 7))) == (
+        lsn(1, 6))
+    assert core.readable_until(make_read(1, release_lsn=lsn(1, 8)), holds(lsn(1, 9))) == (
+        lsn(1, 8))
+    assert core.readable_until(make_read(1, release_lsn=2**64 - 1), holds()) == 2**64 - 2
+    assert core.readable_until(make_read(1, release_lsn=2**64 - 1), holds(lsn(2, 1))) == (
+        lsn(2, 1) - 1)
 
 
 def test_restore_loads_recovered_state() -> None:
