@@ -489,7 +489,7 @@ class LogRecovery:
         for epoch, outcome in sorted(self.outcomes.items()):
             clean = Clean(log_id=self.log_id, epoch=epoch, seal_epoch=self.seal_epoch,
                           sealed_by=self.node_id, bridge_esn=Esn(outcome.bridge_esn),
-                          holes=tuple(outcome.holes))
+                          holes=tuple(outcome.holes), attempt=self.attempt)
             for node in self.nodeset:
                 if node in self._members:
                     effects.append(self._request(node, ("clean", epoch), clean))

@@ -46,6 +46,7 @@ from shared.wire.read import GetLogState, LogState, Read
 from shared.wire.recovery import Clean, Cleaned, Digest, EpochTail, GetDigest, Seal, Sealed
 from shared.wire.release import Release
 from shared.wire.store import (
+    RECOVERY_ATTEMPT_MAX,
     RECOVERY_BRIDGE,
     RECOVERY_HOLE,
     RecordFlags,
@@ -354,6 +355,7 @@ class StoreMachine:
         valid = (log_id_valid(clean.log_id) and epoch_valid(clean.epoch)
                  and epoch_valid(clean.seal_epoch) and clean.epoch <= clean.seal_epoch
                  and 0 <= clean.bridge_esn <= ESN_MAX and node_id_valid(clean.sealed_by)
+                 and 0 <= clean.attempt <= RECOVERY_ATTEMPT_MAX
                  and all(type(r) is tuple and len(r) == 2 and type(r[0]) is int
                          and type(r[1]) is int and 1 <= r[0] <= r[1] <= ESN_MAX
                          for r in clean.holes))
@@ -472,7 +474,10 @@ def purge_ranges(held: Sequence[tuple[int, int]],
 def recovery_hole_stores(clean: Clean, ranges: list[tuple[int, int, int]],
                          timestamp_ms: int) -> list[Store]:
     """Recovery STOREs of holes or bridges (at most ``BATCH_RECORDS_MAX`` ESNs each) covering
-    ``ranges`` of ``(first_esn, last_esn, flags)``."""
+    ``ranges`` of ``(first_esn, last_esn, flags)``, with the precedence of the recovery attempt
+    that decided them (carried in the CLEAN): a node's own copies of that decision are
+    rewritten as they are, never demoted below a copy that an abandoned earlier attempt left on
+    some other node (which readers would then prefer)."""
     stores: list[Store] = []
     for lo, hi, flags in ranges:
         esn = lo
@@ -481,7 +486,7 @@ def recovery_hole_stores(clean: Clean, ranges: list[tuple[int, int, int]],
             payloads = (b"",) * count
             stores.append(Store(
                 log_id=clean.log_id, lsn=compose_lsn(clean.epoch, Esn(esn)),
-                wave=recovery_wave(clean.seal_epoch, 0),
+                wave=recovery_wave(clean.seal_epoch, clean.attempt),
                 sequencer_node=clean.sealed_by, copyset=(), timestamp_ms=timestamp_ms,
                 last_known_good=Esn(0), release_lsn=LSN_INVALID, timeout_ms=0, key=None,
                 payloads=payloads, checksum=payloads_checksum(payloads), flags=flags))

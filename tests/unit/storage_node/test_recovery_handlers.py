@@ -75,9 +75,11 @@ async def test_seal_digest_mutate_clean_and_restart(tmp_path: Path) -> None:
                          recovery_store(4, REC, (b"a4",)),
                          recovery_store(6, int(RECOVERY_BRIDGE), (b"",))):
             assert (await store(node, mutation)).status is Status.OK
-        # CLEAN rewrites whatever the node holds where recovery decided "no record".
+        # CLEAN rewrites whatever the node holds where recovery decided "no record", with the
+        # precedence of the attempt that decided (1).
         cleaned = await request(node, Clean(log_id=LOG, epoch=Epoch(1), seal_epoch=Epoch(1),
-                                            sealed_by=SEQ_B, bridge_esn=Esn(6), holes=((3, 3),)))
+                                            sealed_by=SEQ_B, bridge_esn=Esn(6), holes=((3, 3),),
+                                            attempt=1))
         assert isinstance(cleaned, Cleaned) and cleaned.status is Status.OK
         assert node.stats()["purged_records"] == 3  # e1n3 again, the bridge again, e1n8
 
@@ -86,9 +88,10 @@ async def test_seal_digest_mutate_clean_and_restart(tmp_path: Path) -> None:
         answer = await read(node, make_read(lsn(1, 1), release_lsn=lsn(1, 100)))
         assert [(r[0], r[3]) for r in answer.records] == [
             (lsn(1, 1), b"a1"), (lsn(1, 2), b"a2"), (lsn(1, 4), b"a4"), (lsn(1, 5), b"a5")]
-        # The purge rewrote e1n3 and the bridge with the node's own attempt 0: what it holds
-        # there is still recovery's decision.
-        wave, purged = recovery_wave(1, 1), recovery_wave(1, 0)
+        # The purge rewrote e1n3 and the bridge with the deciding attempt's precedence, not
+        # below it: an abandoned attempt's copy elsewhere must never outrank the decision
+        # (issue 16 item 1; tests/unit/sequencer/test_recovery_on_storage.py).
+        wave = purged = recovery_wave(1, 1)
         assert answer.markers == (
             (lsn(1, 3), lsn(1, 3), int(RECOVERY_HOLE), purged),
             (lsn(1, 4), lsn(1, 4), REC, wave),
