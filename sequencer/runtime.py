@@ -417,7 +417,9 @@ class SequencerRuntime:
             self._apply(sequencer, sequencer.on_recovery_reply(node, message, reply,
                                                                self.clock.now_ms()))
 
-        self.transport.request(node, message, on_reply)
+        # Bounded, so that a member that hangs after sealing fails as TIMEDOUT and is dropped.
+        self.transport.request(node, message, on_reply,
+                               timeout_ms=self.config.recovery_request_timeout_ms)
 
     async def _write_lce(self, sequencer: Sequencer, effect: WriteLastCleanEpoch) -> None:
         stored = Epoch(0)
