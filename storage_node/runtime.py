@@ -510,7 +510,7 @@ class StorageNode:
             clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
         stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)
         if not stores:
-            reply(self._machine.cleaned_after_purge(clean, Status.OK))
+            self._mark_clean(clean, Status.OK, reply)
             return
         pending = [len(stores)]
         failed: list[Status] = []
@@ -520,8 +520,7 @@ class StorageNode:
                 failed.append(status)
             pending[0] -= 1
             if pending[0] == 0:
-                reply(self._machine.cleaned_after_purge(
-                    clean, failed[0] if failed else Status.OK))
+                self._mark_clean(clean, failed[0] if failed else Status.OK, reply)
 
         for store in stores:
             decision = self._machine.on_purge_store(store, disk_low=self._store.disk_low)
@@ -538,6 +537,23 @@ class StorageNode:
             status = self._store.submit_store(store, done)
             if status is not Status.OK:
                 persisted(status)
+
+    def _mark_clean(self, clean: Clean, status: Status, reply: ReplyFn) -> None:
+        """Once the purge is written: mark the epoch settled here (``clean_mark``), then
+        answer the CLEAN."""
+        esn = self._machine.clean_mark(clean) if status is Status.OK else None
+        if esn is None:
+            reply(self._machine.cleaned_after_purge(clean, status))
+            return
+
+        def marked(result: Status) -> None:
+            if result is Status.OK:
+                self._machine.on_clean_marked(clean.log_id, clean.epoch, esn)
+            reply(self._machine.cleaned_after_purge(clean, result))
+
+        submitted = self._store.submit_clean_mark(clean.log_id, clean.epoch, esn, marked)
+        if submitted is not Status.OK:
+            reply(self._machine.cleaned_after_purge(clean, submitted))
 
     def _on_trim(self, trim: Trim, reply: ReplyFn) -> None:
         refused = self._not_serving()

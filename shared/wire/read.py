@@ -68,3 +68,8 @@ class LogState:
     sealed_epoch: Epoch
     last_lsn: Lsn
     trim_lsn: Lsn = Lsn(0)
+    unclean: tuple[tuple[int, int, int], ...] = field(default=(), metadata=EXTENSION)
+    """``(epoch, last_known_good_esn, last_esn)`` of the epochs (lowest first, a bounded
+    number) in which the node holds copies above its last-known-good ESN and has applied no
+    CLEAN: copies there may be strays that recovery decided against. A sequencer whose
+    earlier epochs are all clean purges them (``sequencer.core.purge``)."""

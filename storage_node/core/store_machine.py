@@ -62,6 +62,9 @@ LSN_READABLE_MAX = Lsn(LSN_MAX - 1)
 """Highest LSN a read may reach, so that ``next_lsn = last + 1`` still fits in 64 bits."""
 NODE_IDS_CACHED_MAX = 4096
 """Distinct node ids remembered as valid; past it ids are checked every time."""
+UNCLEAN_EPOCHS_REPORTED_MAX = 64
+"""Unsettled epochs one GET_LOG_STATE answer lists (lowest first); the purging sequencer
+asks again once it has cleaned those."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -387,7 +390,30 @@ class StoreMachine:
         state = self.state(message.log_id)
         return LogState(status=Status.OK, log_id=message.log_id, release_lsn=state.release_lsn,
                         sealed_epoch=state.effective_seal[0], last_lsn=state.last_lsn,
-                        trim_lsn=state.trim_lsn)
+                        trim_lsn=state.trim_lsn, unclean=unsettled_epochs(state))
+
+    def clean_mark(self, clean: Clean) -> int | None:
+        """Once a CLEAN's purge is written: the ESN to raise the epoch's last-known-good ESN
+        to (durably, ``on_clean_marked``), so that the node no longer reports the epoch as
+        unsettled (``LogState.unclean``); None when there is nothing to mark (no copies of
+        the epoch here, or none above its last-known-good ESN).
+
+        After the purge every copy the node holds of the epoch is recovery's decision (a
+        record, or a hole or bridge written by recovery): none of them is a stray any more.
+        A later recovery of the epoch can only be one that raced this one (it started from an
+        older last clean epoch); with the raised ESN it leaves the settled copies alone and
+        bridges after them, which readers see as the same end of the epoch."""
+        log = self._logs.get(clean.log_id)
+        tail = log.epoch_tails.get(clean.epoch) if log is not None else None
+        if tail is None or tail[0] >= tail[1]:
+            return None
+        return tail[1]
+
+    def on_clean_marked(self, log_id: LogId, epoch: Epoch, esn: int) -> None:
+        """The mark of ``clean_mark`` is durable."""
+        log = self._log(log_id)
+        lng, last = log.epoch_tails.get(epoch, (0, 0))
+        log.epoch_tails[epoch] = (max(lng, esn), max(last, esn))
 
     def trim(self, trim: Trim) -> Status:
         """Raise the trim point: OK when raised (the caller must persist it), UPTODATE when it
@@ -435,6 +461,20 @@ class StoreMachine:
         if len(self._valid_node_ids) < NODE_IDS_CACHED_MAX:
             self._valid_node_ids.add(node_id)
         return True
+
+
+def unsettled_epochs(state: LogStorageState) -> tuple[tuple[int, int, int], ...]:
+    """``(epoch, lng, last)`` of the epochs whose copies here above the last-known-good ESN
+    were never settled by a CLEAN (lowest first, at most ``UNCLEAN_EPOCHS_REPORTED_MAX``).
+    The newest epoch is among them while its sequencer writes: the asker skips its own."""
+    unsettled: list[tuple[int, int, int]] = []
+    for epoch in sorted(state.epoch_tails):
+        lng, last = state.epoch_tails[epoch]
+        if last > lng:
+            unsettled.append((epoch, lng, last))
+            if len(unsettled) >= UNCLEAN_EPOCHS_REPORTED_MAX:
+                break
+    return tuple(unsettled)
 
 
 def stored_reply(store: Store, status: Status, sealed_epoch: Epoch = EPOCH_INVALID,

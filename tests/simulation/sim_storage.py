@@ -67,6 +67,8 @@ class Disk:
     records: dict[tuple[LogId, Lsn], DiskRecord]
     release_lsn: dict[LogId, Lsn]
     seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
+    clean_marks: dict[tuple[LogId, Epoch], int] = field(default_factory=dict)
+    """Epochs a CLEAN settled here: their last-known-good ESN raised (``clean_mark``)."""
 
 
 class SimStorageNode:
@@ -127,8 +129,13 @@ class SimStorageNode:
             lng, last = epoch_tails.get(lsn_to_epoch(lsn), (0, 0))
             epoch_tails[lsn_to_epoch(lsn)] = (max(lng, record.last_known_good),
                                              max(last, lsn_to_esn(lsn)))
+        for (log_id, epoch), esn in self.disk.clean_marks.items():
+            epoch_tails = tails.setdefault(log_id, {})
+            lng, last = epoch_tails.get(epoch, (0, 0))
+            epoch_tails[epoch] = (max(lng, esn), max(last, esn))
         for log_id, epoch_tails in tails.items():
-            states[log_id] = replace(states[log_id], epoch_tails=epoch_tails)
+            states[log_id] = replace(states.get(log_id, LogStorageState()),
+                                     epoch_tails=epoch_tails)
         for log_id, (sealed_epoch, sealed_by) in self.disk.seals.items():
             states[log_id] = replace(states.get(log_id, LogStorageState()),
                                      sealed_epoch=sealed_epoch, sealed_by=sealed_by)
@@ -256,6 +263,11 @@ class SimStorageNode:
             for store in accepted:
                 self._write(store)
                 self.machine.on_persisted(store)
+            esn = self.machine.clean_mark(clean)
+            if esn is not None:
+                key = (clean.log_id, clean.epoch)
+                self.disk.clean_marks[key] = max(self.disk.clean_marks.get(key, 0), esn)
+                self.machine.on_clean_marked(clean.log_id, clean.epoch, esn)
             reply(self.machine.cleaned_after_purge(clean, Status.OK))
 
         self._after_disk(persisted)

@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
+import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from sequencer.core.effects import RecoveryProgress, WriteLastCleanEpoch
 from sequencer.core.recovery import LogRecovery, Phase
+from sequencer.core.sequencer import Sequencer
 from shared.config import SequencerConfig
 from shared.effects import Send
-from shared.epoch_metadata import LastCleanEpoch
+from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.read_merge import Merged, NodeAnswer, merge
 from shared.status import Status
 from shared.types import Epoch, Esn, Lsn, NodeId
+from shared.wire.read import GetLogState, LogState
 from shared.wire.recovery import Clean
-from shared.wire.store import Store
+from shared.wire.release import Release
+from shared.wire.store import Store, Stored
 from storage_node.runtime import StorageNode
 from tests.unit.storage_node.helpers import (
     LOG,
@@ -136,3 +141,90 @@ async def test_a_purge_never_demotes_the_decision_below_an_abandoned_attempt(
         first, second = (await read_through(nodes, (A, B, D)),
                          await read_through(nodes, (B, C, E)))
         assert view(first) == view(second) == [("record", lsn(1, 1)), ("BRIDGE", lsn(1, 2))]
+
+
+async def run_sequencer(nodes: dict[NodeId, StorageNode], sequencer: Sequencer,
+                        effects: list[Any], until: Callable[[], bool]) -> None:
+    """Carry out a sequencer core's effects against the nodes (everything reachable), on a
+    simulated clock, until ``until()`` holds."""
+    now_ms = 0
+    queue = list(effects)
+    for _ in range(10_000):
+        while queue:
+            effect = queue.pop(0)
+            if isinstance(effect, WriteLastCleanEpoch):
+                queue.extend(sequencer.on_lce_written(Status.OK, Epoch(0), now_ms))
+            elif isinstance(effect, Send) and isinstance(effect.message, Release):
+                nodes[effect.node].on_message(SEQ2, effect.message, lambda _: None)  # one-way
+            elif isinstance(effect, Send):
+                reply = await request(nodes[effect.node], effect.message)
+                message = effect.message
+                if isinstance(message, Store) and not message.flags:
+                    assert isinstance(reply, Stored)
+                    queue.extend(sequencer.on_stored(effect.node, reply.lsn, reply.wave,
+                                                     reply.status, reply.sealed_epoch,
+                                                     reply.sealed_by, now_ms))
+                else:
+                    queue.extend(sequencer.on_recovery_reply(effect.node, message, reply,
+                                                             now_ms))
+        if until():
+            return
+        due_ms = sequencer.deadline_ms()
+        assert due_ms is not None, "the sequencer waits for nothing, yet is not done"
+        now_ms = max(now_ms, due_ms)
+        queue.extend(sequencer.on_timer(now_ms))
+    raise AssertionError("the sequencer never got there")
+
+
+async def unsettled(node: StorageNode) -> list[int]:
+    state = await request(node, GetLogState(log_id=LOG))
+    assert isinstance(state, LogState)
+    return [epoch for epoch, _, _ in state.unclean]
+
+
+async def test_a_node_that_missed_its_clean_purges_after_the_sequencer_died(
+        tmp_path: Path) -> None:
+    """Issue 16 item 6: the sequencer of epoch 2 recovers epoch 1 (the faults above: A misses
+    attempt 2 and its CLEAN) and dies before it could re-send the CLEAN. A restarts, still
+    holding attempt 1's copy of e1n2 and reporting epoch 1 unsettled. The sequencer of epoch
+    3 recovers epoch 2, then purges: it derives epoch 1's outcome from the others and CLEANs
+    A. A's stray is gone for good (a restart keeps it settled), and every f-majority of the
+    nodeset reads the same log."""
+    config = SequencerConfig(recovery_timeout_ms=5_000)
+    async with contextlib.AsyncExitStack() as exits:
+        nodes = {n: await exits.enter_async_context(running_node(str(tmp_path / n),
+                                                                 node_id=n))
+                 for n in NODESET}
+        await write_epoch_1(nodes)
+        recovery, _ = await run_recovery(nodes, issue_16_faults, config)
+        assert recovery.phase is Phase.DONE  # ...and its sequencer dies: nothing re-sent
+        # A restarts: what it knows about epoch 1 is on its disk.
+        await nodes[A].close()
+        nodes[A] = await exits.enter_async_context(running_node(str(tmp_path / A),
+                                                                node_id=A))
+        assert await unsettled(nodes[A]) == [1]
+        assert ("record", lsn(1, 2)) in view(await read_through(nodes, (A,)))
+
+        third = Sequencer(log_id=LOG, node_id=NodeId("seq3"), config=config,
+                          rng=random.Random(1))
+        effects = third.on_append(1, (b"e3",), None, 0, 0)
+        effects += third.on_activated(
+            Status.OK, Epoch(3),
+            LogMetadata(log_id=LOG, next_epoch=Epoch(4), nodeset=NODESET,
+                        replication_factor=3, last_writer=NodeId("seq3"), version=3),
+            LastCleanEpoch(log_id=LOG, epoch=Epoch(1), tail_lsn=lsn(1, 1), version=2), 0)
+        await run_sequencer(nodes, third, effects,
+                            lambda: third.releasable and third.purge is None)
+        assert third.release_lsn >= lsn(3, 1)
+        for node in NODESET:
+            assert await unsettled(nodes[node]) in ([], [3]), node
+        assert view(await read_through(nodes, (A,))) == [
+            ("record", lsn(1, 1)), ("BRIDGE", lsn(1, 2))]
+        await nodes[A].close()
+        nodes[A] = await exits.enter_async_context(running_node(str(tmp_path / A),
+                                                                node_id=A))
+        assert await unsettled(nodes[A]) in ([], [3])
+        views = {members: view(await read_through(nodes, members))
+                 for members in itertools.combinations(NODESET, 3)}
+        assert set(map(tuple, views.values())) == {
+            (("record", lsn(1, 1)), ("BRIDGE", lsn(1, 2)))}, views
