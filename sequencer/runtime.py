@@ -630,7 +630,7 @@ class SequencerRuntime:
                       self._releasable_events.pop(log_id, None)):
             if event is not None:
                 event.set()
-        for effect in sequencer.release_broadcast():
+        for effect in sequencer.release_broadcast(final=True):
             self._send(sequencer, effect)
         task = asyncio.create_task(self._mark_idle_clean(sequencer, tail))
         self._deactivating[log_id] = task
@@ -678,7 +678,7 @@ class SequencerRuntime:
                    if (tail := s.drained_clean_tail()) is not None]
         for sequencer, _ in drained:
             # Only sends: not through _apply, which looks at every log when closing.
-            for effect in sequencer.release_broadcast():
+            for effect in sequencer.release_broadcast(final=True):
                 self._send(sequencer, effect)
         marking = list(self._deactivating.values())  # idle epochs being marked clean
         if not drained and not marking:

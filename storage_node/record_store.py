@@ -238,8 +238,9 @@ class RecordStore:
         return self._enqueue(_Pending(seal, done, 1, _ENTRY_OVERHEAD_BYTES))
 
     def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int, done: DoneFn) -> Status:
-        """Queue a durable raise of ``epoch``'s last-known-good ESN to ``esn`` (a CLEAN was
-        applied: ``StoreMachine.clean_mark``); same contract as ``submit_store``. Written as a
+        """Queue a durable raise of ``epoch``'s last-known-good ESN to ``esn`` (the epoch is
+        settled here: ``StoreMachine.clean_mark``, ``drained_mark``); same contract as
+        ``submit_store``. Written as a
         checkpoint entry holding only that tail: a restart's scan and a live write merge
         checkpoints field by field, highest wins, so the entry changes nothing else, and the
         raised tail is in every later checkpoint."""

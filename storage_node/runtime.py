@@ -294,6 +294,21 @@ class StorageNode:
         if release_lsn is not None:
             self._store.note_release(release.log_id, release_lsn)
             self._release_moved(release.log_id)
+        if release.drained_epoch:
+            self._settle_drained(release)
+
+    def _settle_drained(self, release: Release) -> None:
+        """The last RELEASE of a drained epoch settles it here (``drained_mark``)."""
+        esn = self._machine.drained_mark(release)
+        if esn is None:
+            return
+
+        def marked(status: Status) -> None:
+            if status is Status.OK:
+                self._machine.on_clean_marked(release.log_id, release.drained_epoch, esn)
+
+        # Not retried if refused: the epoch is then purged (with nothing to plug) later.
+        self._store.submit_clean_mark(release.log_id, release.drained_epoch, esn, marked)
 
     def _on_read(self, read: Read, reply: ReplyFn) -> None:
         self._counts["read_messages"] += 1

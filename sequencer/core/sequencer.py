@@ -651,12 +651,20 @@ class Sequencer:
         pointer that moved in the last few broadcasts. An idle log has not."""
         return self._release_broadcasts_owed > 0
 
-    def release_broadcast(self) -> list[Effect]:
+    def release_broadcast(self, *, final: bool = False) -> list[Effect]:
+        """RELEASEs of the pointer to the whole nodeset. ``final``: the last broadcast of a
+        drained epoch (graceful stop, idle deactivation): it lets the nodes settle the epoch
+        (``Release.drained_epoch``), so that the next sequencer has nothing to purge."""
         if self._release_broadcasts_owed:
             self._release_broadcasts_owed -= 1
         if self.metadata is None or self.release_lsn == 0:
             return []
-        release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+        drained = Epoch(0)
+        if final and lsn_to_epoch(self.release_lsn) == self.epoch and (
+                self.drained_clean_tail() == self.release_lsn):
+            drained = self.epoch
+        release = Release(log_id=self.log_id, release_lsn=self.release_lsn,
+                          drained_epoch=drained)
         return [Send(node, release) for node in self.metadata.nodeset]
 
     def idle_deadline_ms(self) -> int | None:

@@ -287,6 +287,20 @@ class StoreMachine:
         log.release_lsn = release.release_lsn
         return release.release_lsn
 
+    def drained_mark(self, release: Release) -> int | None:
+        """For the last RELEASE of a drained epoch (``Release.drained_epoch``): the ESN to
+        raise that epoch's last-known-good ESN to, as ``clean_mark`` does, when the node holds
+        copies above it, all of them at or below the release pointer (so records); else
+        None."""
+        epoch = release.drained_epoch
+        log = self._logs.get(release.log_id)
+        if not epoch or log is None or lsn_to_epoch(release.release_lsn) != epoch:
+            return None
+        tail = log.epoch_tails.get(epoch)
+        if tail is None or tail[0] >= tail[1] or tail[1] > lsn_to_esn(release.release_lsn):
+            return None
+        return tail[1]
+
     def seal(self, log_id: LogId, epoch: Epoch, sealed_by: NodeId) -> Status:
         """Raise the durable seal to ``epoch``. OK when raised (the caller must persist it);
         UPTODATE when it already is at ``epoch``; PREEMPTED when a higher seal exists;

@@ -346,7 +346,7 @@ class SimSequencerNode:
         tail = sequencer.idle_clean_tail(self._now_ms)
         if tail is None or sequencer.metadata is None:
             return False
-        self._apply(core, sequencer.release_broadcast())
+        self._apply(core, sequencer.release_broadcast(final=True))
         del self.cores[sequencer.log_id]
         status = self.env.epoch_store.set_last_clean_epoch(sequencer.log_id, sequencer.epoch,
                                                            tail)
@@ -422,7 +422,7 @@ class SimSequencerNode:
         mark the drained epoch clean; give up at the drain deadline."""
         sequencer = core.sequencer
         assert sequencer.metadata is not None
-        self._apply(core, sequencer.release_broadcast())
+        self._apply(core, sequencer.release_broadcast(final=True))
         nodes = sequencer.metadata.nodeset
         answers: dict[NodeId, bool] = {}
         state = {"done": False}

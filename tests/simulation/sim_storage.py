@@ -160,6 +160,9 @@ class SimStorageNode:
             released = self.machine.on_release(message)
             if released is not None:
                 self._persist_release(message.log_id, released)
+            esn = self.machine.drained_mark(message)
+            if esn is not None:
+                self._mark(message.log_id, message.drained_epoch, esn)
         elif type(message) is GetLogState:
             assert reply is not None
             reply(self.machine.on_get_log_state(message))
@@ -265,12 +268,16 @@ class SimStorageNode:
                 self.machine.on_persisted(store)
             esn = self.machine.clean_mark(clean)
             if esn is not None:
-                key = (clean.log_id, clean.epoch)
-                self.disk.clean_marks[key] = max(self.disk.clean_marks.get(key, 0), esn)
-                self.machine.on_clean_marked(clean.log_id, clean.epoch, esn)
+                self._mark(clean.log_id, clean.epoch, esn)
             reply(self.machine.cleaned_after_purge(clean, Status.OK))
 
         self._after_disk(persisted)
+
+    def _mark(self, log_id: LogId, epoch: Epoch, esn: int) -> None:
+        """The epoch is settled here (``clean_mark``, ``drained_mark``): durably at once."""
+        key = (log_id, epoch)
+        self.disk.clean_marks[key] = max(self.disk.clean_marks.get(key, 0), esn)
+        self.machine.on_clean_marked(log_id, epoch, esn)
 
     def _persist_release(self, log_id: LogId, release_lsn: Lsn) -> None:
         self.disk.release_lsn[log_id] = release_lsn

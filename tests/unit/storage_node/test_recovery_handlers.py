@@ -10,6 +10,7 @@ from pathlib import Path
 from shared.status import Status
 from shared.types import ESN_MAX, Epoch, Esn, Lsn, NodeId
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
+from shared.wire.release import Release
 from shared.wire.store import (
     RECOVERY_BRIDGE,
     RECOVERY_HOLE,
@@ -18,9 +19,11 @@ from shared.wire.store import (
     payloads_checksum,
     recovery_wave,
 )
+from storage_node.runtime import StorageNode
 from tests.unit.storage_node.helpers import (
     LOG,
     SEQ_B,
+    log_state,
     lsn,
     make_read,
     make_store,
@@ -28,6 +31,7 @@ from tests.unit.storage_node.helpers import (
     request,
     running_node,
     store,
+    wait_until,
 )
 
 REC = int(RecordFlags.WRITTEN_BY_RECOVERY)
@@ -182,3 +186,38 @@ async def test_a_read_starting_past_a_bridge_carries_the_bridge(tmp_path: Path) 
     async with running_node(data_dir) as node:
         answer = await read(node, make_read(lsn(1, 3), release_lsn=lsn(2, 1)))
         assert answer.markers == (bridge,)
+
+
+async def test_unsettled_epochs_are_reported_until_a_clean_or_a_drained_release_settles_them(
+        tmp_path: Path) -> None:
+    """GET_LOG_STATE lists the epochs with copies above the last-known-good ESN that nothing
+    settled (issue 16 item 6): a CLEAN settles one, and so does the last RELEASE of a drained
+    epoch that covers every copy; durably."""
+    data_dir = str(tmp_path)
+
+    async def unsettled(node: StorageNode) -> tuple[tuple[int, int, int], ...]:
+        return (await log_state(node)).unclean
+
+    async with running_node(data_dir) as node:
+        for epoch in (1, 2):
+            assert (await store(node, make_store(lsn(epoch, 1), (b"a",)))).status is Status.OK
+            second = dataclasses.replace(make_store(lsn(epoch, 2), (b"b",)),
+                                         last_known_good=Esn(1))
+            assert (await store(node, second)).status is Status.OK
+        assert await unsettled(node) == ((1, 1, 2), (2, 1, 2))
+        # A plain RELEASE, or a drained epoch's last one short of a copy, settles nothing.
+        node.on_message(SEQ_B, Release(log_id=LOG, release_lsn=lsn(1, 2)), lambda _: None)
+        node.on_message(SEQ_B, Release(log_id=LOG, release_lsn=lsn(2, 1),
+                                       drained_epoch=Epoch(2)), lambda _: None)
+        assert await unsettled(node) == ((1, 1, 2), (2, 1, 2))
+        node.on_message(SEQ_B, Release(log_id=LOG, release_lsn=lsn(1, 2),
+                                       drained_epoch=Epoch(1)), lambda _: None)
+        await wait_until(lambda: node.log_state(LOG).epoch_tails[Epoch(1)] == (2, 2))
+        cleaned = await request(node, Clean(log_id=LOG, epoch=Epoch(2), seal_epoch=Epoch(2),
+                                            sealed_by=SEQ_B, bridge_esn=Esn(2), holes=(),
+                                            attempt=1))
+        assert isinstance(cleaned, Cleaned) and cleaned.status is Status.OK
+        assert await unsettled(node) == ()
+    async with running_node(data_dir) as node:
+        assert await unsettled(node) == ()
+        assert node.log_state(LOG).epoch_tails == {1: (2, 2), 2: (2, 2)}
