@@ -90,9 +90,9 @@ class PurgeCoordinator:
         self._open: dict[NodeId, set[Epoch]] = {}
         """Per node, the epochs whose CLEAN is being derived or is in flight."""
         self._derivations: dict[tuple[NodeId, Epoch], _Derivation] = {}
-        self._pending: dict[int, tuple[NodeId, Any, Any]] = {}
-        """id(request) -> (node, key, request) of every request in flight (kept alive here,
-        so ids are unique)."""
+        self._pending: dict[tuple[NodeId, int], tuple[Any, Any]] = {}
+        """(node, id(request)) -> (key, request) of every request in flight (kept alive here,
+        so ids are unique; one CLEAN object may go to several nodes)."""
         self._retry: list[tuple[int, NodeId, Any, Any]] = []
         self._backoff_ms: dict[NodeId, int] = {}
 
@@ -105,8 +105,8 @@ class PurgeCoordinator:
                 for node in self.nodeset]
 
     def owns(self, node: NodeId, request: Any) -> bool:
-        entry = self._pending.get(id(request))
-        return entry is not None and entry[0] == node and entry[2] is request
+        entry = self._pending.get((node, id(request)))
+        return entry is not None and entry[1] is request
 
     def deadline_ms(self) -> int | None:
         if self.finished or not self._retry:
@@ -123,10 +123,10 @@ class PurgeCoordinator:
 
     def on_reply(self, node: NodeId, request: Any, reply: Any, now_ms: int) -> list[Any]:
         """The answer (or failure ``Status``) to a request of ours (``owns``)."""
-        entry = self._pending.pop(id(request), None)
+        entry = self._pending.pop((node, id(request)), None)
         if entry is None or self.finished:
             return []
-        key = entry[1]
+        key = entry[0]
         status = reply if isinstance(reply, Status) else getattr(reply, "status", Status.BADMSG)
         kind = key[0]
         if kind == "digest" and status is Status.PREEMPTED:
@@ -155,7 +155,7 @@ class PurgeCoordinator:
     # ---- steps ---------------------------------------------------------------------------
 
     def _request(self, node: NodeId, key: Any, message: Any) -> Send:
-        self._pending[id(message)] = (node, key, message)
+        self._pending[(node, id(message))] = (key, message)
         return Send(node, message)
 
     def _wanted(self, key: Any) -> bool:
@@ -217,7 +217,7 @@ class PurgeCoordinator:
         if len(derivation.complete) < self.f_majority:
             return []
         del self._derivations[(key[1], key[2])]
-        self._pending = {k: v for k, v in self._pending.items() if v[1] != key}
+        self._pending = {k: v for k, v in self._pending.items() if v[0] != key}
         self._retry = [item for item in self._retry if item[2] != key]
         return [self._send_clean(derivation.target, derived_clean(
             derivation, log_id=self.log_id, sealed_by=self.node_id,
