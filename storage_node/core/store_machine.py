@@ -161,6 +161,8 @@ class _LogState:
     last_lsn: Lsn = LSN_INVALID
     epoch_tails: dict[Epoch, tuple[int, int]] = field(default_factory=dict)
     trim_lsn: Lsn = LSN_INVALID
+    recovery_wave_max: int = 0
+    """The highest recovery wave (seal epoch, attempt) accepted since the node started."""
 
     def snapshot(self) -> LogStorageState:
         return LogStorageState(
@@ -230,16 +232,19 @@ class StoreMachine:
     def _on_recovery_store(self, store: Store, log: _LogState, epoch: Epoch,
                            disk_low: bool) -> StoreDecision:
         """A copy written by recovery (LogDevice's mutation STORE): ``wave`` carries its seal
-        epoch. Preempted only by a higher seal, since the epoch itself is sealed by design; it
-        never raises the soft seal."""
+        epoch and attempt. Preempted by a higher seal (the epoch itself is sealed by design),
+        or by a later attempt of the same recovery seen since the node started: a late STORE
+        of an abandoned attempt must not overwrite a newer attempt's decision with a copy of
+        lower precedence. It never raises the soft seal."""
         recovery_seal = Epoch(seal_epoch_of_wave(store.wave))
         if epoch > recovery_seal or not epoch_valid(recovery_seal):
             return StoreDecision(status=Status.BADMSG,
                                  reply=stored_reply(store, Status.BADMSG), release_lsn=None)
         seal_epoch, seal_by = log.effective_seal()
-        if recovery_seal < seal_epoch:
+        if recovery_seal < seal_epoch or store.wave < log.recovery_wave_max:
             reply = stored_reply(store, Status.PREEMPTED, seal_epoch, seal_by)
             return StoreDecision(status=Status.PREEMPTED, reply=reply, release_lsn=None)
+        log.recovery_wave_max = store.wave
         status = Status.OK
         if not self._accept_writes:
             status = Status.DISABLED

@@ -30,6 +30,7 @@ from tests.unit.storage_node.helpers import (
     read,
     request,
     running_node,
+    seal,
     store,
     wait_until,
 )
@@ -221,3 +222,18 @@ async def test_unsettled_epochs_are_reported_until_a_clean_or_a_drained_release_
     async with running_node(data_dir) as node:
         assert await unsettled(node) == ()
         assert node.log_state(LOG).epoch_tails == {1: (2, 2), 2: (2, 2)}
+
+
+async def test_a_late_store_of_an_abandoned_attempt_never_overwrites_a_newer_one(
+        tmp_path: Path) -> None:
+    async with running_node(str(tmp_path)) as node:
+        assert await seal(node, 1, SEQ_B) is Status.OK
+        newer = dataclasses.replace(recovery_store(2, int(RECOVERY_BRIDGE), (b"",)),
+                                    wave=recovery_wave(1, 2))
+        assert (await store(node, newer)).status is Status.OK
+        late = recovery_store(2, REC, (b"attempt 1",))  # attempt 1 of the same recovery
+        assert (await store(node, late)).status is Status.PREEMPTED
+        answer = await read(node, make_read(lsn(1, 1), release_lsn=lsn(2, 0)))
+        assert answer.records == ()
+        assert answer.markers == ((lsn(1, 2), lsn(1, 2), int(RECOVERY_BRIDGE),
+                                   recovery_wave(1, 2)),)
