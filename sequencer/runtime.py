@@ -5,7 +5,7 @@ It makes no decisions of its own. One timer is armed for the earliest deadline o
 a periodic task broadcasts release pointers so that every storage node learns them.
 
 Idle logs cost nothing: the periodic broadcast visits only the logs in a dirty set (release
-moved lately, CLEANs owed), in chunks, and a log's sequencer idle for ``idle_deactivate_ms``
+moved lately), in chunks, and a log's sequencer idle for ``idle_deactivate_ms``
 is deactivated (epoch marked clean, dropped from memory; the next append activates a new
 epoch with no recovery). With 10,000 idle logs, walking them all twice a second stalled the
 loop for 70-90 ms each time.
@@ -368,7 +368,7 @@ class SequencerRuntime:
                 log.info("log %d: recovery attempt %d: %s", effect.log_id, effect.attempt,
                          effect.phase)
                 self.recovery_phases_count[effect.phase] += 1
-                self._broadcast_dirty.add(effect.log_id)  # CLEANs may be owed now
+                self._broadcast_dirty.add(effect.log_id)  # the release may move now
                 if effect.phase == "DIGESTING":
                     failpoints.hit("recovery.after_seal")
             else:

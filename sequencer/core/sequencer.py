@@ -16,7 +16,8 @@ tail and the object dropped, so that the next append's new sequencer needs no re
 Release: records of the current epoch are released only when every earlier epoch is clean
 (the epoch store's last clean epoch is ``epoch - 1``). When it is not, activation starts epoch
 recovery (``sequencer.core.recovery``) of the unclean epochs: appends are taken and stored
-meanwhile, and released once recovery has advanced the last clean epoch.
+meanwhile, and released once recovery has advanced the last clean epoch. Once every earlier
+epoch is clean, a purge (``sequencer.core.purge``) settles the nodes that missed a CLEAN.
 """
 
 from __future__ import annotations
