@@ -36,6 +36,7 @@ from tests.unit.storage_node.helpers import (
     request,
     running_node,
     store,
+    wait_until,
 )
 
 A, B, C, D, E = (NodeId(n) for n in "ABCDE")
@@ -144,14 +145,17 @@ async def test_a_purge_never_demotes_the_decision_below_an_abandoned_attempt(
 
 
 async def run_sequencer(nodes: dict[NodeId, StorageNode], sequencer: Sequencer,
-                        effects: list[Any], until: Callable[[], bool]) -> None:
+                        effects: list[Any], until: Callable[[], bool],
+                        sent: list[Any] | None = None) -> None:
     """Carry out a sequencer core's effects against the nodes (everything reachable), on a
-    simulated clock, until ``until()`` holds."""
+    simulated clock, until ``until()`` holds; ``sent`` collects the messages sent."""
     now_ms = 0
     queue = list(effects)
     for _ in range(10_000):
         while queue:
             effect = queue.pop(0)
+            if sent is not None and isinstance(effect, Send):
+                sent.append(effect)
             if isinstance(effect, WriteLastCleanEpoch):
                 queue.extend(sequencer.on_lce_written(Status.OK, Epoch(0), now_ms))
             elif isinstance(effect, Send) and isinstance(effect.message, Release):
@@ -228,3 +232,43 @@ async def test_a_node_that_missed_its_clean_purges_after_the_sequencer_died(
                  for members in itertools.combinations(NODESET, 3)}
         assert set(map(tuple, views.values())) == {
             (("record", lsn(1, 1)), ("BRIDGE", lsn(1, 2)))}, views
+
+
+async def test_an_epoch_drained_by_its_sequencer_leaves_the_next_one_nothing_to_purge(
+        tmp_path: Path) -> None:
+    """The last RELEASE of a drained epoch settles it on every node (``drained_epoch``): the
+    next sequencer's purge only asks, it digests and CLEANs nothing."""
+    config = SequencerConfig(release_delay_ms=0)
+    metadata = LogMetadata(log_id=LOG, next_epoch=Epoch(2), nodeset=NODESET,
+                           replication_factor=3, last_writer=SEQ2, version=1)
+    async with five_nodes(tmp_path) as nodes:
+        first = Sequencer(log_id=LOG, node_id=SEQ2, config=config, rng=random.Random(2))
+        effects = first.on_append(1, (b"a",), None, 0, 0)
+        effects += first.on_activated(
+            Status.OK, Epoch(1), metadata,
+            LastCleanEpoch(log_id=LOG, epoch=Epoch(0), tail_lsn=Lsn(0), version=0), 0)
+        for request_id in range(2, 6):
+            effects += first.on_append(request_id, (b"x%d" % request_id,), None, 0, 0)
+        await run_sequencer(nodes, first, effects, lambda: not first.appenders)
+        tail = first.drained_clean_tail()
+        assert tail == lsn(1, 5)
+        unsettled_before = {n: await unsettled(nodes[n]) for n in NODESET}
+        assert any(epochs == [1] for epochs in unsettled_before.values())
+        await run_sequencer(nodes, first, first.release_broadcast(final=True), lambda: True)
+
+        def all_settled() -> bool:
+            return all(lng >= last for node in NODESET
+                       for lng, last in nodes[node].log_state(LOG).epoch_tails.values())
+
+        await wait_until(all_settled)
+        sent: list[Any] = []
+        second = Sequencer(log_id=LOG, node_id=NodeId("seq3"), config=config,
+                           rng=random.Random(3))
+        effects = second.on_append(1, (b"b",), None, 0, 0)
+        effects += second.on_activated(
+            Status.OK, Epoch(2), metadata,
+            LastCleanEpoch(log_id=LOG, epoch=Epoch(1), tail_lsn=tail, version=1), 0)
+        await run_sequencer(nodes, second, effects, lambda: second.purge is None,
+                            sent=sent)
+        kinds = {type(s.message).__name__ for s in sent}
+        assert "GetLogState" in kinds and not kinds & {"GetDigest", "Clean"}, kinds
