@@ -485,11 +485,12 @@ class StoreMachine:
 def unsettled_epochs(state: LogStorageState) -> tuple[tuple[int, int, int], ...]:
     """``(epoch, lng, last)`` of the epochs whose copies here above the last-known-good ESN
     were never settled by a CLEAN (lowest first, at most ``UNCLEAN_EPOCHS_REPORTED_MAX``).
-    The newest epoch is among them while its sequencer writes: the asker skips its own."""
+    The newest epoch is among them while its sequencer writes: the asker skips its own.
+    Copies at or below the trim point are never served again: they need no settling."""
     unsettled: list[tuple[int, int, int]] = []
     for epoch in sorted(state.epoch_tails):
         lng, last = state.epoch_tails[epoch]
-        if last > lng:
+        if last > lng and compose_lsn(epoch, Esn(last)) > state.trim_lsn:
             unsettled.append((epoch, lng, last))
             if len(unsettled) >= UNCLEAN_EPOCHS_REPORTED_MAX:
                 break
