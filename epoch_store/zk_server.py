@@ -28,6 +28,11 @@ from shared.net.local_ports import free_port_block
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 SLF4J_JAR = "/usr/share/java/slf4j-simple.jar"
+HEAP_MB_DEFAULT = 256
+"""The local server's Java heap: enough for about 100,000 logs (three znodes each); past
+about 140,000 it spends its time collecting garbage and sessions time out."""
+HEAP_ENV_VAR = "SEQLOG_ZK_HEAP_MB"
+"""Overrides ``HEAP_MB_DEFAULT`` (a million logs need about 2 GB)."""
 STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 CONFIG_FILE = "zoo.cfg"
@@ -134,7 +139,8 @@ def launch(directory: Path, client_port: int, *, quorum: bool = False) -> Server
     """Start the server configured in ``directory`` (see ``write_config``); returns at once."""
     check_installed()
     main_class = QUORUM_MAIN if quorum else STANDALONE_MAIN
-    command = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-cp", f"{ZOOKEEPER_JAR}:{SLF4J_JAR}",
+    heap_mb = int(os.environ.get(HEAP_ENV_VAR, "") or HEAP_MB_DEFAULT)
+    command = ["java", f"-Xmx{heap_mb}m", "-XX:+UseSerialGC", "-cp", f"{ZOOKEEPER_JAR}:{SLF4J_JAR}",
                main_class, str(directory.resolve() / CONFIG_FILE)]
     with open(directory / LOG_FILE, "ab") as log:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,

@@ -57,13 +57,22 @@ async def lookup_producer(
         for ranges in candidates.values() for entry in ranges}
     try:
         for ranges in candidates.values():
+            # Several ranges of one pair are attempts of one append: at most one of them is
+            # a record (a retry is written again only once the earlier ones read back as
+            # gaps). Take the one that reads back as a record, whatever the others say; the
+            # pair is unknown only if none does and one of them cannot be told now.
+            found: ProducerEntry | None = None
+            unknown = False
             for entry in ranges:
                 exists = await checks[entry]
-                if exists is None:
-                    return None
                 if exists:
-                    verified.append(entry)
+                    found = entry
                     break
+                unknown = unknown or exists is None
+            if found is not None:
+                verified.append(found)
+            elif unknown:
+                return None
     finally:
         for check in checks.values():
             check.cancel()

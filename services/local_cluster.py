@@ -444,6 +444,28 @@ def restart(
     return new
 
 
+def restart_many(root: Path, node_ids: list[str], *, stop_timeout_ms: int = 10_000,
+                 ready_timeout_ms: int = 30_000) -> list[NodeEntry]:
+    """Stop the nodes of ``node_ids`` (those running), start them all again on their
+    configs and data, record their new pids in one write of the state file, and wait until
+    every one is ready (nodes that need each other to be ready start together)."""
+    root = root.resolve()
+    state = load_state(root)
+    if state is None:
+        raise LocalClusterError(f"no {STATE_FILE} in {root}")
+    old = {n.node_id: n for n in state.nodes if n.node_id in node_ids}
+    missing = sorted(set(node_ids) - set(old))
+    if missing:
+        raise LocalClusterError(f"no node {missing[0]!r} in {root / STATE_FILE}")
+    stop_nodes(root, list(old.values()), stop_timeout_ms=stop_timeout_ms)
+    new = {node_id: NodeEntry(node_id=entry.node_id, pid=start_node(root, node_id),
+                              roles=entry.roles, http=entry.http, data_dir=entry.data_dir)
+           for node_id, entry in old.items()}
+    save_state(root, replace(state, nodes=tuple(new.get(n.node_id, n) for n in state.nodes)))
+    wait_ready(root, list(new.values()), ready_timeout_ms=ready_timeout_ms)
+    return list(new.values())
+
+
 def _entry(config: ProcessConfig, pid: int) -> NodeEntry:
     return NodeEntry(
         node_id=config.node_id, pid=pid, roles=config.me.roles, http=config.me.http_address,

@@ -29,6 +29,10 @@ PRODUCER_SEQS_KEPT = 16
 """How many of a producer's latest appends to a log the cluster remembers (sequencers and
 storage nodes alike): a retry of one of them returns its original LSNs; a retry of an older
 one is refused with STALE. A producer must keep fewer appends than this in flight."""
+PRODUCER_RANGES_PER_SEQ_MAX = 4
+"""LSN ranges a storage node remembers for one producer's append (one ``producer_seq``): a
+retry written again after recovery plugged the first copy leaves a stray copy of the first
+range beside the record of the second, and the lookup needs both (the newest are kept)."""
 
 assert PAYLOAD_BYTES_MAX_LIMIT < FRAME_BYTES_MAX
 assert COPYSET_SIZE_MAX <= NODESET_SIZE_MAX

@@ -12,6 +12,12 @@ got from a dead sequencer and recovery never saw. Each LSN is then a record, or 
   cleanly, without a bridge record) one epoch ends and a later one begins;
 - ``DATALOSS``: a missing LSN inside an epoch, below the release pointer;
 - ``TRIM``: at or below the highest trim point any answering node reports.
+
+Authoritative status (``shared.authority``): a node that may have lost copies says where, and
+there its silence is no evidence. The caller says how many answers must vouch for an LSN
+(``needed``, the f-majority; 0 once every node of the nodeset answered, when whatever no node
+holds is truly gone): the merge stops before the first LSN that fewer answers vouch for, and
+the reader asks more nodes instead of calling a record that a damaged node forgot DATALOSS.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.authority import NonAuthoritative, vouched_until
 from shared.compression import expand_stored
 from shared.status import Status
-from shared.types import ESN_MAX, Lsn, compose_lsn, lsn_to_epoch, lsn_to_esn
+from shared.types import ESN_MAX, LSN_MAX, Lsn, compose_lsn, lsn_to_epoch, lsn_to_esn
 from shared.wire.read import Block, Marker, WireRecord
 from shared.wire.store import RecordFlags, copy_precedence
 
@@ -42,6 +49,8 @@ class NodeAnswer:
     release_lsn: Lsn
     markers: tuple[Marker, ...] = ()
     trim_lsn: Lsn = Lsn(0)
+    non_authoritative: NonAuthoritative = ()
+    """Where this node may have lost copies: its answer there proves no absence."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +97,11 @@ _SEQUENCER_COPY = copy_precedence(0, 0)
 
 def merge(
     answers: list[NodeAnswer], from_lsn: Lsn, release_lsn: Lsn, records_max: int,
-    bytes_max: int,
+    bytes_max: int, needed: int = 0,
 ) -> Merged:
     """Records and gaps covering ``[from_lsn, next_lsn - 1]`` exactly once, in order; at most
-    ``records_max`` records, stopping once ``bytes_max`` payload bytes are reached.
+    ``records_max`` records, stopping once ``bytes_max`` payload bytes are reached, and before
+    the first LSN fewer than ``needed`` answers are authoritative for (0: no such limit).
 
     The caller must pass answers from at least an f-majority of the nodeset."""
     assert answers
@@ -105,11 +115,22 @@ def merge(
         # the trim still holds.
         gaps.append(Gap("TRIM", Lsn(cursor), trim_lsn))
         cursor = trim_lsn + 1
+    bridge_cap: int = LSN_MAX
+    if needed and cursor <= until:
+        vouched = vouched_until((a.non_authoritative for a in answers), cursor, until, needed)
+        if vouched < cursor:
+            # Too few answers can vouch for the next LSN: nothing more is decided here.
+            return Merged(records, gaps, Lsn(cursor))
+        if vouched < until:
+            # Past it an unheard node could hold a later recovery's copies: a bridge ends
+            # no more of its epoch than is vouched for (the next round goes on from there).
+            until = bridge_cap = vouched
     best = _best_copies(answers, Lsn(cursor), until)
     ended = _ended_before(answers, Lsn(cursor), best)
     if ended is not None:
         # The read starts past the bridge that ends this epoch: nothing of it is a record.
-        end = min(compose_lsn(lsn_to_epoch(Lsn(cursor)), ESN_MAX) + 1, release_lsn)
+        end = min(compose_lsn(lsn_to_epoch(Lsn(cursor)), ESN_MAX) + 1, release_lsn,
+                  bridge_cap)
         gaps.append(Gap("BRIDGE", Lsn(cursor), Lsn(max(end, cursor))))
         cursor = max(end, cursor) + 1
     payload_bytes = 0
@@ -122,7 +143,8 @@ def merge(
                 gaps.extend(_gaps_between(Lsn(cursor), Lsn(lsn - 1)))
             if flags & RecordFlags.BRIDGE:
                 # Nothing of this epoch after its bridge is a record: jump to the next epoch.
-                end = min(compose_lsn(lsn_to_epoch(Lsn(lsn)), ESN_MAX) + 1, release_lsn)
+                end = min(compose_lsn(lsn_to_epoch(Lsn(lsn)), ESN_MAX) + 1, release_lsn,
+                          bridge_cap)
                 gaps.append(Gap("BRIDGE", Lsn(lsn), Lsn(max(end, lsn))))
                 cursor = max(end, lsn) + 1
             else:

@@ -10,6 +10,12 @@ f-majority did: a slow node delays a read by that much, not by its own latency (
 speculative reads, in a send-to-all form). A round that can no longer reach an f-majority
 ends ``SHORT``; the reader waits and asks again rather than skip anything.
 
+Only answers authoritative at the cursor count toward that f-majority (``shared.authority``):
+a node that may have lost copies there is asked, and what it holds is merged, but one more
+node is asked for it. When every node of the nodeset answered, their answers are merged
+whatever they vouch for (what none of them holds is truly gone); a round that can reach
+neither ends ``SHORT``.
+
 A long-poll round (``wait_ms > 0``) merges as soon as an f-majority has answered with
 records (or gaps) past the cursor, without waiting for the nodes that still hold the READ: the
 storage nodes answer a held READ the moment a release reaches them, so the first answers carry
@@ -25,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.authority import checked, covers
 from shared.epoch_metadata import LogMetadata
 from shared.read_merge import BlockCache, Merged, NodeAnswer, expand_blocks, f_majority, merge
 from shared.status import Status
@@ -97,7 +104,8 @@ class RoundResult:
 class ReadRound:
     __slots__ = ("_answers", "_asked", "_blocks", "_bytes_max", "_failed", "_order",
                  "_quorum_ms",
-                 "_records_max", "_speculative_delay_ms", "_started_ms", "request", "span")
+                 "_records_max", "_speculative_delay_ms", "_started_ms", "_unsure", "request",
+                 "span")
 
     def __init__(self, *, log_id: LogId, span: NodesetSpan, from_lsn: Lsn, release_lsn: Lsn,
                  records_max: int, bytes_max: int, wait_ms: int, speculative_delay_ms: int,
@@ -119,6 +127,8 @@ class ReadRound:
         self._failed: dict[NodeId, Status] = {}
         self._quorum_ms: int | None = None
         self._blocks: BlockCache = {}
+        self._unsure = False
+        """Some answer carries non-authoritative ranges (rare: a damaged node)."""
 
     @property
     def needed(self) -> int:
@@ -127,18 +137,39 @@ class ReadRound:
     def _inflight(self) -> int:
         return len(self._asked) - len(self._answers) - len(self._failed)
 
+    def _vouching(self) -> int:
+        """Answers authoritative at the cursor: the ones that count toward the f-majority."""
+        if not self._unsure:
+            return len(self._answers)  # the usual case: every node vouches for everything
+        from_lsn = self.request.from_lsn
+        return sum(1 for a in self._answers.values()
+                   if not a.non_authoritative or not covers(a.non_authoritative, from_lsn))
+
+    def _decided(self) -> bool:
+        """Enough answers to merge: an authoritative f-majority, or every node's."""
+        return (self._vouching() >= self.needed
+                or len(self._answers) == len(self._order))
+
+    def _merge(self, release: Lsn) -> Merged:
+        complete = not self._unsure or len(self._answers) == len(self._order)
+        return merge(list(self._answers.values()), self.request.from_lsn, release,
+                     self._records_max, self._bytes_max, 0 if complete else self.needed)
+
     def to_ask(self, now_ms: int) -> list[NodeId]:
         """Nodes to send the READ to now (each once). A catch-up round asks an f-majority
         first, one more node per failure, and the rest once ``speculative_delay_ms`` passed
         without enough answers; a long-poll round asks every node at once (a node holding
         the READ cannot be told from a slow one)."""
         unasked = [n for n in self._order if n not in self._asked]
-        if not unasked or len(self._answers) >= self.needed:
+        if not unasked:
+            return []
+        vouching = self._vouching()
+        if vouching >= self.needed:
             return []
         if self.request.wait_ms > 0 or now_ms >= self._started_ms + self._speculative_delay_ms:
             chosen = unasked
         else:
-            chosen = unasked[:max(self.needed - len(self._answers) - self._inflight(), 0)]
+            chosen = unasked[:max(self.needed - vouching - self._inflight(), 0)]
         self._asked.extend(chosen)
         return chosen
 
@@ -153,13 +184,15 @@ class ReadRound:
         if type(reply) is ReadReply and reply.status is Status.OK:
             # Compressed batches are expanded here: readers see plain per-LSN records.
             records = expand_blocks(reply.blocks, reply.records, self._blocks)
-            if records is None:
+            unsure = checked(reply.non_authoritative) if reply.non_authoritative else ()
+            if records is None or unsure is None:
                 self._failed[node] = Status.BADMSG
                 return
             self._answers[node] = NodeAnswer(
                 records=records, next_lsn=reply.next_lsn, release_lsn=reply.release_lsn,
-                markers=reply.markers, trim_lsn=reply.trim_lsn)
-            if self._quorum_ms is None and len(self._answers) >= self.needed:
+                markers=reply.markers, trim_lsn=reply.trim_lsn, non_authoritative=unsure)
+            self._unsure = self._unsure or bool(unsure)
+            if self._quorum_ms is None and self._decided():
                 self._quorum_ms = now_ms
         else:
             status = reply.status if type(reply) is ReadReply else reply
@@ -181,27 +214,28 @@ class ReadRound:
                            *(a.release_lsn for a in self._answers.values())]))
         inflight = self._inflight()
         unasked = len(self._order) - len(self._asked)
-        if answered + inflight + unasked < self.needed:
+        decided = self._decided()
+        if not decided and self._vouching() + inflight + unasked < self.needed and (
+                self._failed):
+            # Neither an authoritative f-majority nor every node's answer can come any more.
             return RoundResult(end="SHORT", release_lsn=release, answered=answered,
                                needed=self.needed, failures=tuple(self._failed.items()))
         if inflight and self.request.wait_ms > 0:
-            if answered >= self.needed:
+            if decided:
                 # The nodes still holding the READ are not slow, they wait for a release
                 # that has reached others: an f-majority that brought records past the
                 # cursor is merged now, not after them nor after another round trip.
-                merged = merge(list(self._answers.values()), self.request.from_lsn, release,
-                               self._records_max, self._bytes_max)
+                merged = self._merge(release)
                 if merged.next_lsn > self.request.from_lsn:
                     return RoundResult(end="MERGED", release_lsn=release, merged=merged,
                                        answered=answered, needed=self.needed)
             if release > self.request.release_lsn:
                 return RoundResult(end="RELEASE_MOVED", release_lsn=release,
                                    answered=answered, needed=self.needed)
-        if answered < self.needed or (
+        if not decided or (
                 inflight and self._quorum_ms is not None
                 and now_ms < self._quorum_ms + self._speculative_delay_ms):
             return None
-        merged = merge(list(self._answers.values()), self.request.from_lsn, release,
-                       self._records_max, self._bytes_max)
+        merged = self._merge(release)
         return RoundResult(end="MERGED", release_lsn=release, merged=merged, answered=answered,
                            needed=self.needed)

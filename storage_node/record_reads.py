@@ -83,12 +83,12 @@ class ReadResult:
 
 def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Location],
                    from_lsn: Lsn, until_lsn: Lsn, records_max: int,
-                   bytes_max: int, blocks_ok: bool = False) -> tuple[CopiesResult, bool]:
+                   bytes_max: int, blocks_ok: bool = False) -> tuple[CopiesResult, Location | None]:
     """Copies of ``log_id`` in ``[from_lsn, until_lsn]`` from the entries at ``locations``
     (in LSN order), at most ``records_max`` and, past the first, at most ``bytes_max`` payload
-    bytes. Also says whether a corrupt entry was met. With ``blocks_ok`` compressed batches
-    the read takes whole come as blocks (see the module docstring). Blocking: runs in a read
-    thread."""
+    bytes. Also returns the location of the corrupt entry met, if one was. With ``blocks_ok``
+    compressed batches the read takes whole come as blocks (see the module docstring).
+    Blocking: runs in a read thread."""
     records: list[Copy] = []
     blocks: list[Block] = []
     taken = 0
@@ -100,7 +100,7 @@ def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Locatio
                                 location.version)
         except OSError as error:
             log.error("read of segment %d failed: %s", location.segment_id, error)
-            return _partial(records, Status.INTERNAL, from_lsn, blocks), False
+            return _partial(records, Status.INTERNAL, from_lsn, blocks), None
         decoded = _decode_entry(data, log_id, location)
         if decoded is not None and decoded.compression:
             if blocks_ok and _whole_block(decoded, location, from_lsn, until_lsn):
@@ -109,7 +109,7 @@ def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Locatio
                 if taken and (taken + decoded.count > records_max
                               or payload_bytes + size > bytes_max):
                     # It does not fit after what is taken: the next read takes it whole.
-                    return _done(records, blocks, Lsn(location.first_lsn)), False
+                    return _done(records, blocks, Lsn(location.first_lsn)), None
                 if decoded.count <= records_max:
                     blocks.append((decoded.first_lsn, decoded.timestamp_ms, decoded.key,
                                    decoded.compression, decoded.count, decoded.blob))
@@ -121,7 +121,7 @@ def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Locatio
             log.error("log %d: corrupt entry for LSNs %d..%d in segment %d at %d", log_id,
                       location.first_lsn, location.last_lsn, location.segment_id,
                       location.offset)
-            return _partial(records, Status.CHECKSUM_MISMATCH, from_lsn, blocks), True
+            return _partial(records, Status.CHECKSUM_MISMATCH, from_lsn, blocks), location
         flags, wave = decoded.flags, decoded.wave
         tagged = decoded.producer_of if decoded.producers else None
         first, last = max(from_lsn, location.first_lsn), min(until_lsn, location.last_lsn)
@@ -132,14 +132,14 @@ def read_locations(reader: SegmentReader, log_id: LogId, locations: list[Locatio
                 break
             if taken >= records_max or (
                     taken and payload_bytes + len(payload) > bytes_max):
-                return _done(records, blocks, Lsn(lsn)), False
+                return _done(records, blocks, Lsn(lsn)), None
             records.append((lsn, timestamp_ms, key, payload, flags, wave,
                             tagged(lsn) if tagged is not None else None))
             taken += 1
             payload_bytes += len(payload)
     if taken >= records_max:
-        return _done(records, blocks, None), False
-    return _done(records, blocks, Lsn(until_lsn + 1)), False
+        return _done(records, blocks, None), None
+    return _done(records, blocks, Lsn(until_lsn + 1)), None
 
 
 def _done(records: list[Copy], blocks: list[Block], next_lsn: Lsn | None) -> CopiesResult:

@@ -52,11 +52,13 @@ from shared.status import LogError, Status
 from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn
 from shared.wire.producer import ProducerEntry
 from shared.wire.store import Store
+from storage_node.authority import AuthorityFile
+from storage_node.core.authority import AuthorityStatus
 from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
 from storage_node.core.store_machine import LogStorageState
 from storage_node.durable_state import DurableState
 from storage_node.producer_index import ProducerIndex
-from storage_node.record_index import RecordIndex
+from storage_node.record_index import Location, RecordIndex
 from storage_node.record_reads import CopiesResult, ReadResult, read_locations
 from storage_node.segment_files import AppendResult, RecoveryReport, SegmentReader, SegmentWriter
 from storage_node.segment_format import (
@@ -159,6 +161,11 @@ class RecordStore:
         """Size of every segment file (as far as completed writes and reclaims know)."""
         self._newest_segment_id = 0
         self._corrupt_segments: frozenset[int] = frozenset()
+        self.authority = AuthorityStatus()
+        """Which of its copies this node can vouch for (``storage_node.core.authority``)."""
+        self._authority_file = AuthorityFile(data_dir)
+        self._authority_saves: set[asyncio.Future[None]] = set()
+        """Writes of the status file under way (``close`` waits for them)."""
         self._reclaim_failed: set[int] = set()
         """Segments a reclaim could not delete or compact (an I/O error, a bad live entry):
         left alone until the next start, instead of being checkpointed and retried every
@@ -299,7 +306,9 @@ class RecordStore:
                 self._release_retired()
         self._counts.update(reads=1, read_records=len(result.copies) + sum(
                                 b[4] for b in result.blocks),
-                            read_checksum_failures=int(corrupt))
+                            read_checksum_failures=int(corrupt is not None))
+        if corrupt is not None:
+            self._read_damage(log_id, corrupt)
         return result
 
     def read_now(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
@@ -325,8 +334,25 @@ class RecordStore:
                                          records_max, bytes_max, True)
         self._counts.update(reads=1, inline_reads=1, read_records=len(result.copies) + sum(
                                 block[4] for block in result.blocks),
-                            read_checksum_failures=int(corrupt))
+                            read_checksum_failures=int(corrupt is not None))
+        if corrupt is not None:
+            self._read_damage(log_id, corrupt)
         return ReadResult.of(result)
+
+    def _read_damage(self, log_id: LogId, location: Location) -> None:
+        """A read met a damaged entry: its LSNs are no longer vouched for (at once in
+        answers; durable shortly after, off the loop)."""
+        if self.authority.range_damaged(log_id, location.first_lsn, location.last_lsn):
+            saving = asyncio.get_running_loop().run_in_executor(None, self._save_authority)
+            self._authority_saves.add(saving)
+            saving.add_done_callback(self._authority_saves.discard)
+
+    def _save_authority(self) -> None:
+        try:
+            self._authority_file.save(self.authority)
+        except OSError as error:
+            # Still in memory; a restart finds the bad entry again when it reads it.
+            log.error("cannot persist the authoritative status: %s", error)
 
     def last_older_lsn(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
         """The last LSN held up to the first record not older than ``timestamp_ms`` (index
@@ -382,7 +408,8 @@ class RecordStore:
                       disk_low=int(self._writer.disk_low), broken=int(self._broken),
                       producers=self._durable.producers.producers_count,
                       producers_forgotten=self._durable.producers.forgotten_count,
-                      small_commit_us=round(self._small_commit_us))
+                      small_commit_us=round(self._small_commit_us),
+                      non_authoritative=int(self.authority.damaged))
         return counts
 
     async def close(self) -> None:
@@ -395,6 +422,8 @@ class RecordStore:
             await self._idle.wait()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+        if self._authority_saves:
+            await asyncio.gather(*self._authority_saves)
         loop = asyncio.get_running_loop()
         # Waits for reads and a reclaim already running so that no descriptor is closed under
         # them.
@@ -831,11 +860,16 @@ class RecordStore:
             os.close(self._lock_fd)
             raise LogError(Status.EXISTS, f"{self._data_dir} is used by another process") from None
         try:
+            self._authority_file.load(self.authority)
             report = self._writer.recover(self._durable.on_entry)
         except BaseException:
             os.close(self._lock_fd)
             self._lock_fd = -1
             raise
+        if self.authority.segments_damaged(report.corrupt_segment_ids):
+            # Before the node answers anything: a later restart must not forget it, also if
+            # the damaged segment is gone by then.
+            self._save_authority()
         self._durable.finish_recovery()
         return self._durable.states(), report
 

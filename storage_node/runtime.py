@@ -49,6 +49,7 @@ from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
 from shared.wire.trim import FindTime, FoundTime, Trim
+from storage_node.core.authority import annotated_reply
 from storage_node.core.retention import BacklogTable, plan_age_trims
 from storage_node.core.store_machine import (
     LogStorageState,
@@ -179,6 +180,9 @@ class StorageNode:
             log.warning("storage node %s: unexpected %s from %s", self.node_id,
                         type(message).__name__, peer)
             return
+        if self._store.authority.damaged:
+            # The answer says which of what was asked this node cannot vouch for.
+            reply = annotated_reply(self._store.authority, message, reply)
         handler(message, reply)
 
     def log_state(self, log_id: LogId) -> LogStorageState:

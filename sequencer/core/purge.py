@@ -13,7 +13,8 @@ is done) runs one ``PurgeCoordinator``: it asks every nodeset node for its unset
 and for each epoch below its own sends that node the epoch's CLEAN. It knows the outcome of
 the epochs its own recovery decided; any other it derives from the nodes that hold the
 decision: a digest of the node's unsettled range (``lng + 1 .. last``) from an f-majority of
-the *other* nodeset members. That works because the epoch is clean: recovery wrote each of
+the *other* nodeset members that vouch for it (authoritative, ``shared.authority``). That
+works because the epoch is clean: recovery wrote each of
 its decisions (records, holes, the bridge) to R nodes, which every f-majority meets, with a
 precedence above any stray; an ESN of the range whose best copy there is a record is one
 (acknowledged, or re-replicated by recovery), one whose best copy is a hole or that nobody
@@ -66,6 +67,7 @@ class _Derivation:
     last: int
     best: dict[int, tuple[tuple[int, int], int]] = field(default_factory=dict)
     complete: set[NodeId] = field(default_factory=set)
+    """The nodes that sent the whole range and vouch for it (authoritative)."""
 
 
 class PurgeCoordinator:
@@ -213,6 +215,10 @@ class PurgeCoordinator:
                 derivation.lng < reply.next_esn <= derivation.last):
             return [self._request(source, key, self._digest(derivation.epoch,
                                                             reply.next_esn))]
+        if reply.non_authoritative:
+            # It may have lost copies there: what it holds counts, its silence does not
+            # (``shared.authority``); without enough nodes that vouch the node stays unsettled.
+            return []
         derivation.complete.add(source)
         if len(derivation.complete) < self.f_majority:
             return []

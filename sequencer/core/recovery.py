@@ -22,6 +22,12 @@ every reply back to ``on_reply``, and a failed request as its ``Status``):
    missed its CLEAN reports the epoch as unsettled to any later sequencer.
 5. ADVANCING: ``WriteLastCleanEpoch(seal_epoch, tail)`` in the epoch store. Then DONE.
 
+Authoritative status (``shared.authority``): a node that may have lost copies of the
+recovered epochs says so in SEALED (and DIGEST). Its copies still count, but its silence does
+not: the recovery set must hold an f-majority (``|nodeset| - R + 1``) of nodes that vouch for
+those epochs, or an acknowledged record only the silent node forgot would be plugged. Without
+one, recovery waits for more nodes (and starts over after ``recovery_timeout_ms``).
+
 A newer seal anywhere (SEALED/STORED/CLEANED PREEMPTED, or a digest refused as PREEMPTED) ends
 recovery as PREEMPTED. A node that stops answering is dropped from the recovery set while an
 f-majority that can take R copies remains; otherwise recovery retries, and after
@@ -140,6 +146,10 @@ class LogRecovery:
         self.config = config
         self.needed = max(len(nodeset) - replication + 1, replication)
         """Nodes the recovery set must keep: an f-majority that can also hold R copies."""
+        self.vouching_needed = max(len(nodeset) - replication + 1, 1)
+        """Members that vouch for the recovered epochs the recovery set must keep."""
+        self._unsure: set[NodeId] = set()
+        """Nodes that said they may have lost copies of the recovered epochs."""
         self.phase = Phase.SEALING
         self.attempt = attempts_before
         """Attempts of this recovery so far, counted on from an earlier instance with the same
@@ -179,6 +189,7 @@ class LogRecovery:
         self._keys.clear()
         self._retry.clear()
         self._sealed.clear()
+        self._unsure.clear()
         self._members.clear()
         self._grace_until_ms = None
         self._deadline_ms = now_ms + self.config.recovery_timeout_ms
@@ -286,7 +297,8 @@ class LogRecovery:
     def _on_failure(self, node: NodeId, key: Any, request: Any, status: Status,
                     now_ms: int) -> list[Any]:
         if self.phase is not Phase.SEALING and status in _UNUSABLE and (
-                len(self._members) > self.needed and node in self._members):
+                len(self._members) > self.needed and node in self._members
+                and self._vouching(self._members - {node}) >= self.vouching_needed):
             return self._drop_member(node, now_ms)
         self._retry.append((now_ms + self.config.recovery_retry_ms, node, (key, request)))
         return []
@@ -347,13 +359,25 @@ class LogRecovery:
         if self.phase is not Phase.SEALING:
             return []
         self._sealed[node] = tuple(t for t in reply.tails if _valid_tail(t))
-        if len(self._sealed) < self.needed:
+        self._note_unsure(node, reply.non_authoritative)
+        if (len(self._sealed) < self.needed
+                or self._vouching(self._sealed) < self.vouching_needed):
             return []
         if len(self._sealed) == len(self.nodeset):
             return self._start_digest(now_ms)
         if self._grace_until_ms is None:
             self._grace_until_ms = now_ms + self.config.recovery_grace_ms
         return []
+
+    def _note_unsure(self, node: NodeId, non_authoritative: object) -> None:
+        # Any ranges at all, even malformed ones, make the node unsure: that only makes
+        # recovery wait for more nodes.
+        if non_authoritative:
+            self._unsure.add(node)
+
+    def _vouching(self, nodes: set[NodeId] | dict[NodeId, Any]) -> int:
+        """How many of ``nodes`` vouch for the recovered epochs."""
+        return sum(1 for node in nodes if node not in self._unsure)
 
     # ---- DIGESTING -----------------------------------------------------------------------
 
@@ -393,6 +417,7 @@ class LogRecovery:
         if self.phase is not Phase.DIGESTING or copies is None or node not in self._members:
             return []
         lng = self._lngs[epoch]
+        self._note_unsure(node, reply.non_authoritative)
         for esn, flags, wave, timestamp_ms, entry_key, payload, producer in reply.entries:
             if not lng < esn <= ESN_MAX:
                 continue
@@ -511,6 +536,8 @@ class LogRecovery:
         if self._outstanding or any(item[1] in self._members for item in self._retry):
             return []
         if self.phase is Phase.DIGESTING:
+            if self._vouching(self._members) < self.vouching_needed:
+                return []  # a member found damage mid-digest: start over at the deadline
             return self._start_mutations(now_ms)
         if self.phase is Phase.MUTATING and not self._mutation_queue and not self._mutations:
             return self._start_clean() + self._after_reply(now_ms)

@@ -5,6 +5,10 @@ copy of each record (trim, find-time, producer lookups).
 It returns as soon as an f-majority answered OK and either every node answered or
 ``grace_ms`` passed since: a slow or paused node delays it by at most that, not by the request
 timeout. ``None`` when an f-majority can no longer answer OK.
+
+An answer that carries ``non_authoritative`` ranges (``shared.authority``: the node may have
+lost copies) is returned but does not count toward the f-majority: its "I have nothing" is no
+evidence. Once every node answered OK, the answers are returned whatever they vouch for.
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ async def ask_nodeset(transport: RoundTransport, nodeset: tuple[NodeId, ...], re
     needed = f_majority(len(nodeset), replication)
     answers: list[Message] = []
     failed = 0
+    vouching = 0
     changed = asyncio.Event()
 
     def done(reply: Message | Status) -> None:
-        nonlocal failed
+        nonlocal failed, vouching
         if ok(reply):
             assert not isinstance(reply, Status)
             answers.append(reply)
+            vouching += not getattr(reply, "non_authoritative", ())
         else:
             failed += 1
         changed.set()
@@ -48,9 +54,9 @@ async def ask_nodeset(transport: RoundTransport, nodeset: tuple[NodeId, ...], re
     loop = asyncio.get_running_loop()
     grace_end_s: float | None = None
     while len(answers) + failed < len(nodeset):
-        if len(nodeset) - failed < needed:
-            return None
-        if grace_end_s is None and len(answers) >= needed:
+        if failed and vouching + len(nodeset) - failed - len(answers) < needed:
+            return None  # neither an authoritative f-majority nor every node can answer
+        if grace_end_s is None and vouching >= needed:
             grace_end_s = loop.time() + grace_ms / 1000
         timeout_s = None if grace_end_s is None else grace_end_s - loop.time()
         if timeout_s is not None and timeout_s <= 0:
@@ -58,4 +64,4 @@ async def ask_nodeset(transport: RoundTransport, nodeset: tuple[NodeId, ...], re
         changed.clear()
         with suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), timeout_s)
-    return answers if len(answers) >= needed else None
+    return answers if vouching >= needed or len(answers) == len(nodeset) else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.authority import NonAuthoritative
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn
 from shared.wire.extension import EXTENSION
@@ -53,6 +54,9 @@ class ReadReply:
     blocks: tuple[Block, ...] = field(default=(), metadata=EXTENSION)
     """Records sent as compressed batches, beside ``records`` (never the same LSN in
     both): a node sends a stored compressed batch whole when the read covers it."""
+    non_authoritative: NonAuthoritative = field(default=(), metadata=EXTENSION)
+    """LSN ranges of the read where the node may have lost copies (``shared.authority``):
+    what it sends there is real, but its silence there is no evidence."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +72,8 @@ class LogState:
     sealed_epoch: Epoch
     last_lsn: Lsn
     trim_lsn: Lsn = Lsn(0)
+    non_authoritative: NonAuthoritative = field(default=(), metadata=EXTENSION)
+    """LSN ranges of the log where the node may have lost copies (``shared.authority``)."""
     unclean: tuple[tuple[int, int, int], ...] = field(default=(), metadata=EXTENSION)
     """``(epoch, last_known_good_esn, last_esn)`` of the epochs (lowest first, a bounded
     number) in which the node holds copies above its last-known-good ESN and has applied no

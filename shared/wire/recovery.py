@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.authority import NonAuthoritative
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, NodeId
 from shared.wire.extension import EXTENSION
@@ -48,6 +49,9 @@ class Sealed:
     sealed_epoch: Epoch
     sealed_by: NodeId | None
     tails: tuple[EpochTail, ...]
+    non_authoritative: NonAuthoritative = field(default=(), metadata=EXTENSION)
+    """LSN ranges of the epochs ``[from_epoch, seal_epoch]`` where the node may have lost
+    copies (``shared.authority``): its tails and digests there are no evidence of absence."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +76,8 @@ class Digest:
     sealed_epoch: Epoch = Epoch(0)
     """With PREEMPTED: the node's seal, and who sealed it."""
     sealed_by: NodeId | None = None
+    non_authoritative: NonAuthoritative = field(default=(), metadata=EXTENSION)
+    """LSN ranges of the epoch where the node may have lost copies (``shared.authority``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

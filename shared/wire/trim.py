@@ -6,10 +6,12 @@ a ``TRIM`` gap instead. FIND_TIME / FOUND_TIME: the first LSN at or after a time
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from shared.authority import NonAuthoritative
 from shared.status import Status
 from shared.types import LogId, Lsn
+from shared.wire.extension import EXTENSION
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,3 +44,6 @@ class FoundTime:
     log_id: LogId
     lsn: Lsn
     """0 when the node holds no such record."""
+    non_authoritative: NonAuthoritative = field(default=(), metadata=EXTENSION)
+    """Where in the log the node may have lost records (``shared.authority``): its answer
+    is then no evidence that no earlier record is that recent."""

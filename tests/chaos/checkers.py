@@ -18,6 +18,9 @@ records of a failed-over log (a log that stops releasing is not a violation, onl
   a record where another saw a gap, and none saw another payload.
 - ``release_monotonic``: the release pointer reported by one observer (one node incarnation,
   through ``tail`` or a reader's answers) never goes backwards.
+- ``tail_monotonic``: across every node and incarnation, a ``tail`` answer is never below
+  one that was answered, through any node, before it was asked (consumers use tail as a
+  high-water mark, whichever node they ask).
 - ``failed_not_written``: a definitely failed append is never read, and is on no node.
 
 ``figures`` reports the counts and the append-unavailability windows per log.
@@ -366,6 +369,30 @@ def release_monotonic(events: list[Event]) -> list[Violation]:
     return violations
 
 
+def tail_monotonic(events: list[Event]) -> list[Violation]:
+    violations = []
+    by_log: dict[int, list[Event]] = defaultdict(list)
+    for e in events:
+        if e["ev"] == "tail" and "asked_t" in e:  # older histories lack asked_t
+            by_log[e["log"]].append(e)
+    for log, tails in by_log.items():
+        tails.sort(key=lambda e: e["t"])
+        answered_t = [e["t"] for e in tails]
+        # best[i]: the highest release among the first i + 1 answers, and which one it was.
+        best: list[Event] = []
+        for e in tails:
+            best.append(e if not best or e["release"] > best[-1]["release"] else best[-1])
+        for e in tails:
+            before = bisect.bisect_left(answered_t, e["asked_t"])  # answered before asked
+            if before and best[before - 1]["release"] > e["release"]:
+                high = best[before - 1]
+                violations.append(Violation("tail_monotonic", log, (
+                    f"tail via {e['node']} (incarnation {e['inc']}) asked at "
+                    f"t={e['asked_t']}: release {e['release']}, but {high['node']} had "
+                    f"answered {high['release']} at t={high['t']}")))
+    return violations
+
+
 def failed_not_written(events: list[Event]) -> list[Violation]:
     """A payload whose every attempt failed was never written (an idempotent writer's retry
     may fail after an attempt with an unknown outcome that did write it)."""
@@ -397,7 +424,7 @@ def failed_not_written(events: list[Event]) -> list[Violation]:
 
 CHECKS: tuple[Callable[[list[Event]], list[Violation]], ...] = (
     acked_not_lost, one_payload_per_lsn, no_duplicates, reader_order, readers_agree,
-    release_monotonic, failed_not_written)
+    release_monotonic, tail_monotonic, failed_not_written)
 
 
 def check(events: list[Event]) -> list[Violation]:
@@ -520,6 +547,7 @@ def figures(events: list[Event], violations: list[Violation]) -> dict[str, Any]:
         "ordering_violations": by_check["reader_order"],
         "agreement_violations": by_check["readers_agree"],
         "release_regressions": by_check["release_monotonic"],
+        "tail_regressions": by_check["tail_monotonic"],
         "failed_appends_written": by_check["failed_not_written"],
         "reads": len(_reads(events)),
         "logs_release_behind_acks": sorted(

@@ -12,6 +12,8 @@ always keeps enough nodes to make progress:
 - ``split``: the links between a minority group and the rest, both ways.
 - ``oneway``: one directed link ``src>dst`` only.
 - ``delay``: every link to and from one node delayed by ``delay_ms`` each way.
+- ``killall``: kill -9 every node at once (a power cut), restart them all ``duration_s``
+  later on their data.
 - ``failpoint``: kill -9 one node, restart it with ``SEQLOG_FAILPOINTS=failpoint``, give it
   ``duration_s`` to crash there, then restart it clean (kill -9 first if it did not crash).
 """
@@ -22,9 +24,9 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-ACTIONS = ("kill", "pause", "isolate", "split", "oneway", "delay", "failpoint")
+ACTIONS = ("kill", "pause", "isolate", "split", "oneway", "delay", "failpoint", "killall")
 WEIGHTS = {"kill": 3, "pause": 2, "isolate": 2, "split": 1, "oneway": 1, "delay": 1,
-           "failpoint": 3}
+           "failpoint": 3, "killall": 1}
 FIRST_FAULT_S = 2.0
 QUIET_S_MIN = 1.0
 """Time between one fault's end and the next one's start, so the cluster can settle."""
@@ -75,6 +77,8 @@ def schedule(seed: int, duration_s: float, sequencers: list[str], storage: list[
         fault: Fault
         if action in ("kill", "pause"):
             fault = Fault(t, action, (target,), duration)
+        elif action == "killall":
+            fault = Fault(t, action, tuple(nodes), duration)
         elif action == "isolate":
             fault = Fault(t, action, (target,), round(rng.uniform(1.0, 4.0), 2),
                           mode=rng.choice(["blackhole", "drop"]))

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -185,6 +186,15 @@ class ChaosCluster:
         await asyncio.to_thread(lc.restart, self.root, node, extra_env=env,
                                 ready_timeout_ms=RESTART_READY_TIMEOUT_MS)
 
+    async def restart_all(self, nodes: list[str]) -> None:
+        """Start every node of ``nodes`` (all down) at once and wait until all are ready:
+        one after another, the first ones would run alone for a while, which is not a
+        full restart."""
+        for node in nodes:
+            self.incarnations[node] += 1
+        await asyncio.to_thread(lc.restart_many, self.root, nodes,
+                                ready_timeout_ms=RESTART_READY_TIMEOUT_MS)
+
     async def set_links(self, links: list[str], mode: LinkMode) -> None:
         assert self.proxy is not None
         if links:
@@ -282,6 +292,13 @@ class FaultRunner:
             await cluster.kill9(node)
             await asyncio.sleep(fault.duration_s)
             await cluster.restart(node)
+        elif fault.action == "killall":
+            # All at once, as a power cut would: no node sees the others go one by one.
+            for each in fault.nodes:
+                cluster.signal(each, signal.SIGKILL)
+            await asyncio.gather(*(cluster.kill9(each) for each in fault.nodes))
+            await asyncio.sleep(fault.duration_s)
+            await cluster.restart_all(list(fault.nodes))
         elif fault.action == "pause":
             cluster.signal(node, signal.SIGSTOP)
             try:
@@ -415,6 +432,7 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
         extra = {
             "read_errors": workload.read_errors, "tail_errors": workload.tail_errors,
             "failpoints_fired": runner.failpoints_fired, "release_reached_acks": released,
+            "faults": dict(Counter(f.action for f in faults)),
             "readers_caught_up": caught_up, "unscanned": unscanned,
             "links": len(links),
             "links_carrying_traffic": sum(1 for s in links.values() if s["bytes_forwarded"]),

@@ -14,7 +14,8 @@ The kinds and their fields:
   timeout, a connection lost after sending, or the run ended first).
 - ``read``: ``reader``, ``node``, ``inc`` (the node's incarnation), ``log``, ``from``,
   ``next``, ``release``, ``records`` ([lsn, payload]), ``gaps`` ([type, lo, hi]).
-- ``tail``: ``node``, ``inc``, ``log``, ``release``: one GET /v1/logs/{id}/tail answer.
+- ``tail``: ``node``, ``inc``, ``log``, ``release``, ``asked_t`` (when the request was
+  sent): one GET /v1/logs/{id}/tail answer.
 - ``copies``: ``node``, ``log``, ``records`` ([lsn, payload]), ``markers``
   ([first_lsn, last_lsn, flags, wave]; older histories lack the wave): everything a storage
   node holds, released or not, read over the node-to-node protocol after the run.

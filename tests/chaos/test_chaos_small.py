@@ -1,6 +1,7 @@
 """The chaos suite's runs on real processes: one small seeded run in the default suite
-(about two minutes: 2 sequencer nodes, 3 storage nodes, R=2, 90 s of faults), and longer
-multi-seed runs on a larger cluster with ``--run-slow``. A failure names the seed; replay it
+(about two minutes: 2 sequencer nodes, 3 storage nodes, R=2, 90 s of faults, among them a
+kill -9 of every node at once), and with ``--run-slow`` longer multi-seed runs and a
+ten-minute mixed run on a larger cluster. A failure names the seed; replay it
 with ``python -m tests.chaos.run --seed N --duration-s S [--large]``."""
 
 from __future__ import annotations
@@ -16,6 +17,11 @@ SMALL_SEED = 20240605
 SMALL_DURATION_S = 90.0
 SLOW_SEEDS = (1, 2, 3)
 SLOW_DURATION_S = 300.0
+TEN_MINUTES_SEED = 7
+TEN_MINUTES_S = 600.0
+MIXED = ("kill", "pause", "killall", "failpoint")
+"""Fault kinds the ten-minute run must have exercised: kill -9 of sequencers and storage
+nodes, SIGSTOP, kill -9 of all nodes, crashes at failpoints."""
 
 
 def _assert_sound(result: ChaosResult) -> None:
@@ -46,3 +52,14 @@ async def test_small_chaos_run(tmp_path: Path) -> None:
 async def test_long_chaos_run(tmp_path: Path, seed: int) -> None:
     result = await run(config_for(seed, SLOW_DURATION_S, large=True), tmp_path)
     _assert_sound(result)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(int(TEN_MINUTES_S) + 900)
+async def test_ten_minute_mixed_fault_run(tmp_path: Path) -> None:
+    result = await run(config_for(TEN_MINUTES_SEED, TEN_MINUTES_S, large=True), tmp_path)
+    _assert_sound(result)
+    done = result.figures["faults"]
+    for kind in MIXED:
+        assert done.get(kind, 0) >= 1, f"the run never did a {kind}: {done}"

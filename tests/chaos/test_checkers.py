@@ -54,8 +54,10 @@ class H:
         return self.add("copies", node=node, log=log, records=[list(r) for r in records],
                         markers=[list(m) for m in markers])
 
-    def tail(self, release: int, node: str = "seq1", inc: int = 1, log: int = LOG) -> H:
-        return self.add("tail", node=node, inc=inc, log=log, release=release)
+    def tail(self, release: int, node: str = "seq1", inc: int = 1, log: int = LOG,
+             asked_t: float | None = None) -> H:
+        asked = self.t + 0.5 if asked_t is None else asked_t  # asked after the last event
+        return self.add("tail", node=node, inc=inc, log=log, release=release, asked_t=asked)
 
 
 def _clean() -> H:
@@ -215,6 +217,20 @@ def test_release_must_not_go_backwards_per_observer() -> None:
     assert checkers.release_monotonic(H().tail(10).tail(5, inc=2).events) == []
     h = H().read(1, 3, [(1, "p"), (2, "q")], release=5).read(3, 3, [], release=4)
     assert "reader r1" in _only("release_monotonic", h.events)[0].detail
+
+
+def test_tail_must_not_go_backwards_across_nodes_and_restarts() -> None:
+    # A restarted node, or another node, that answers less than an earlier answer is a
+    # regression for a consumer that uses tail as a high-water mark.
+    h = H().tail(10, node="seq1").tail(0, node="seq2", inc=2)
+    regress = _only("tail_monotonic", h.events)
+    assert len(regress) == 1 and "release 0" in regress[0].detail
+    assert "seq1 had answered 10" in regress[0].detail
+    # Concurrent requests (the lower one asked before the higher one was answered) may
+    # answer in either order.
+    h = H().tail(5).tail(10, node="seq2").tail(7, node="seq1", asked_t=1.0)
+    assert checkers.tail_monotonic(h.events) == []
+    assert checkers.tail_monotonic(H().tail(3).tail(3, node="seq2").tail(4).events) == []
 
 
 def test_a_definitely_failed_append_is_never_read_nor_stored() -> None:

@@ -291,6 +291,7 @@ class Workload:
         while not self.stop_reads.is_set():
             for log in self.settings.logs:
                 inc = self.incarnation(node)
+                asked_t = self.history.now()
                 try:
                     async with session.get(f"http://{self.http[node]}/v1/logs/{log}/tail",
                                            headers=JSON_HEADERS, timeout=timeout) as response:
@@ -300,7 +301,8 @@ class Workload:
                     code, raw = 0, b""
                 if code == 200:
                     release = int(json.loads(raw)["release_lsn"])
-                    self.history.add("tail", node=node, inc=inc, log=log, release=release)
+                    self.history.add("tail", node=node, inc=inc, log=log, release=release,
+                                     asked_t=asked_t)
                     self._saw_release(log, release)
                 else:
                     self.tail_errors += 1

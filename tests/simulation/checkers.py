@@ -2,7 +2,8 @@
 
 C1 one LSN, one payload: across every STORE sent, every disk and every acknowledgement.
 C2 every acknowledged record was on at least R distinct disks when it was acknowledged, and
-   still is at the end (disks survive crashes).
+   still is at the end (disks survive crashes), except for copies a damaged disk lost and its
+   node declared (authoritative status).
 C3 no release pointer (a sequencer's or a storage node's) ever passes the fully replicated
    prefix: when it advances to L, every ESN up to L's in L's epoch is on >= R disks, every
    acknowledged LSN <= L is on >= R disks, and every epoch before L's is clean in the epoch
@@ -14,7 +15,8 @@ C5 epoch recovery never plugs an acknowledged LSN with a hole, and an epoch mark
    no acknowledged LSN beyond its tail.
 R1 readers agree: at the end, reading each log up to its release pointer from every
    f-majority of its nodeset (``shared.read_merge``) gives the same records and gaps, and
-   every acknowledged record among them.
+   every acknowledged record among them. Like a real reader, a read that an f-majority cannot
+   decide (a member not authoritative there) asks the next node.
 
 Checks are incremental (each LSN is verified once per property) so that they can run at
 every event; disks only grow, so what was verified stays true.
@@ -247,7 +249,9 @@ class SafetyChecker:
                 holders = [n.node_id for n in nodes
                            if (r := n.disk.records.get((append.log_id, lsn))) is not None
                            and not r.is_hole and r.payload == payload]
-                if len(holders) < replication:
+                declared = [n.node_id for n in nodes if n.node_id not in holders
+                            and n.disk.authority.ranges(append.log_id, lsn, lsn)]
+                if len(holders) + len(declared) < replication:
                     fail("C2", f"acked log {append.log_id} {format_lsn(lsn)} is on "
                          f"{holders} at the end < R={replication}")
 
@@ -261,10 +265,7 @@ class SafetyChecker:
         views: dict[tuple[NodeId, ...], tuple[object, object]] = {}
         size = f_majority(len(nodeset), replication)
         for members in itertools.combinations(sorted(nodeset), size):
-            answers = [disk_answer(nodes[m], log_id, release_lsn) for m in members]
-            merged = merge(answers, Lsn(1), release_lsn, 10**9, 2**62)
-            view = ([(r[0], r[3]) for r in merged.records],
-                    [(g.kind, g.lo, g.hi) for g in merged.gaps])
+            view = _read_like_a_reader(log_id, nodes, members, nodeset, size, release_lsn)
             views[members] = view
             records = dict(view[0])
             for append in self.acked:
@@ -274,7 +275,7 @@ class SafetyChecker:
                     lsn = append.first_lsn + index
                     if lsn <= release_lsn and records.get(lsn) != payload:
                         gaps = [(k, format_lsn(Lsn(lo)), format_lsn(Lsn(hi)))
-                                for k, lo, hi in merged_gaps(view)][:6]
+                                for k, lo, hi in view[1]][:6]
                         fail("R1", f"reading log {log_id} from {members} up to "
                              f"{format_lsn(release_lsn)}: acknowledged {format_lsn(Lsn(lsn))} "
                              f"reads as {records.get(lsn)!r}, not {payload!r}; gaps {gaps}")
@@ -286,10 +287,33 @@ class SafetyChecker:
                      f"disagree: {detail}")
 
 
-def merged_gaps(view: tuple[object, object]) -> list[tuple[str, int, int]]:
-    gaps = view[1]
-    assert isinstance(gaps, list)
-    return gaps
+View = tuple[list[tuple[int, bytes]], list[tuple[str, int, int]]]
+
+
+def _read_like_a_reader(log_id: LogId, nodes: dict[NodeId, SimStorageNode],
+                        members: tuple[NodeId, ...], nodeset: tuple[NodeId, ...],
+                        needed: int, release_lsn: Lsn) -> View:
+    """Records and gaps of ``[1, release_lsn]`` as a reader gets them starting from
+    ``members``: merged from where it is, with one more node of the nodeset whenever too
+    few of those it has vouch for the next LSN (all of them: merged whatever they say)."""
+    asked = list(members)
+    records: list[tuple[int, bytes]] = []
+    gaps: list[tuple[str, int, int]] = []
+    cursor = Lsn(1)
+    while cursor <= release_lsn:
+        answers = [disk_answer(nodes[m], log_id, release_lsn) for m in asked]
+        merged = merge(answers, cursor, release_lsn, 10**9, 2**62,
+                       0 if len(asked) == len(nodeset) else needed)
+        records += [(r[0], r[3]) for r in merged.records]
+        for gap in merged.gaps:
+            if gaps and gaps[-1][0] == gap.kind and gaps[-1][2] + 1 == gap.lo:
+                gaps[-1] = (gap.kind, gaps[-1][1], gap.hi)
+            else:
+                gaps.append((gap.kind, gap.lo, gap.hi))
+        if merged.next_lsn <= cursor:
+            asked.append(next(n for n in sorted(nodeset) if n not in asked))
+        cursor = merged.next_lsn
+    return records, gaps
 
 
 def disk_answer(node: SimStorageNode, log_id: LogId, release_lsn: Lsn) -> NodeAnswer:
@@ -304,4 +328,5 @@ def disk_answer(node: SimStorageNode, log_id: LogId, release_lsn: Lsn) -> NodeAn
         if not record.is_hole:
             records.append((lsn, record.timestamp_ms, None, record.payload))
     return NodeAnswer(records=tuple(records), next_lsn=Lsn(release_lsn + 1),
-                      release_lsn=release_lsn, markers=tuple(markers))
+                      release_lsn=release_lsn, markers=tuple(markers),
+                      non_authoritative=node.disk.authority.ranges(log_id, 1, release_lsn))

@@ -7,6 +7,12 @@ pure decisions of ``StoreMachine``. Writing takes ``disk_delay_ms``: a crash in 
 loses the write and its reply. A crash loses everything only in memory (the machine, hence the
 soft seals); a restart rebuilds the machine with ``restore`` from the disk, the way
 ``storage_node.record_store`` does (the newest record's epoch re-creates its soft seal).
+
+``damage_disk`` models a segment damaged mid-way that a restart's scan finds: some records
+are gone, and the node knows it: its authoritative status (``storage_node.core.authority``,
+kept with the disk) then marks every log, and its SEALED and DIGEST answers say so, as the
+real node's do. (The model loses records only; a real damaged segment can lose seals and
+release pointers too.)
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from shared.wire.read import GetLogState
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
+from storage_node.core.authority import AuthorityStatus, annotated_reply
 from storage_node.core.store_machine import (
     LogStorageState,
     StoreMachine,
@@ -69,6 +76,8 @@ class Disk:
     seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
     clean_marks: dict[tuple[LogId, Epoch], int] = field(default_factory=dict)
     """Epochs a CLEAN settled here: their last-known-good ESN raised (``clean_mark``)."""
+    authority: AuthorityStatus = field(default_factory=AuthorityStatus)
+    """What the node can vouch for (lost copies found by a restart's scan)."""
 
 
 class SimStorageNode:
@@ -116,6 +125,19 @@ class SimStorageNode:
         self._network.restart(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} RESTART")
 
+    def damage_disk(self, keep_fraction: float) -> list[tuple[LogId, Lsn]]:
+        """While down: lose a random part of the records (each kept with ``keep_fraction``),
+        as a damaged segment does; the restart's scan finds it (marks every log). Returns
+        the copies lost."""
+        assert not self.up, self.node_id
+        lost = [key for key in sorted(self.disk.records) if self._rng.random() >= keep_fraction]
+        for key in lost:
+            del self.disk.records[key]
+        self.disk.authority.segments_damaged(frozenset({self.incarnation}))
+        self._trace.log(self._queue.clock.now_ms(),
+                        f"storage {self.node_id} DISK DAMAGED ({len(lost)} copies lost)")
+        return lost
+
     def _recovered_states(self) -> dict[LogId, LogStorageState]:
         states: dict[LogId, LogStorageState] = {}
         newest: dict[LogId, NodeId] = {}
@@ -153,6 +175,8 @@ class SimStorageNode:
 
     def on_message(self, peer: NodeId, message: Any, reply: ReplyFn | None) -> None:
         assert self.up
+        if reply is not None and self.disk.authority.damaged:
+            reply = annotated_reply(self.disk.authority, message, reply)
         if type(message) is Store:
             assert reply is not None
             self._on_store(message, reply)

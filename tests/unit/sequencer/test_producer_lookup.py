@@ -90,3 +90,32 @@ async def test_too_few_answers_leave_the_producer_unknown(
     assert await lookup_producer(transport=peers, metadata=metadata, producer_id="p",
                                  epoch=Epoch(2), release_lsn=lambda: Lsn(0),
                                  wait_release_above=_never) is None
+
+
+@pytest.mark.timeout(30)
+async def test_a_retry_written_again_is_found_beside_the_stray_of_its_first_attempt(
+        pool: tuple[PeerPool, list[StorageNode]]) -> None:
+    """Issue 16 item 2 (3 nodes, R=2): (p,7) reached only st3 at e1n2 and recovery plugged
+    it on st1 and st2; the client's retry was written at e2n1 on {st1, st3} and acknowledged.
+    In epoch 3 st1 does not answer: the lookup over {st2, st3} must still find e2n1, or the
+    next retry of (p,7) is written a second time."""
+    peers, nodes = pool
+    stray = lsn(1, 2)
+    retry = lsn(2, 1)
+    await _store(peers, NODES[2], record(stray, b"first", ("p", 7, stray, stray)))
+    for node in NODES[:2]:
+        hole = dataclasses.replace(record(stray, b"", None), flags=int(RECOVERY_HOLE),
+                                   wave=recovery_wave(1, 1))
+        await _store(peers, node, hole)
+    for node in (NODES[0], NODES[2]):
+        await _store(peers, node, record(retry, b"retry", ("p", 7, retry, retry)))
+    release = retry
+    for node in NODES:
+        peers.send(node, Release(log_id=LOG, release_lsn=release))
+    await nodes[0].close()  # st1: down (or slower than the answer grace)
+    metadata = LogMetadata(log_id=LOG, next_epoch=Epoch(4), nodeset=NODES,
+                           replication_factor=2, last_writer=NodeId("seq"), version=1)
+    found = await lookup_producer(transport=peers, metadata=metadata, producer_id="p",
+                                  epoch=Epoch(3), release_lsn=lambda: release,
+                                  wait_release_above=_never)
+    assert found == [(7, retry, retry, TIMESTAMP_MS)]

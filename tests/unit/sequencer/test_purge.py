@@ -4,6 +4,7 @@ end of the purge."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from sequencer.core.purge import PurgeCoordinator
@@ -104,3 +105,16 @@ def test_a_digest_refused_as_preempted_stops_the_purge() -> None:
                      next_esn=1, sealed_epoch=Epoch(6), sealed_by=NodeId("newer"))
     assert purge.on_reply(N2, request, refused, 1) == []
     assert purge.finished and purge.deadline_ms() is None
+
+
+def test_a_digest_from_a_node_that_may_have_lost_copies_does_not_count() -> None:
+    purge = PurgeCoordinator(log_id=LOG, node_id=NodeId("seq"), epoch=Epoch(5),
+                             nodeset=(N1, N2, N3), replication=2, config=SequencerConfig())
+    asks = sends(purge.start())
+    out = sends(purge.on_reply(N1, asks[(N1, GetLogState)][0], state(((2, 0, 3),)), 0))
+    damaged = dataclasses.replace(digest(2, ()), non_authoritative=((1 << 33, (1 << 33) + 9),))
+    # N2 may have lost copies of epoch 2: its "nothing" proves nothing, so N1's copies are
+    # not plugged on the word of N3 alone (the f-majority is 3 - 2 + 1 = 2).
+    assert purge.on_reply(N2, out[(N2, GetDigest)][0], damaged, 1) == []
+    assert purge.on_reply(N3, out[(N3, GetDigest)][0], digest(2, ((1, 0, 1),)), 1) == []
+    assert not purge.finished and purge.cleans_sent == 0

@@ -3,6 +3,8 @@ gives up (SHORT), and when a long poll restarts because a node saw a newer relea
 
 from __future__ import annotations
 
+import dataclasses
+
 from shared.epoch_metadata import LogMetadata
 from shared.read_round import NodesetSpan, ReadRound, metadata_spans, span_of
 from shared.status import Status
@@ -224,3 +226,80 @@ def test_compressed_blocks_merge_as_plain_records_and_bad_ones_fail_the_node() -
     assert [rec[0] for rec in records] == [lsn(1, e) for e in range(1, 13)]
     assert [rec[3] for rec in records[1:11]] == payloads and not result.merged.gaps
     assert len(r._blocks) == 1  # n1's and n4's copies of the batch expanded once
+
+
+def unsure(r: ReadReply, *ranges: tuple[int, int]) -> ReadReply:
+    return dataclasses.replace(r, non_authoritative=ranges)
+
+
+def test_a_non_authoritative_answer_does_not_count_toward_the_f_majority() -> None:
+    r = ReadRound(log_id=LogId(1), span=SPAN, from_lsn=lsn(1, 1), release_lsn=lsn(1, 2),
+                  records_max=100, bytes_max=1 << 20, wait_ms=0, speculative_delay_ms=20,
+                  started_ms=0, order=(NodeId("n1"), NodeId("n4"), NodeId("n5")))
+    assert r.to_ask(0) == ["n1", "n4", "n5"]
+    r.on_reply(NodeId("n1"), unsure(reply(release=lsn(1, 2)), (lsn(1, 1), lsn(1, 2))), 1)
+    r.on_reply(NodeId("n4"), reply(release=lsn(1, 2)), 1)
+    r.on_reply(NodeId("n5"), reply(release=lsn(1, 2)), 1)
+    assert r.result(1) is None  # three answers, but only two vouch for e1n1
+    assert r.to_ask(1) == ["n2"]
+    r.on_reply(NodeId("n2"), reply(1, 2, release=lsn(1, 2)), 2)
+    result = r.result(2)
+    assert result is not None and result.merged is not None
+    assert [rec[0] for rec in result.merged.records] == [lsn(1, 1), lsn(1, 2)]
+    assert result.merged.gaps == []
+
+
+def test_the_merge_stops_where_too_few_answers_vouch() -> None:
+    r = new_round(release=lsn(1, 4))
+    damaged = unsure(reply(1, release=lsn(1, 4)), (lsn(1, 3), lsn(1, 9)))
+    r.on_reply(NodeId("n1"), damaged, 1)
+    r.on_reply(NodeId("n2"), reply(1, release=lsn(1, 4)), 1)
+    r.on_reply(NodeId("n3"), reply(1, release=lsn(1, 4)), 1)
+    r.on_reply(NodeId("n4"), Status.TIMEDOUT, 1)
+    r.on_reply(NodeId("n5"), Status.TIMEDOUT, 1)
+    result = r.result(1)
+    assert result is not None and result.end == "MERGED" and result.merged is not None
+    # e1n2 is vouched for by three nodes (a loss); from e1n3 on only by two: not decided.
+    assert [(g.kind, g.lo, g.hi) for g in result.merged.gaps] == [
+        ("DATALOSS", lsn(1, 2), lsn(1, 2))]
+    assert result.merged.next_lsn == lsn(1, 3)
+
+
+def test_with_every_answer_in_what_no_node_holds_is_gone_and_otherwise_it_is_short() -> None:
+    everyone = new_round(release=lsn(1, 2))
+    for index, node in enumerate(NODES):
+        answer = reply(release=lsn(1, 2))
+        everyone.on_reply(node, unsure(answer, (1, LSN_MAX)) if index < 3 else answer, 1)
+    result = everyone.result(1)
+    assert result is not None and result.merged is not None
+    assert [g.kind for g in result.merged.gaps] == ["DATALOSS"]
+    short = new_round(release=lsn(1, 2))
+    for index, node in enumerate(NODES):
+        answer = reply(release=lsn(1, 2))
+        short.on_reply(node, unsure(answer, (1, LSN_MAX)) if index < 3 else (
+            answer if index == 3 else Status.CONNFAILED), 1)
+    result = short.result(1)
+    assert result is not None and result.end == "SHORT"
+
+
+def test_malformed_ranges_fail_the_node() -> None:
+    r = new_round(release=lsn(1, 2))
+    r.on_reply(NodeId("n1"), unsure(reply(1, release=lsn(1, 2)), (5, 3)), 1)
+    assert r.stragglers()[0] == "n1"
+
+
+def test_a_bridge_ends_no_more_of_its_epoch_than_is_vouched_for() -> None:
+    """A bridge at e1n2, read by an f-majority that vouches only up to e1n3: the BRIDGE gap
+    stops at e1n3; the next round decides the rest with nodes that vouch for it."""
+    bridge = ((lsn(1, 2), lsn(1, 2), 7, 1),)  # WRITTEN_BY_RECOVERY | HOLE | BRIDGE
+    r = new_round(release=lsn(2, 1))
+    for node in NODES[:2]:
+        r.on_reply(node, dataclasses.replace(reply(1, release=lsn(2, 1)), markers=bridge), 1)
+    r.on_reply(NODES[2], unsure(reply(1, release=lsn(2, 1)), (lsn(1, 4), lsn(1, 9))), 1)
+    r.on_reply(NODES[3], Status.TIMEDOUT, 1)
+    r.on_reply(NODES[4], Status.TIMEDOUT, 1)
+    result = r.result(1)
+    assert result is not None and result.merged is not None
+    assert [(g.kind, g.lo, g.hi) for g in result.merged.gaps] == [
+        ("BRIDGE", lsn(1, 2), lsn(1, 3))]
+    assert result.merged.next_lsn == lsn(1, 4)

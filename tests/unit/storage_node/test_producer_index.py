@@ -83,3 +83,16 @@ def test_index_keeps_the_latest_pairs_of_the_latest_producers() -> None:
     assert index.entries(LOG, "p2", 0) == ()
     assert index.forgotten_count == 1
     assert index.producers_count == 2
+
+
+def test_every_range_of_one_pair_is_kept_newest_first_when_bounded() -> None:
+    """A stray copy of a first attempt and the record of the retry written again later are
+    both remembered (issue 16 item 2): keeping only the lowest range would hide the retry."""
+    index = ProducerIndex(producer_ids_per_log_max=2, seqs_kept=3, ranges_per_seq_max=2)
+    index.add(LOG, (("p", 7, 12, 12),), 1)  # e.g. e1n2, plugged elsewhere by recovery
+    index.add(LOG, (("p", 7, 30, 30),), 2)  # the retry, written again at e2n1
+    index.add(LOG, (("p", 7, 12, 12),), 3)  # the stray stored again: nothing new
+    assert index.entries(LOG, "p", 0) == ((7, 12, 12, 1), (7, 30, 30, 2))
+    index.add(LOG, (("p", 7, 40, 41),), 4)  # a third attempt: the oldest range goes
+    assert index.entries(LOG, "p", 0) == ((7, 30, 30, 2), (7, 40, 41, 4))
+    assert index.entries(LOG, "p", 35) == ((7, 40, 41, 4),)
