@@ -20,8 +20,10 @@ precedence above any stray; an ESN of the range whose best copy there is a recor
 (acknowledged, or re-replicated by recovery), one whose best copy is a hole or that nobody
 there holds is not, and everything from the first winning bridge on is not either (the
 bridge is past every node's last-known-good ESN, so it lies in the range if the node holds
-anything at or after it). An epoch drained cleanly instead has every record on R nodes and no
-strays: the derived CLEAN then plugs nothing and only settles the node.
+anything at or after it). With no bridge in the range and no copy past it on those nodes,
+the epoch ends inside the range, right after its last record (where a reader of those nodes
+sees it end): the CLEAN puts the bridge there. An epoch drained cleanly has every record on R
+nodes and no strays: the derived CLEAN then plugs nothing and only settles the node.
 
 Nodes that do not answer are asked again after a doubling delay (from ``recovery_retry_ms``
 to ``PURGE_RETRY_MS_MAX``) for as long as this sequencer lives; nothing here is capped or
@@ -68,6 +70,8 @@ class _Derivation:
     best: dict[int, tuple[tuple[int, int], int]] = field(default_factory=dict)
     complete: set[NodeId] = field(default_factory=set)
     """The nodes that sent the whole range and vouch for it (authoritative)."""
+    more_after: bool = False
+    """Some node holds a copy past ``last``: the epoch does not end inside the range."""
 
 
 class PurgeCoordinator:
@@ -204,15 +208,22 @@ class PurgeCoordinator:
         if derivation is None:
             return []
         best = derivation.best
+        past_range = False
         for esn, flags, wave, *_ in reply.entries:
-            if not derivation.lng < esn <= derivation.last:
+            if esn > derivation.last:
+                past_range = True
+                continue
+            if esn <= derivation.lng:
                 continue
             precedence = copy_precedence(flags, wave)
             current = best.get(esn)
             if current is None or precedence > current[0]:
                 best[esn] = (precedence, flags)
-        if reply.entries and type(reply.next_esn) is int and (
-                derivation.lng < reply.next_esn <= derivation.last):
+        derivation.more_after = derivation.more_after or past_range
+        # Paged until the range is covered and the node's next copy, if any, is seen: it
+        # tells whether the epoch goes on past the range.
+        if reply.entries and not past_range and type(reply.next_esn) is int and (
+                derivation.lng < reply.next_esn <= ESN_MAX):
             return [self._request(source, key, self._digest(derivation.epoch,
                                                             reply.next_esn))]
         if reply.non_authoritative:
@@ -249,11 +260,17 @@ def derived_clean(derivation: _Derivation, *, log_id: LogId, sealed_by: NodeId,
     """The CLEAN of ``derivation.epoch`` for the range ``lng + 1 .. last`` of its target,
     from the best copies an f-majority of the other nodes hold there (module docstring): the
     first winning bridge, and every ESN below it whose best copy is a hole or that none of
-    them holds. It writes with the precedence of the decision it read (the highest recovery
-    copy among the winners), or, with none in the range, ``fallback_wave``."""
+    them holds. Without a bridge in the range and with no copy past it, the epoch ends in the
+    range: right after its last record, as a reader of those nodes sees it (a bridge there,
+    which covers the rest). It writes with the precedence of the decision it read (the
+    highest recovery copy among the winners), or, with none in the range, ``fallback_wave``."""
     best = derivation.best
     bridges = [esn for esn, (_, flags) in best.items() if flags & RecordFlags.BRIDGE]
     bridge = min(bridges) if bridges else 0
+    if not bridge and not derivation.more_after:
+        last_record = max((esn for esn, (_, flags) in best.items()
+                           if not flags & RecordFlags.HOLE), default=derivation.lng)
+        bridge = last_record + 1 if last_record < derivation.last else 0
     end = min(bridge - 1 if bridge else derivation.last, derivation.last)
     holes: list[tuple[int, int]] = []
 

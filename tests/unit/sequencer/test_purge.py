@@ -118,3 +118,20 @@ def test_a_digest_from_a_node_that_may_have_lost_copies_does_not_count() -> None
     assert purge.on_reply(N2, out[(N2, GetDigest)][0], damaged, 1) == []
     assert purge.on_reply(N3, out[(N3, GetDigest)][0], digest(2, ((1, 0, 1),)), 1) == []
     assert not purge.finished and purge.cleans_sent == 0
+
+
+def test_without_a_bridge_the_epoch_ends_after_its_last_record_unless_copies_follow() -> None:
+    """No bridge in N1's range 1..4 (an epoch drained, or ended by an abandoned recovery):
+    the end is where a reader of the others sees it, right after the last record, unless
+    some node holds a copy past the range (then an ESN nobody holds is a hole)."""
+    for after, expected in (((), (3, ())), (((9, 0, 1),), (0, ((3, 4),)))):
+        purge = PurgeCoordinator(log_id=LOG, node_id=NodeId("seq"), epoch=Epoch(5),
+                                 nodeset=(N1, N2, N3), replication=2, config=SequencerConfig())
+        asks = sends(purge.start())
+        out = sends(purge.on_reply(N1, asks[(N1, GetLogState)][0], state(((2, 0, 4),)), 0))
+        assert purge.on_reply(N2, out[(N2, GetDigest)][0],
+                              digest(2, ((1, 0, 1), (2, 0, 1), *after)), 1) == []
+        result = sends(purge.on_reply(N3, out[(N3, GetDigest)][0],
+                                      digest(2, ((2, 0, 1),)), 1))
+        [clean] = result[(N1, Clean)]
+        assert (clean.bridge_esn, clean.holes) == expected
