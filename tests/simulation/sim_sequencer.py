@@ -232,6 +232,9 @@ class SimSequencerNode:
         if type(message) is Store:
             self.env.checker.on_store_sent(message)
             self.env.stats["recovery_mutation_stores"] += 1
+        purge = core.sequencer.purge
+        if purge is not None and type(message) is not GetLogState and purge.owns(node, message):
+            self.env.stats[f"purge_{type(message).__name__.lower()}"] += 1
 
         def on_reply(reply: Any) -> None:
             if self._live(core):
