@@ -40,7 +40,7 @@ from typing import Any
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.status import Status
-from shared.types import ESN_MAX, Epoch, Esn, LogId, NodeId
+from shared.types import ESN_MAX, Epoch, Esn, LogId, NodeId, epoch_valid
 from shared.wire.read import GetLogState, LogState
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest
 from shared.wire.store import (
@@ -56,6 +56,9 @@ PURGE_RETRY_MS_MAX = 30_000
 PURGE_DIGEST_RECORDS_MAX = 1000
 """Copies per digest page of an unsettled range."""
 PURGE_DIGEST_BYTES_MAX = 4 * 1024 * 1024
+PURGE_EPOCHS_PER_ANSWER_MAX = 64
+"""Unsettled epochs taken from one node's answer (a node lists at most as many, lowest
+first; the rest come with the next answer): bounds the derivations in flight per node."""
 
 
 @dataclass(slots=True)
@@ -172,8 +175,8 @@ class PurgeCoordinator:
 
     def _on_state(self, node: NodeId, reply: LogState) -> list[Any]:
         cleaned = self._cleaned.get(node, set())
-        unsettled = [(Epoch(e), lng, last) for e, lng, last in _tails(reply.unclean)
-                     if e < self.epoch and e not in cleaned]
+        unsettled = [(Epoch(e), lng, last) for e, lng, last in unsettled_from_wire(
+            reply.unclean) if e < self.epoch and e not in cleaned]
         if not unsettled:
             self._left.discard(node)
             return []
@@ -298,9 +301,11 @@ def derived_clean(derivation: _Derivation, *, log_id: LogId, sealed_by: NodeId,
                  attempt=wave & RECOVERY_ATTEMPT_MAX)
 
 
-def _tails(unclean: Any) -> list[tuple[int, int, int]]:
-    """The well-formed entries of a node's ``LogState.unclean``."""
+def unsettled_from_wire(unclean: Any) -> list[tuple[int, int, int]]:
+    """The well-formed entries of a node's ``LogState.unclean`` (untrusted), at most
+    ``PURGE_EPOCHS_PER_ANSWER_MAX``: valid epochs and ESNs, ``lng < last``."""
     if type(unclean) is not tuple:
         return []
-    return [t for t in unclean if type(t) is tuple and len(t) == 3
-            and all(type(x) is int for x in t) and t[0] > 0 and 0 <= t[1] < t[2] <= ESN_MAX]
+    return [t for t in unclean[:PURGE_EPOCHS_PER_ANSWER_MAX]
+            if type(t) is tuple and len(t) == 3 and all(type(x) is int for x in t)
+            and epoch_valid(t[0]) and 0 <= t[1] < t[2] <= ESN_MAX]

@@ -7,11 +7,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sequencer.core.purge import PurgeCoordinator
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sequencer.core.purge import (
+    PURGE_EPOCHS_PER_ANSWER_MAX,
+    PurgeCoordinator,
+    unsettled_from_wire,
+)
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.status import Status
-from shared.types import ESN_MAX, Epoch, Esn, LogId, Lsn, NodeId
+from shared.types import EPOCH_MAX, ESN_MAX, Epoch, Esn, LogId, Lsn, NodeId
 from shared.wire.read import GetLogState, LogState
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest
 from shared.wire.store import RECOVERY_BRIDGE, RECOVERY_HOLE, RecordFlags, recovery_wave
@@ -135,3 +142,15 @@ def test_without_a_bridge_the_epoch_ends_after_its_last_record_unless_copies_fol
                                       digest(2, ((2, 0, 1),)), 1))
         [clean] = result[(N1, Clean)]
         assert (clean.bridge_esn, clean.holes) == expected
+
+
+@given(st.recursive(st.none() | st.integers(min_value=-2**65, max_value=2**65) | st.text(),
+                    lambda inner: st.lists(inner, max_size=5).map(tuple), max_leaves=30))
+def test_any_unclean_field_from_the_wire_gives_well_formed_epochs(unclean: Any) -> None:
+    for epoch, lng, last in unsettled_from_wire(unclean):
+        assert 0 < epoch <= EPOCH_MAX and 0 <= lng < last <= ESN_MAX
+
+
+def test_a_node_lists_a_bounded_number_of_epochs_per_answer() -> None:
+    many = tuple((e, 0, 1) for e in range(1, 10_000))
+    assert len(unsettled_from_wire(many)) == PURGE_EPOCHS_PER_ANSWER_MAX
