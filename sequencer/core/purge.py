@@ -212,7 +212,11 @@ class PurgeCoordinator:
             return []
         best = derivation.best
         past_range = False
-        for esn, flags, wave, *_ in reply.entries:
+        for entry in reply.entries:
+            if type(entry) is not tuple or len(entry) < 3 or not (
+                    type(entry[0]) is int and type(entry[1]) is int and type(entry[2]) is int):
+                continue  # malformed (untrusted): not evidence of anything
+            esn, flags, wave = entry[0], entry[1], entry[2]
             if esn > derivation.last:
                 past_range = True
                 continue

@@ -299,7 +299,8 @@ class StoreMachine:
         None."""
         epoch = release.drained_epoch
         log = self._logs.get(release.log_id)
-        if not epoch or log is None or lsn_to_epoch(release.release_lsn) != epoch:
+        if (not epoch_valid(epoch) or log is None or not lsn_valid(release.release_lsn)
+                or lsn_to_epoch(release.release_lsn) != epoch):
             return None
         tail = log.epoch_tails.get(epoch)
         if tail is None or tail[0] >= tail[1] or tail[1] > lsn_to_esn(release.release_lsn):

@@ -154,3 +154,19 @@ def test_any_unclean_field_from_the_wire_gives_well_formed_epochs(unclean: Any) 
 def test_a_node_lists_a_bounded_number_of_epochs_per_answer() -> None:
     many = tuple((e, 0, 1) for e in range(1, 10_000))
     assert len(unsettled_from_wire(many)) == PURGE_EPOCHS_PER_ANSWER_MAX
+
+
+@given(st.lists(st.recursive(st.none() | st.integers(min_value=-2**65, max_value=2**65)
+                             | st.binary(max_size=4),
+                             lambda inner: st.lists(inner, max_size=7).map(tuple),
+                             max_leaves=20), max_size=6).map(tuple),
+       st.integers(min_value=-5, max_value=2**33))
+def test_any_digest_entries_from_the_wire_are_survived(entries: Any, next_esn: int) -> None:
+    purge = PurgeCoordinator(log_id=LOG, node_id=NodeId("seq"), epoch=Epoch(5),
+                             nodeset=(N1, N2, N3), replication=2, config=SequencerConfig())
+    asks = sends(purge.start())
+    out = sends(purge.on_reply(N1, asks[(N1, GetLogState)][0], state(((2, 0, 3),)), 0))
+    reply = Digest(status=Status.OK, log_id=LOG, epoch=Epoch(2), entries=entries,
+                   next_esn=next_esn)
+    purge.on_reply(N2, out[(N2, GetDigest)][0], reply, 1)
+    purge.on_reply(N3, out[(N3, GetDigest)][0], reply, 1)
