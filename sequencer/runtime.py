@@ -5,7 +5,7 @@ It makes no decisions of its own. One timer is armed for the earliest deadline o
 a periodic task broadcasts release pointers so that every storage node learns them.
 
 Idle logs cost nothing: the periodic broadcast visits only the logs in a dirty set (release
-moved lately, CLEANs owed), in chunks, and a log's sequencer idle for ``idle_deactivate_ms``
+moved lately), in chunks, and a log's sequencer idle for ``idle_deactivate_ms``
 is deactivated (epoch marked clean, dropped from memory; the next append activates a new
 epoch with no recovery). With 10,000 idle logs, walking them all twice a second stalled the
 loop for 70-90 ms each time.
@@ -389,7 +389,7 @@ class SequencerRuntime:
                 log.info("log %d: recovery attempt %d: %s", effect.log_id, effect.attempt,
                          effect.phase)
                 self.recovery_phases_count[effect.phase] += 1
-                self._broadcast_dirty.add(effect.log_id)  # CLEANs may be owed now
+                self._broadcast_dirty.add(effect.log_id)  # the release may move now
                 if effect.phase == "DIGESTING":
                     failpoints.hit("recovery.after_seal")
             else:
@@ -411,6 +411,11 @@ class SequencerRuntime:
     def _send(self, sequencer: Sequencer, effect: Send) -> None:
         message = effect.message
         if type(message) is Release:
+            if message.drained_epoch:
+                # The last RELEASE of a drained epoch settles it on the node: a RELEASE_BATCH
+                # carries only pointers, so it goes alone.
+                self.transport.send(effect.node, message)
+                return
             # Leaves with this iteration's other RELEASEs to that node, in one frame.
             if self._store_batcher.add_release(effect.node, message) and (
                     not self._flushing_appends):
@@ -496,7 +501,9 @@ class SequencerRuntime:
             self._apply(sequencer, sequencer.on_recovery_reply(node, message, reply,
                                                                self.clock.now_ms()))
 
-        self.transport.request(node, message, on_reply)
+        # Bounded, so that a member that hangs after sealing fails as TIMEDOUT and is dropped.
+        self.transport.request(node, message, on_reply,
+                               timeout_ms=self.config.recovery_request_timeout_ms)
 
     async def _write_lce(self, sequencer: Sequencer, effect: WriteLastCleanEpoch) -> None:
         stored = Epoch(0)
@@ -720,7 +727,7 @@ class SequencerRuntime:
                       self._releasable_events.pop(log_id, None)):
             if event is not None:
                 event.set()
-        for effect in sequencer.release_broadcast():
+        for effect in sequencer.release_broadcast(final=True):
             self._send(sequencer, effect)
         task = asyncio.create_task(self._mark_idle_clean(sequencer, tail))
         self._deactivating[log_id] = task
@@ -768,7 +775,7 @@ class SequencerRuntime:
                    if (tail := s.drained_clean_tail()) is not None]
         for sequencer, _ in drained:
             # Only sends: not through _apply, which looks at every log when closing.
-            for effect in sequencer.release_broadcast():
+            for effect in sequencer.release_broadcast(final=True):
                 self._send(sequencer, effect)
         self._flush_stores()
         marking = list(self._deactivating.values())  # idle epochs being marked clean

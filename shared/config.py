@@ -221,6 +221,12 @@ class SequencerConfig:
     (LogDevice's mutation timeout)."""
     recovery_timeout_ms: int = 30_000
     """An epoch recovery not done after this long starts over with a new SEAL round."""
+    recovery_request_timeout_ms: int = 2_000
+    """How long one request of epoch recovery or purging (SEAL, digest page, mutation STORE,
+    CLEAN, log state) may go unanswered before it fails as TIMEDOUT: a member that sealed
+    and then hangs (stopped, a stalled disk) is then dropped from the recovery set while an
+    f-majority that can hold R copies remains, instead of stalling recovery for
+    ``recovery_timeout_ms``."""
     activation_timeout_ms: int = 10_000
     """How long taking an epoch from the epoch store may take before the waiting appends are
     answered NOSEQUENCER (nothing written) and the next append tries again."""
@@ -263,6 +269,8 @@ class SequencerConfig:
         _in_range("recovery_grace_ms", self.recovery_grace_ms, 0, 600_000)
         _in_range("recovery_retry_ms", self.recovery_retry_ms, 1, 600_000)
         _in_range("recovery_timeout_ms", self.recovery_timeout_ms, 1, 3_600_000)
+        _in_range("recovery_request_timeout_ms", self.recovery_request_timeout_ms, 1,
+                  600_000)
         _in_range("activation_timeout_ms", self.activation_timeout_ms, 1, 600_000)
         _in_range("activation_appends_queued_max", self.activation_appends_queued_max, 1,
                   1_000_000)

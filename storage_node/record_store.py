@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from shared import failpoints
 from shared.config import StorageConfig
 from shared.status import LogError, Status
-from shared.types import LogId, Lsn
+from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn
 from shared.wire.producer import ProducerEntry
 from shared.wire.store import Store
 from storage_node.authority import AuthorityFile
@@ -253,6 +253,17 @@ class RecordStore:
     def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
         """Queue a durable seal; same contract as ``submit_store``."""
         return self._enqueue(_Pending(seal, done, 1, _ENTRY_OVERHEAD_BYTES))
+
+    def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int, done: DoneFn) -> Status:
+        """Queue a durable raise of ``epoch``'s last-known-good ESN to ``esn`` (the epoch is
+        settled here: ``StoreMachine.clean_mark``, ``drained_mark``); same contract as
+        ``submit_store``. Written as a
+        checkpoint entry holding only that tail: a restart's scan and a live write merge
+        checkpoints field by field, highest wins, so the entry changes nothing else, and the
+        raised tail is in every later checkpoint."""
+        entry = CheckpointEntry(log_id, LSN_INVALID, None, LSN_INVALID, EPOCH_INVALID, None,
+                                LSN_INVALID, ((epoch, esn, esn),))
+        return self._enqueue(_Pending(entry, done, 1, _ENTRY_OVERHEAD_BYTES + 16))
 
     def submit_trim(self, trim: TrimEntry, done: DoneFn) -> Status:
         """Queue a durable trim point; same contract as ``submit_store``."""

@@ -331,6 +331,21 @@ class StorageNode:
         if release_lsn is not None:
             self._store.note_release(release.log_id, release_lsn)
             self._release_moved(release.log_id)
+        if release.drained_epoch:
+            self._settle_drained(release)
+
+    def _settle_drained(self, release: Release) -> None:
+        """The last RELEASE of a drained epoch settles it here (``drained_mark``)."""
+        esn = self._machine.drained_mark(release)
+        if esn is None:
+            return
+
+        def marked(status: Status) -> None:
+            if status is Status.OK:
+                self._machine.on_clean_marked(release.log_id, release.drained_epoch, esn)
+
+        # Not retried if refused: the epoch is then purged (with nothing to plug) later.
+        self._store.submit_clean_mark(release.log_id, release.drained_epoch, esn, marked)
 
     def _on_release_batch(self, batch: ReleaseBatch, reply: ReplyFn) -> None:
         """The release pointers of many logs: each as a RELEASE of its own."""
@@ -560,7 +575,7 @@ class StorageNode:
             clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
         stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)
         if not stores:
-            reply(self._machine.cleaned_after_purge(clean, Status.OK))
+            self._mark_clean(clean, Status.OK, reply)
             return
         pending = [len(stores)]
         failed: list[Status] = []
@@ -570,8 +585,7 @@ class StorageNode:
                 failed.append(status)
             pending[0] -= 1
             if pending[0] == 0:
-                reply(self._machine.cleaned_after_purge(
-                    clean, failed[0] if failed else Status.OK))
+                self._mark_clean(clean, failed[0] if failed else Status.OK, reply)
 
         for store in stores:
             decision = self._machine.on_purge_store(store, disk_low=self._store.disk_low)
@@ -588,6 +602,23 @@ class StorageNode:
             status = self._store.submit_store(store, done)
             if status is not Status.OK:
                 persisted(status)
+
+    def _mark_clean(self, clean: Clean, status: Status, reply: ReplyFn) -> None:
+        """Once the purge is written: mark the epoch settled here (``clean_mark``), then
+        answer the CLEAN."""
+        esn = self._machine.clean_mark(clean) if status is Status.OK else None
+        if esn is None:
+            reply(self._machine.cleaned_after_purge(clean, status))
+            return
+
+        def marked(result: Status) -> None:
+            if result is Status.OK:
+                self._machine.on_clean_marked(clean.log_id, clean.epoch, esn)
+            reply(self._machine.cleaned_after_purge(clean, result))
+
+        submitted = self._store.submit_clean_mark(clean.log_id, clean.epoch, esn, marked)
+        if submitted is not Status.OK:
+            reply(self._machine.cleaned_after_purge(clean, submitted))
 
     def _on_trim(self, trim: Trim, reply: ReplyFn) -> None:
         refused = self._not_serving()

@@ -83,7 +83,9 @@ RECOVERY_ATTEMPT_MAX = (1 << RECOVERY_ATTEMPT_BITS) - 1
 def recovery_wave(seal_epoch: int, attempt: int) -> int:
     """The ``wave`` of a copy recovery writes: its seal epoch, then which attempt of that
     recovery wrote it, so that a late write of an abandoned attempt never ties with a newer
-    attempt's decision (the newer one wins). Attempt 0 is a storage node's own purge."""
+    attempt's decision (the newer one wins). A storage node's purge writes with the attempt
+that decided (carried in CLEAN); attempt 0 only when the CLEAN came from a peer that
+predates that field."""
     return seal_epoch << RECOVERY_ATTEMPT_BITS | min(attempt, RECOVERY_ATTEMPT_MAX)
 
 

@@ -219,6 +219,10 @@ class SimSequencerNode:
     def _send(self, core: Core, effect: Send) -> None:
         message, node = effect.message, effect.node
         if type(message) is Release:
+            if message.drained_epoch:
+                # As ``SequencerRuntime._send``: a RELEASE_BATCH cannot carry it.
+                self.env.network.send(self.node_id, node, message)
+                return
             self._staged_send(self._batcher.add_release(node, message))
             return
         if type(message) is not Store or message.flags:
@@ -294,6 +298,9 @@ class SimSequencerNode:
         if type(message) is Store:
             self.env.checker.on_store_sent(message)
             self.env.stats["recovery_mutation_stores"] += 1
+        purge = core.sequencer.purge
+        if purge is not None and type(message) is not GetLogState and purge.owns(node, message):
+            self.env.stats[f"purge_{type(message).__name__.lower()}"] += 1
 
         def on_reply(reply: Any) -> None:
             if self._live(core):
@@ -408,7 +415,7 @@ class SimSequencerNode:
         tail = sequencer.idle_clean_tail(self._now_ms)
         if tail is None or sequencer.metadata is None:
             return False
-        self._apply(core, sequencer.release_broadcast())
+        self._apply(core, sequencer.release_broadcast(final=True))
         del self.cores[sequencer.log_id]
         status = self.env.epoch_store.set_last_clean_epoch(sequencer.log_id, sequencer.epoch,
                                                            tail)
@@ -485,7 +492,7 @@ class SimSequencerNode:
         mark the drained epoch clean; give up at the drain deadline."""
         sequencer = core.sequencer
         assert sequencer.metadata is not None
-        self._apply(core, sequencer.release_broadcast())
+        self._apply(core, sequencer.release_broadcast(final=True))
         self._flush_stores(self.incarnation)  # the RELEASEs leave before the GET_LOG_STATEs
         nodes = sequencer.metadata.nodeset
         answers: dict[NodeId, bool] = {}

@@ -78,6 +78,8 @@ class Disk:
     records: dict[tuple[LogId, Lsn], DiskRecord]
     release_lsn: dict[LogId, Lsn]
     seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
+    clean_marks: dict[tuple[LogId, Epoch], int] = field(default_factory=dict)
+    """Epochs a CLEAN settled here: their last-known-good ESN raised (``clean_mark``)."""
     authority: AuthorityStatus = field(default_factory=AuthorityStatus)
     """What the node can vouch for (lost copies found by a restart's scan)."""
 
@@ -157,8 +159,13 @@ class SimStorageNode:
             lng, last = epoch_tails.get(lsn_to_epoch(lsn), (0, 0))
             epoch_tails[lsn_to_epoch(lsn)] = (max(lng, record.last_known_good),
                                              max(last, lsn_to_esn(lsn)))
+        for (log_id, epoch), esn in self.disk.clean_marks.items():
+            epoch_tails = tails.setdefault(log_id, {})
+            lng, last = epoch_tails.get(epoch, (0, 0))
+            epoch_tails[epoch] = (max(lng, esn), max(last, esn))
         for log_id, epoch_tails in tails.items():
-            states[log_id] = replace(states[log_id], epoch_tails=epoch_tails)
+            states[log_id] = replace(states.get(log_id, LogStorageState()),
+                                     epoch_tails=epoch_tails)
         for log_id, (sealed_epoch, sealed_by) in self.disk.seals.items():
             states[log_id] = replace(states.get(log_id, LogStorageState()),
                                      sealed_epoch=sealed_epoch, sealed_by=sealed_by)
@@ -211,6 +218,9 @@ class SimStorageNode:
         released = self.machine.on_release(release)
         if released is not None:
             self._persist_release(release.log_id, released)
+        esn = self.machine.drained_mark(release)
+        if esn is not None:
+            self._mark(release.log_id, release.drained_epoch, esn)
 
     def _on_store(self, store: Store, reply: ReplyFn) -> None:
         decision = self.machine.on_store(store, disk_low=False)
@@ -306,9 +316,18 @@ class SimStorageNode:
             for store in accepted:
                 self._write(store)
                 self.machine.on_persisted(store)
+            esn = self.machine.clean_mark(clean)
+            if esn is not None:
+                self._mark(clean.log_id, clean.epoch, esn)
             reply(self.machine.cleaned_after_purge(clean, Status.OK))
 
         self._after_disk(persisted)
+
+    def _mark(self, log_id: LogId, epoch: Epoch, esn: int) -> None:
+        """The epoch is settled here (``clean_mark``, ``drained_mark``): durably at once."""
+        key = (log_id, epoch)
+        self.disk.clean_marks[key] = max(self.disk.clean_marks.get(key, 0), esn)
+        self.machine.on_clean_marked(log_id, epoch, esn)
 
     def _persist_release(self, log_id: LogId, release_lsn: Lsn) -> None:
         self.disk.release_lsn[log_id] = release_lsn

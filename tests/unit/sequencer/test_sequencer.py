@@ -193,6 +193,16 @@ def test_drained_epoch_reports_clean_tail() -> None:
     assert sequencer.drained_clean_tail() is None
 
 
+def test_only_the_final_broadcast_of_a_drained_epoch_lets_nodes_settle_it() -> None:
+    sequencer = active_sequencer(replication=1)
+    drained = [e.message for e in sequencer.release_broadcast(final=True)]
+    assert drained and all(m.drained_epoch == 1 and m.release_lsn == compose_lsn(
+        Epoch(1), Esn(1)) for m in drained)
+    assert all(e.message.drained_epoch == 0 for e in sequencer.release_broadcast())
+    stores(sequencer.on_append(2, (b"a",), None, 1, 0))  # in flight: not drained any more
+    assert all(e.message.drained_epoch == 0 for e in sequencer.release_broadcast(final=True))
+
+
 def test_late_ok_from_an_earlier_wave_counts_and_is_not_resent() -> None:
     sequencer = active_sequencer(replication=3)
     first, second, third = stores(sequencer.on_append(2, (b"a",), None, 1, 0))

@@ -6,10 +6,15 @@ import dataclasses
 from collections.abc import Callable
 
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.read import GetLogState
 from shared.wire.release import Release
-from storage_node.core.store_machine import LogStorageState, StoreMachine
+from storage_node.core.store_machine import (
+    UNCLEAN_EPOCHS_REPORTED_MAX,
+    LogStorageState,
+    StoreMachine,
+    unsettled_epochs,
+)
 from tests.unit.storage_node.helpers import LOG, SEQ_A, SEQ_B, lsn, make_read, make_store
 
 
@@ -125,3 +130,12 @@ def test_restore_loads_recovered_state() -> None:
     core.restore(LOG, state)
     assert core.state(LOG) == state
     assert core.log_ids() == [LOG]
+
+
+def test_unsettled_epochs_skip_settled_and_trimmed_ones_and_are_bounded() -> None:
+    tails = {Epoch(e): (1, 3) for e in range(1, 200)}
+    tails[Epoch(2)] = (3, 3)  # settled
+    state = LogStorageState(epoch_tails=tails, trim_lsn=compose_lsn(Epoch(3), Esn(3)))
+    reported = unsettled_epochs(state)
+    assert len(reported) == UNCLEAN_EPOCHS_REPORTED_MAX
+    assert reported[:2] == ((4, 1, 3), (5, 1, 3))  # 1 and 3 trimmed, 2 settled
