@@ -182,7 +182,7 @@ class SequencerConfig:
     store_timeout_ms_max: int = 60_000
     """Upper bound of the store timeout."""
     graylist_nodeset_fraction_max: float = 0.25
-    """The gray list is cleared once it holds this fraction of the nodeset."""
+    """The gray list is cleared once it holds more than this fraction of the nodeset."""
     graylist_duration_ms: int = 600_000
     """How long a node that timed out stays graylisted."""
     blacklist_nospc_ms: int = 60_000

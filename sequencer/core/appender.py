@@ -17,8 +17,9 @@ replication work.
 Still working: a node that has not answered the previous wave's STORE yet (it is queued
 behind other writes and fsyncs) is preferred too, and is not sent the payload again: the new
 wave waits for that STORE's answer, which counts for it (OK like an amend, an error as this
-wave's error). Only once: if the wave after it times out too, the node is sent the payload
-again (the first STORE may have been lost), and the storage node, should it still be writing
+wave's error). Only once per node and append: if the wave after it times out too, the node is
+no longer preferred, and is sent the payload again if it is picked (the first STORE may have
+been lost), and the storage node, should it still be writing
 the first, answers both with the one write (``storage_node.core.inflight_stores``).
 """
 
@@ -49,7 +50,7 @@ class Appender:
         "checksum", "compression", "deadline_ms", "deferred", "first_esn", "key",
         "log_id", "lsn", "payload_bytes", "payloads", "previous_sent_ms", "producers",
         "recipients", "records", "replication", "requests", "sent_ms", "stored_nodes",
-        "timestamp_ms", "wave",
+        "timestamp_ms", "waited", "wave",
     )
 
     def __init__(
@@ -96,6 +97,9 @@ class Appender:
         """When the previous wave went out."""
         self.deferred = _NONE
         """Current recipients not sent this wave: they answer the previous wave's STORE."""
+        self.waited = _NONE
+        """Nodes a wave has already waited for once: never preferred as still working again
+        (a node that hangs would otherwise be picked again every other wave, for ever)."""
         self.recipients: dict[NodeId, Status | None] = {}
         """Current wave's recipients and their answers (None while outstanding)."""
         self.stored_nodes: frozenset[NodeId] = frozenset()
@@ -131,8 +135,10 @@ class Appender:
         # preferred, and not sent it again (see the module). Only right after that wave: a
         # node that waited a wave without answering is no longer preferred over the others.
         previous, deferred = self.recipients, self.deferred
+        waited = self.waited
         working = frozenset(n for n, answer in previous.items()
-                            if answer is None and n not in deferred) if previous else _NONE
+                            if answer is None and n not in deferred and n not in waited
+                            ) if previous else _NONE
         copyset = nodeset.pick_copyset(self.replication, rng, now_ms,
                                        stored.union(working) if working else stored)
         self.deferred = _NONE
@@ -143,6 +149,8 @@ class Appender:
             return []
         if working:
             self.deferred = frozenset(n for n in copyset if n in working and n not in stored)
+            if self.deferred:
+                self.waited = waited.union(self.deferred)
         skipped = stored.union(self.deferred) if self.deferred else stored
         first_wave_ms = None if latency is None else latency.timeout_ms(
             copyset, self.payload_bytes, config, stored)

@@ -1,7 +1,7 @@
 """Which storage nodes of a log's nodeset an appender may use now, and copyset selection.
 
 Blacklisting (a node answered with an error) and graylisting (a node did not answer in time)
-both make a node unavailable until a deadline. The gray list is cleared when it reaches
+both make a node unavailable until a deadline. The gray list is cleared when it exceeds
 ``graylist_nodeset_fraction_max`` of the nodeset, or when no copyset can be picked without
 its members (LogDevice's NodeSetState).
 """
@@ -46,7 +46,8 @@ class NodesetState:
         self._expire(now_ms)
         self._graylist_until_ms[node] = now_ms + self._config.graylist_duration_ms
         threshold = self._config.graylist_nodeset_fraction_max * len(self.nodeset)
-        if len(self._graylist_until_ms) >= threshold:
+        # Past the fraction, not at it: with 4 nodes and 0.25 one node may be graylisted.
+        if len(self._graylist_until_ms) > threshold:
             self._graylist_until_ms.clear()
 
     def blacklisted(self, now_ms: int) -> set[NodeId]:

@@ -124,9 +124,11 @@ def release_batch_entries(batch: ReleaseBatch) -> list[Release]:
 
 
 _new_object = object.__new__
+NOT_DRAINED = Epoch(0)
 _set_release_log_id = Release.__dict__["log_id"].__set__
 _set_release_lsn = Release.__dict__["release_lsn"].__set__
-assert len(Release.__dataclass_fields__) == 2 and not hasattr(Release, "__post_init__")
+_set_release_drained_epoch = Release.__dict__["drained_epoch"].__set__
+assert len(Release.__dataclass_fields__) == 3 and not hasattr(Release, "__post_init__")
 
 
 def _release(log_id: int, release_lsn: int) -> Release:
@@ -134,4 +136,5 @@ def _release(log_id: int, release_lsn: int) -> Release:
     release = _new_object(Release)
     _set_release_log_id(release, log_id)
     _set_release_lsn(release, release_lsn)
+    _set_release_drained_epoch(release, NOT_DRAINED)  # a batch never carries a drained epoch
     return release

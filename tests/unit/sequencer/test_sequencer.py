@@ -109,6 +109,21 @@ def test_timeout_doubles_and_graylists_first_outstanding() -> None:
     assert second.node not in {s.node for s in wave2}
 
 
+def test_a_quarter_of_a_four_node_nodeset_may_be_graylisted() -> None:
+    # LogDevice's limit is a fraction of the nodeset: with 4 nodes and 0.25 (the default) one
+    # node is within it. Clearing the list at the limit instead of past it meant a slow node
+    # of a 4-node nodeset was never avoided.
+    from sequencer.core.nodeset_state import NodesetState
+    nodes = tuple(NodeId(n) for n in "abcd")
+    state = NodesetState(nodes, SequencerConfig())
+    state.graylist(nodes[3], 0)
+    assert state.graylisted(1) == {nodes[3]}
+    rng = random.Random(3)
+    assert all(nodes[3] not in (state.pick_copyset(2, rng, 1) or nodes) for _ in range(50))
+    state.graylist(nodes[2], 2)  # two of four is past a quarter: the list is cleared
+    assert state.graylisted(3) == set()
+
+
 def test_no_graylist_when_every_recipient_timed_out() -> None:
     sequencer = active_sequencer(replication=2)
     stores(sequencer.on_append(2, (b"a",), None, 1, 0))

@@ -209,3 +209,24 @@ def test_a_lost_store_is_sent_again_after_one_waiting_wave() -> None:
     assert [(s.node, s.message.wave) for s in wave3] == [(c, 3)]
     done = replies(sequencer.on_stored(c, lsn, 3, Status.OK, Epoch(0), None, deadline_ms + 1))
     assert [r.status for r in done] == [Status.OK]
+
+
+def test_a_node_that_never_answers_is_waited_for_once_not_every_other_wave() -> None:
+    # No graylisting (fraction 0 clears it at once), so only the appender's own rule keeps a
+    # hung node from being preferred as "still working" again after it was sent the payload
+    # once more; before the rule it was deferred on every even wave, for ever.
+    sequencer = active_sequencer(replication=2, graylist_nodeset_fraction_max=0.0)
+    wave = stores(sequencer.on_append(2, (b"p",), None, 0, 0))
+    lsn = wave[0].message.lsn
+    answering, hung = (s.node for s in wave)
+    # The third node is DEAD to the failure detector: every wave's copyset is these two.
+    sequencer.set_unavailable_nodes(frozenset(NODES) - {answering, hung})
+    sequencer.on_stored(answering, lsn, 1, Status.OK, Epoch(0), None, 1)
+    waited = 0
+    for _ in range(8):
+        deadline_ms = sequencer.deadline_ms()
+        assert deadline_ms is not None
+        sent = stores(sequencer.on_timer(deadline_ms))
+        assert {s.node for s in sent} <= {hung}
+        waited += not sent  # a wave that only waits for the hung node's earlier STORE
+    assert waited == 1
