@@ -315,9 +315,12 @@ class FrontEnd:
     def _local_release(self, log_id: LogId) -> Lsn:
         return self.sequencer.release_lsn(log_id) if self.sequencer is not None else Lsn(0)
 
-    def sequencer_state(self, log_id: LogId) -> SequencerState:
-        """This node's sequencer of ``log_id``, for peers serving reads of it."""
+    def sequencer_state(self, log_id: LogId, *, activate: bool = False) -> SequencerState:
+        """This node's sequencer of ``log_id``, for peers serving reads of it; ``activate``:
+        start activating it if it is not active (the answer still says NOSEQUENCER)."""
         active = self.sequencer is not None and self.sequencer.is_active(log_id)
+        if activate and not active and self.sequencer is not None:
+            self.sequencer.request_activation(log_id)
         return SequencerState(
             status=Status.OK if active else Status.NOSEQUENCER, log_id=log_id,
             release_lsn=self._local_release(log_id),
@@ -424,14 +427,22 @@ class FrontEnd:
             next_lsn=merged.next_lsn, release_lsn=release)
 
     async def tail(self, log_id: LogId) -> TailOutcome:
-        """The log's release pointer, never less than one this node or any other reported
-        before (consumers use it as a high-water mark). It is the highest of: the sequencer's
-        pointer once its epoch releases (recovery of the earlier epochs done: then it is at
-        least every earlier epoch's), the storage nodes' durable pointers, the tail of the last
-        clean epoch in the epoch store, and what this node reported before. Without a
-        releasing sequencer it needs the pointers of an f-majority of the nodeset (every
-        pointer that reached R nodes is among them), else it answers NOTREADY: the pointer of
-        a sequencer still recovering (0 after a restart) says nothing about earlier epochs."""
+        """The log's release pointer, never less than one any node reported before this
+        request (consumers use it as a high-water mark, whichever node they ask). Two answers
+        can vouch for that:
+
+        - the sequencer's pointer, once its epoch releases (recovery of the earlier epochs
+          done, so it covers them) and, asked after it answered, at least R storage nodes
+          report no seal of its epoch: R nodes meet every f-majority, so no later epoch's
+          sequencer has sealed, let alone released anything; a sequencer that is out of
+          reach, still recovering or preempted cannot vouch;
+        - with no sequencer active, the tail of the last clean epoch when it is the log's
+          latest epoch (a drained or idle-deactivated log): nothing can be released past it
+          without a new epoch, and a new epoch would show in the epoch store.
+
+        Otherwise it answers NOTREADY, and asks the log's sequencer node to activate (an
+        unclean epoch needs recovery before anyone can tell what it released). Storage
+        nodes' durable pointers and what this node reported before only raise the answer."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return TailOutcome(status=status, message=f"log {log_id}: {status.description}")
@@ -442,43 +453,51 @@ class FrontEnd:
             for node in metadata.nodeset))
         trim_lsn = Lsn(0)
         stored = Lsn(0)
+        sealed = Epoch(0)
         storage_answers = 0
         trims: dict[NodeId, Lsn] = {}
         for node, reply in zip(metadata.nodeset, replies, strict=True):
             if type(reply) is LogState and reply.status is Status.OK:
                 stored = max(stored, reply.release_lsn)
                 trim_lsn = max(trim_lsn, reply.trim_lsn)
+                sealed = max(sealed, reply.sealed_epoch)
                 trims[node] = reply.trim_lsn
                 storage_answers += 1
         # A node behind the trim point the others wrote durably missed a trim: it is sent it
         # again, so the trim reaches every node however long it was away.
         self._trims.owe(log_id, trim_lsn, {n for n, t in trims.items() if t < trim_lsn})
-        releasing = answered and seq_epoch > 0 and lsn_to_epoch(seq_release) == seq_epoch
-        release = max(stored, seq_release) if releasing else stored
-        if not releasing:
-            lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
-            if lce is not None and lce_status is Status.OK:
-                release = max(release, lce.tail_lsn)
-                # Every epoch before the sequencer's is clean: its pointer covers them.
-                releasing = answered and seq_epoch > 0 and lce.epoch >= seq_epoch - 1
-                if releasing:
-                    release = max(release, seq_release)
-        if not releasing and storage_answers < f_majority(len(metadata.nodeset),
-                                                          metadata.replication_factor):
+        lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+        if lce_status is not Status.OK:
+            lce = None
+        vouched: Lsn | None = None
+        epoch = Epoch(0)
+        releasing = False
+        if answered and seq_epoch > 0:
+            releasing = lsn_to_epoch(seq_release) == seq_epoch or (
+                lce is not None and lce.epoch >= seq_epoch - 1)
+            unsealed = sealed < seq_epoch and storage_answers >= min(
+                metadata.replication_factor, len(metadata.nodeset))
+            if releasing and unsealed:
+                vouched, epoch = seq_release, seq_epoch
+        if vouched is None and not answered and lce is not None:
+            _, fresh = await self.epoch_store.get_metadata(log_id)
+            latest = Epoch(max(fresh.next_epoch - 1, 0)) if fresh is not None else None
+            if latest is not None and lce.epoch >= latest:
+                vouched, epoch = lce.tail_lsn, latest
+        if vouched is None:
+            if not answered:
+                self._ask_activation(log_id, owner)
+            why = ("is not active or is out of reach" if not answered
+                   else "was sealed by a newer epoch" if sealed >= seq_epoch
+                   else "cannot be confirmed by enough storage nodes" if releasing
+                   else "is recovering")
             return TailOutcome(
                 status=Status.NOTREADY, sequencer_node=owner,
-                message=f"the sequencer of log {log_id} is not releasing yet (recovering, or "
-                        f"unreachable) and {storage_answers} of {len(metadata.nodeset)} "
-                        "storage nodes answered; the tail is unknown here")
-        release = self._note_release(log_id, Lsn(release))
-        epoch = seq_epoch if answered else Epoch(0)
-        if epoch == 0 and self.sequencer is not None:
-            epoch = self.sequencer.epoch(log_id)
-        if epoch == 0:
-            _, fresh = await self.epoch_store.get_metadata(log_id)
-            if fresh is not None:
-                epoch = Epoch(max(fresh.next_epoch - 1, 0))
-        return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=trim_lsn,
+                message=f"the sequencer of log {log_id} {why} ({storage_answers} of "
+                        f"{len(metadata.nodeset)} storage nodes answered); the tail is not "
+                        "known yet: ask again")
+        release = self._note_release(log_id, Lsn(max(vouched, stored)))
+        return TailOutcome(status=Status.OK, release_lsn=release, trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
 
     async def _sequencer_view(self, log_id: LogId) -> tuple[Lsn, Epoch, bool]:
@@ -495,6 +514,14 @@ class FrontEnd:
         if type(reply) is SequencerState and reply.status is Status.OK:
             return reply.release_lsn, reply.epoch, True
         return Lsn(0), Epoch(0), False
+
+    def _ask_activation(self, log_id: LogId, owner: NodeId | None) -> None:
+        """Have the log's sequencer activated (best effort, no answer awaited)."""
+        if owner is None or owner == self.node_id:
+            if self.sequencer is not None:
+                self.sequencer.request_activation(log_id)
+            return
+        self.pool.send(owner, GetSequencerState(log_id=log_id, activate=True))
 
     async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
         status, metadata = await self._log_metadata(log_id)
@@ -544,9 +571,12 @@ class FrontEnd:
             # This node's view of the owner may be stale (it believes it sequences the log, or
             # the owner it asked is not active): the storage nodes' pointers, which only ever
             # come from a sequencer's release, settle it before the trim is refused.
-            tail = await self.tail(log_id)
-            if tail.status is Status.OK:
-                release = max(release, tail.release_lsn)
+            # (A tail may say NOTREADY while any durable pointer is a safe bound here.)
+            replies: list[Any] = await asyncio.gather(*(
+                self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
+                for node in metadata.nodeset))
+            release = max([release, *(r.release_lsn for r in replies
+                                      if type(r) is LogState and r.status is Status.OK)])
         if trim_lsn > release:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,

@@ -320,6 +320,14 @@ class SequencerRuntime:
                             Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
                             "append not confirmed in time; outcome unknown"))
 
+    def request_activation(self, log_id: LogId) -> None:
+        """Activate the log's sequencer if it is not active, with no append (see
+        ``Sequencer.on_activate_request``)."""
+        if self._closing:
+            return
+        sequencer = self._sequencer(log_id)
+        self._apply(sequencer, sequencer.on_activate_request(self.clock.now_ms()))
+
     def release_lsn(self, log_id: LogId) -> Lsn:
         sequencer = self.sequencers.get(log_id)
         return sequencer.release_lsn if sequencer is not None else Lsn(0)

@@ -60,7 +60,7 @@ class _Dispatcher:
         elif type(message) is Append:
             self.service.on_append_message(message, reply)
         elif type(message) is GetSequencerState:
-            reply(self.service.sequencer_state(message.log_id))
+            reply(self.service.sequencer_state(message.log_id, activate=message.activate))
         elif self.storage is not None:
             self.storage.on_message(peer, message, reply)
 

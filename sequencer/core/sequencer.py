@@ -280,6 +280,14 @@ class Sequencer:
                     effects.append(AppendReply(joined.request_id, status,
                                                message="the original append failed"))
 
+    def on_activate_request(self, now_ms: int) -> list[Effect]:
+        """Activate with no append waiting (a reader asked for the tail of a log whose last
+        epoch is not clean); nothing if active, activating or draining."""
+        if self.state in (SequencerState.UNAVAILABLE, SequencerState.PREEMPTED) and (
+                self._drain_until_ms is None):
+            return self._begin_activation(now_ms)
+        return []
+
     def _begin_activation(self, now_ms: int) -> list[Effect]:
         self._drain_until_ms = None
         effects = self._abort_epoch("sequencer is reactivating in a new epoch")

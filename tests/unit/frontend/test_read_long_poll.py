@@ -59,9 +59,16 @@ class _Cluster:
         self.hold = hold
         self.release = Lsn(0)
         self.sequencer_state_calls = 0
+        self.activations: list[tuple[NodeId, LogId]] = []
+        """GetSequencerState(activate=True) sent: (node, log)."""
         self.reads: list[Read] = []
         self.asked = asyncio.Event()
         self._held: list[tuple[Read, RequestCallback]] = []
+
+    def send(self, node: NodeId, message: Message) -> bool:
+        assert type(message) is GetSequencerState and message.activate
+        self.activations.append((node, message.log_id))
+        return True
 
     async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
         assert type(message) is GetSequencerState and node != ME
@@ -208,6 +215,7 @@ class _TailCluster(_Cluster):
         super().__init__()
         self.sequencer: SequencerState | None = None
         self.stored: dict[NodeId, Lsn | None] = dict.fromkeys(STORAGE)
+        self.sealed: dict[NodeId, Epoch] = {}
 
     async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
         if type(message) is GetLogState:
@@ -215,7 +223,7 @@ class _TailCluster(_Cluster):
             if release is None:
                 return Status.TIMEDOUT
             return LogState(status=Status.OK, log_id=message.log_id, release_lsn=release,
-                            sealed_epoch=Epoch(0), last_lsn=release)
+                            sealed_epoch=self.sealed.get(node, Epoch(0)), last_lsn=release)
         assert type(message) is GetSequencerState
         return self.sequencer or Status.TIMEDOUT
 
@@ -225,39 +233,57 @@ def _sequencer(log_id: LogId, epoch: int, release: int) -> SequencerState:
                           epoch=Epoch(epoch))
 
 
-async def test_tail_of_a_recovering_sequencer_is_not_its_pointer() -> None:
+async def test_tail_is_a_confirmed_sequencers_pointer_or_not_given() -> None:
     # Issue 16 item 4: after a full restart the new sequencer (epoch 3) recovers with a release
     # pointer of 0; the tail used to answer 0 after having answered e2n5.
     cluster, store = _TailCluster(), _Store()
     front, log_id = _front_end(cluster, store)
-    e2n5 = compose_lsn(Epoch(2), Esn(5))
+    e2n5, e3n2 = compose_lsn(Epoch(2), Esn(5)), compose_lsn(Epoch(3), Esn(2))
     cluster.sequencer = _sequencer(log_id, 3, 0)
     store.lce = (Epoch(1), compose_lsn(Epoch(1), Esn(9)))
-    # No storage node answers: nobody can vouch for the tail.
+    # Recovering: the storage nodes' durable pointers do not vouch for the tail either (one
+    # the old sequencer reported just before it died may be durable on none of them).
+    cluster.stored = dict.fromkeys(STORAGE, e2n5)
     assert (await front.tail(log_id)).status is Status.NOTREADY
-    # One does (an f-majority of 3 nodes with R=3): its written pointer.
-    cluster.stored[STORAGE[0]] = e2n5
+    # Releasing in its epoch, and R (3) nodes asked after it answered report no newer seal.
+    cluster.sequencer = _sequencer(log_id, 3, e3n2)
+    cluster.sealed = dict.fromkeys(STORAGE, Epoch(2))  # its own recovery's seal
     outcome = await front.tail(log_id)
-    assert (outcome.status, outcome.release_lsn, outcome.epoch) == (Status.OK, e2n5, 3)
-    # A node that lags does not lower it, nor does a restart of the others.
-    cluster.stored = {STORAGE[0]: None, STORAGE[1]: Lsn(0), STORAGE[2]: None}
-    assert (await front.tail(log_id)).release_lsn == e2n5
-    # Once the sequencer releases in its epoch, its pointer is the tail.
-    cluster.sequencer = _sequencer(log_id, 3, compose_lsn(Epoch(3), Esn(2)))
-    cluster.stored = dict.fromkeys(STORAGE)
-    assert (await front.tail(log_id)).release_lsn == compose_lsn(Epoch(3), Esn(2))
+    assert (outcome.status, outcome.release_lsn, outcome.epoch) == (Status.OK, e3n2, 3)
+    # Fewer than R answers cannot show that no newer epoch sealed (and released) already.
+    cluster.stored = {STORAGE[0]: e2n5, STORAGE[1]: None, STORAGE[2]: None}
+    assert (await front.tail(log_id)).status is Status.NOTREADY
+    # A node sealed by a newer epoch: this sequencer is a zombie, its pointer may be stale.
+    cluster.stored = dict.fromkeys(STORAGE, e2n5)
+    cluster.sealed[STORAGE[1]] = Epoch(3)
+    outcome = await front.tail(log_id)
+    assert outcome.status is Status.NOTREADY and "sealed by a newer epoch" in outcome.message
+    assert cluster.activations == []  # a sequencer answered: nothing to activate
 
 
 async def test_tail_takes_the_last_clean_epochs_tail_and_a_clean_successors_pointer() -> None:
     cluster, store = _TailCluster(), _Store()
     front, log_id = _front_end(cluster, store)
     e1n9 = compose_lsn(Epoch(1), Esn(9))
-    # Epoch 1 was drained and marked clean; the storage nodes missed the final RELEASE.
+    # Epoch 1, the latest (next_epoch 2), was drained and marked clean; the storage nodes
+    # missed the final RELEASE. No sequencer is active: nothing can be released past it.
     store.lce = (Epoch(1), e1n9)
     cluster.stored = dict.fromkeys(STORAGE, compose_lsn(Epoch(1), Esn(7)))
-    assert (await front.tail(log_id)).release_lsn == e1n9
-    # A sequencer of epoch 2 releases at once (epoch 1 is clean), from epoch 1's tail on.
-    cluster.sequencer = _sequencer(log_id, 2, e1n9)
-    cluster.stored = dict.fromkeys(STORAGE)
     outcome = await front.tail(log_id)
     assert (outcome.status, outcome.release_lsn) == (Status.OK, e1n9)
+    assert cluster.activations == []
+    # A sequencer of epoch 2 releases at once (epoch 1 is clean), from epoch 1's tail on.
+    cluster.sequencer = _sequencer(log_id, 2, e1n9)
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.release_lsn) == (Status.OK, e1n9)
+
+
+async def test_tail_of_an_unclean_inactive_log_activates_its_sequencer() -> None:
+    # The sequencer of epoch 1 died: only recovery can tell what it released. The tail says
+    # NOTREADY and has the owner activate the log, as an append would.
+    cluster, store = _TailCluster(), _Store()
+    front, log_id = _front_end(cluster, store)
+    cluster.stored = dict.fromkeys(STORAGE, compose_lsn(Epoch(1), Esn(7)))
+    outcome = await front.tail(log_id)
+    assert outcome.status is Status.NOTREADY
+    assert cluster.activations == [(NodeId("seq1"), log_id)]

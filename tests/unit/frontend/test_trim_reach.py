@@ -76,7 +76,7 @@ class _Nodes:
             return self._trim(node, message)
         if type(message) is GetLogState:
             return LogState(status=Status.OK, log_id=message.log_id, release_lsn=RELEASE,
-                            sealed_epoch=Epoch(1), last_lsn=RELEASE,
+                            sealed_epoch=Epoch(0), last_lsn=RELEASE,
                             trim_lsn=self.trims.get(node, Lsn(0)))
         assert type(message) is GetSequencerState
         return SequencerState(status=Status.OK, log_id=message.log_id, release_lsn=RELEASE,

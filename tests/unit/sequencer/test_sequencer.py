@@ -338,3 +338,16 @@ def test_record_timestamps_never_fall_along_lsns() -> None:
     assert [s.message.timestamp_ms for s in first + second] == [2_000] * 4
     third = stores(sequencer.on_append(3, (b"later",), None, 2_500, 0))
     assert third[0].message.timestamp_ms == 2_500
+
+
+def test_a_tail_can_activate_a_log_with_no_append() -> None:
+    # A reader asked for the tail of a log whose last epoch is not clean: the sequencer
+    # activates (and recovers) with nothing queued, and only once.
+    sequencer = Sequencer(log_id=LogId(1), node_id=NodeId("seq"), config=SequencerConfig(),
+                          rng=random.Random(7))
+    assert sequencer.on_activate_request(0) == [ActivateEpoch(LogId(1))]
+    assert sequencer.on_activate_request(1) == []  # already activating
+    lce = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(1), tail_lsn=Lsn(0), version=0)
+    sequencer.on_activated(Status.OK, Epoch(2), metadata(2), lce, 2)
+    assert sequencer.state is SequencerState.ACTIVE and not sequencer.appenders
+    assert sequencer.on_activate_request(3) == []
