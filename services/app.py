@@ -23,6 +23,7 @@ from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.http_api import create_api_app
 from services.http_edge import EdgeRunner
+from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
@@ -169,7 +170,8 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
     registry.register(_RoleCollector(storage, sequencer, pool, gossip))
-    app = create_api_app(service, config.api, registry)
+    app = create_api_app(service, config.api, registry,
+                         logs=logs_source(sequencer, SystemClock(), config.node_id))
     app[MEMBERSHIP_KEY] = membership
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:

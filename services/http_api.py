@@ -43,6 +43,7 @@ from services.http_parse import (
     parse_trim,
     response_media_type,
 )
+from services.log_stats import LOGS_PAGE_DEFAULT, LOGS_PAGE_MAX, LogsSource
 from services.metrics import UNMATCHED_ROUTE, HttpMetrics
 from services.openapi import build_openapi
 from shared.config import ApiConfig
@@ -55,7 +56,7 @@ from shared.http_contract import (
     wants_retry_after,
 )
 from shared.status import Status
-from shared.types import LogId, NodeId
+from shared.types import LOG_ID_MAX, LogId, NodeId
 from shared.wire.hello import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class Edge:
     metrics: HttpMetrics
     openapi_json: bytes
     body_read_timeout_ms: int
+    logs: LogsSource | None = None
+    """``GET /v1/logs`` (``services.log_stats``); None: an empty list."""
 
 
 SERVICE_KEY = web.AppKey[LogService]("log_service")
@@ -361,6 +364,32 @@ async def on_cluster(request: web.Request) -> web.StreamResponse:
                              "protocol_version": PROTOCOL_VERSION})
 
 
+def _query_int(request: web.Request, name: str, default: int, low: int, high: int
+               ) -> int | Rejection:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or len(text) > 19 or not low <= int(text) <= high:
+        return Rejection(Status.INVALID_PARAM,
+                         f"{name}={text[:40]!r} is not an integer in {low}..{high}")
+    return int(text)
+
+
+async def on_logs(request: web.Request) -> web.StreamResponse:
+    """docs/API-EXTENSIONS.md: the logs this node sequences, paged."""
+    after = _query_int(request, "after", 0, 0, LOG_ID_MAX)
+    if isinstance(after, Rejection):
+        return _rejected(request, after)
+    limit = _query_int(request, "limit", LOGS_PAGE_DEFAULT, 1, 2**63 - 1)
+    if isinstance(limit, Rejection):
+        return _rejected(request, limit)
+    source = request.app[EDGE_KEY].logs
+    if source is None:
+        return _answer(request, {"node_id": request.app[SERVICE_KEY].node_id or "",
+                                 "logs": [], "total": 0, "next_after": None})
+    return _answer(request, source(after, min(limit, LOGS_PAGE_MAX)))
+
+
 async def on_healthz(request: web.Request) -> web.StreamResponse:
     return _answer(request, {"status": "OK"})
 
@@ -440,6 +469,7 @@ def create_api_app(
     registry: CollectorRegistry,
     *,
     body_read_timeout_ms: int = BODY_READ_TIMEOUT_MS_DEFAULT,
+    logs: LogsSource | None = None,
 ) -> web.Application:
     """The API app over ``service``; registers its HTTP metrics in ``registry`` (so one
     registry serves one app)."""
@@ -455,6 +485,7 @@ def create_api_app(
         metrics=HttpMetrics(registry),
         openapi_json=encode_body(build_openapi(api), "application/json"),
         body_read_timeout_ms=body_read_timeout_ms,
+        logs=logs,
     )
     app.router.add_post("/v1/logs/{log_id}/append", on_append)
     app.router.add_post("/v1/logs/{log_id}/append-batch", on_append_batch)
@@ -464,6 +495,7 @@ def create_api_app(
     app.router.add_get("/v1/logs/{log_id}/find-time", on_find_time)
     app.router.add_get("/v1/logs/{log_id}/nodesets", on_nodesets)
     app.router.add_get("/v1/cluster", on_cluster)
+    app.router.add_get("/v1/logs", on_logs)
     app.router.add_get("/healthz", on_healthz)
     app.router.add_get("/readyz", on_readyz)
     app.router.add_get("/metrics", on_metrics)

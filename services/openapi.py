@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.http_parse import READ_LIMIT_DEFAULT
+from services.log_stats import LOGS_PAGE_DEFAULT, LOGS_PAGE_MAX
 from shared.compression import CODEC_NAMES
 from shared.config import ApiConfig
 from shared.http_contract import JSON, MSGPACK
@@ -143,6 +144,19 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "http": {"type": "string"}, "state": node_state,
             "sequencer_weight": {"type": "number"}, "storage_capacity": {"type": "number"},
             "data": {"type": "string"},
+        }),
+        "LogsResponse": _object({
+            "node_id": {"type": "string"},
+            "total": _uint(),
+            "next_after": {**_uint(LOG_ID_MAX), "type": ["integer", "null"]},
+            "logs": {"type": "array", "items": _object({
+                "log_id": _uint(LOG_ID_MAX, LOG_ID_MIN),
+                "state": {"type": "string",
+                          "enum": ["UNAVAILABLE", "ACTIVATING", "ACTIVE", "PREEMPTED"]},
+                "epoch": _uint(2**32 - 1), "next_lsn": _ref("Lsn"), "release_lsn": _ref("Lsn"),
+                "appends_in_flight": _uint(), "recovering": {"type": "boolean"},
+                "idle_ms": {**_uint(), "type": ["integer", "null"]},
+            })},
         }),
         "ClusterResponse": _object({
             "cluster": {"type": "string"}, "nodes": {"type": "array", "items": _ref("Node")},
@@ -290,6 +304,15 @@ def build_openapi(api: ApiConfig) -> dict[str, Any]:
                               **_errors((400, 404, 413, 500, 503, 504))},
             }},
             "/v1/cluster": {"get": _get_op("the cluster's nodes", "ClusterResponse", (500,))},
+            "/v1/logs": {"get": _get_op(
+                "the logs this node sequences, for operators' tools (docs/API-EXTENSIONS.md)",
+                "LogsResponse", (400, 500), parameters=[
+                    {"name": "after", "in": "query", "required": False,
+                     "schema": {**_uint(LOG_ID_MAX), "default": 0},
+                     "description": "list logs with ids above this one"},
+                    {"name": "limit", "in": "query", "required": False,
+                     "schema": {**_uint(2**63 - 1, 1), "default": LOGS_PAGE_DEFAULT},
+                     "description": f"logs wanted; clamped to {LOGS_PAGE_MAX}"}])},
             "/healthz": {"get": _get_op("the process is up", "Health", (500,))},
             "/readyz": {"get": _get_op("every role can serve", "Health", (500, 503))},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": metrics}},

@@ -105,6 +105,8 @@ async def test_real_answers_validate_against_the_document(
     assert await checker.check(client, "GET", "/v1/cluster", "/v1/cluster") == 200
     assert await checker.check(client, "GET", "/healthz", "/healthz") == 200
     assert await checker.check(client, "GET", "/readyz", "/readyz") == 200
+    assert await checker.check(client, "GET", "/v1/logs", "/v1/logs?after=0&limit=5") == 200
+    assert await checker.check(client, "GET", "/v1/logs", "/v1/logs?limit=0") == 400
 
     assert await checker.check(client, "POST", append, "/v1/logs/x/append", json={}) == 400
     big = {"json": {"payload": b64(b"x" * (API.payload_bytes_max + 1))}}
