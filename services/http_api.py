@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from frontend.outcomes import AppendOutcome, LogService, ReadOutcome, TailOutcome
@@ -39,6 +39,7 @@ from services.http_parse import (
     parse_append_batch,
     parse_find_time_query,
     parse_log_id,
+    parse_no_forward,
     parse_read_query,
     parse_trim,
     response_media_type,
@@ -61,7 +62,6 @@ from shared.wire.hello import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
 
-_TRUE_VALUES = frozenset({"1", "true", "yes"})
 BODY_READ_TIMEOUT_MS_DEFAULT = 30_000
 _CLIENT_CLOSED_CODE = 499
 """Recorded in metrics for requests whose client went away before the answer (nginx's code)."""
@@ -143,6 +143,12 @@ def _rejected(request: web.Request, rejection: Rejection) -> web.Response:
     return _error(request, rejection.status, rejection.message)
 
 
+class ClientGone(Exception):
+    """The client closed the connection before its request body arrived: nothing to answer,
+    counted as ``CLIENT_CLOSED_CODE`` and logged as one line (no traceback: it is the
+    client's doing, not the node's)."""
+
+
 async def _read_body(request: web.Request, edge: Edge) -> bytes | Rejection:
     size_max = edge.api.request_bytes_max
     too_big = Rejection(Status.TOOBIG, f"request body over request_bytes_max={size_max}")
@@ -161,6 +167,8 @@ async def _read_body(request: web.Request, edge: Edge) -> bytes | Rejection:
         return Rejection(
             Status.BADMSG, f"request body not received within {edge.body_read_timeout_ms} ms"
         )
+    except (ConnectionError, ClientPayloadError) as exc:
+        raise ClientGone(str(exc)) from None
 
 
 async def _body_request(
@@ -188,23 +196,22 @@ async def _body_request(
     return log_id, parsed
 
 
-def _no_forward(request: web.Request) -> bool:
+def _no_forward(request: web.Request) -> bool | Rejection:
     """docs/API-EXTENSIONS.md: ``?no_forward=1`` or ``X-Seqlog-No-Forward: 1``."""
     query = request.query.get(NO_FORWARD_QUERY) if request.query_string else None
-    values = (query, request.headers.get(NO_FORWARD_HEADER))
-    return any(v is not None and v.strip().lower() in _TRUE_VALUES for v in values)
+    return parse_no_forward(query, request.headers.get(NO_FORWARD_HEADER))
 
 
-async def _run_append(request: web.Request, log_id: LogId, append: AppendRequest
-                      ) -> AppendOutcome:
+async def _run_append(request: web.Request, log_id: LogId, append: AppendRequest,
+                      no_forward: bool) -> AppendOutcome:
     service = request.app[SERVICE_KEY]
     producer = (None if append.producer_id is None or append.producer_seq is None
                 else (append.producer_id, append.producer_seq))
     if append.compression:
         return await service.append(log_id, append.payloads, append.key, producer=producer,
-                                    no_forward=_no_forward(request),
+                                    no_forward=no_forward,
                                     compression=append.compression, records=append.records)
-    if _no_forward(request):
+    if no_forward:
         return await service.append(log_id, append.payloads, append.key, producer=producer,
                                     no_forward=True)
     return await service.append(log_id, append.payloads, append.key, producer=producer)
@@ -226,7 +233,10 @@ async def on_append(request: web.Request) -> web.StreamResponse:
     if isinstance(parsed, web.StreamResponse):
         return parsed
     log_id, append = parsed
-    outcome = await _run_append(request, log_id, append)
+    no_forward = _no_forward(request)
+    if isinstance(no_forward, Rejection):
+        return _rejected(request, no_forward)
+    outcome = await _run_append(request, log_id, append, no_forward)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
     assert outcome.first_lsn == outcome.last_lsn > 0, outcome
@@ -239,7 +249,10 @@ async def on_append_batch(request: web.Request) -> web.StreamResponse:
     if isinstance(parsed, web.StreamResponse):
         return parsed
     log_id, append = parsed
-    outcome = await _run_append(request, log_id, append)
+    no_forward = _no_forward(request)
+    if isinstance(no_forward, Rejection):
+        return _rejected(request, no_forward)
+    outcome = await _run_append(request, log_id, append, no_forward)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
     count = append.records_count
@@ -450,6 +463,13 @@ async def _edge_middleware(request: web.Request, handler: Handler) -> web.Stream
         except asyncio.CancelledError:
             code = _CLIENT_CLOSED_CODE
             raise
+        except ClientGone as exc:
+            code = _CLIENT_CLOSED_CODE
+            logger.info("client went away during %s %s: %s", request.method,
+                        request.path[:200], exc)
+            response = _error(request, Status.BADMSG, "request body incomplete")
+            response.force_close()
+            return response
         except Exception:
             logger.exception("unhandled error answering %s %s", request.method, request.path)
             response = _error(request, Status.INTERNAL, "internal error; the outcome is unknown")

@@ -65,6 +65,7 @@ from services.http_parse import (
     parse_append,
     parse_append_batch,
     parse_log_id,
+    parse_no_forward,
     parse_read_query,
 )
 from services.metrics import UNMATCHED_ROUTE
@@ -116,7 +117,6 @@ that a request's headers are found without lower-casing each name."""
 _HEADER_KINDS.update({b"-".join(part.capitalize() for part in name.split(b"-")): kind
                       for name, kind in list(_HEADER_KINDS.items())})
 _METHOD_NAMES = {b"GET": "GET", b"POST": "POST"}
-_TRUE_VALUES = frozenset({b"1", b"true", b"yes"})
 _REASONS: dict[int, bytes] = {
     200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 404: b"Not Found",
     409: b"Conflict", 413: b"Payload Too Large", 429: b"Too Many Requests",
@@ -456,7 +456,8 @@ class _Connection(asyncio.Protocol):
         self._method = b""
         self._content_type: bytes | None = None
         self._accept: bytes | None = None
-        self._no_forward = False
+        self._no_forward: bytes | None = None
+        """The X-Seqlog-No-Forward header's value, parsed with the query's at dispatch."""
         self._expect = False
         self._content_length: int | None = None
         self._body: list[bytes] = []
@@ -477,6 +478,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._in_message and self._route is not None and self._handover is None:
+            # The client gave up in the middle of a request: counted as what it is.
+            self.edge.metrics.observe(self._route, _METHOD_NAMES.get(self._method, "OTHER"),
+                                      CLIENT_CLOSED_CODE, time.perf_counter() - self._started_s)
         self._closing = True
         self.edge.forget(self)
         if self._timer is not None:
@@ -554,7 +559,8 @@ class _Connection(asyncio.Protocol):
         self._headers_count = 0
         self._route = None
         self._content_type = self._accept = None
-        self._no_forward = self._expect = False
+        self._no_forward = None
+        self._expect = False
         self._content_length = None
         self._body = []
         self._body_bytes = 0
@@ -599,7 +605,7 @@ class _Connection(asyncio.Protocol):
         elif kind == _ACCEPT:
             self._accept = value
         elif kind == _NO_FORWARD:
-            self._no_forward = value.strip().lower() in _TRUE_VALUES
+            self._no_forward = value
         elif kind == _CONTENT_LENGTH:
             # llhttp has checked the digits; an absurd length is refused like any too big one.
             self._content_length = int(value) if len(value) <= 20 and value.isdigit() else 2**64
@@ -701,10 +707,17 @@ class _Connection(asyncio.Protocol):
     def _append(self, request: _Request, log_id: LogId, append: AppendRequest) -> None:
         producer = (None if append.producer_id is None or append.producer_seq is None
                     else (append.producer_id, append.producer_seq))
-        no_forward = self._no_forward
-        if not no_forward and b"?" in self._url:
-            value = next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
-            no_forward = value is not None and value.strip().lower().encode() in _TRUE_VALUES
+        header = self._no_forward
+        query = (next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
+                 if b"?" in self._url else None)
+        no_forward = False
+        if header is not None or query is not None:
+            parsed = parse_no_forward(query, None if header is None else header.decode(
+                "latin-1"))
+            if isinstance(parsed, Rejection):
+                request.rejected(parsed)
+                return
+            no_forward = parsed
         request.count = append.records if append.compression else len(append.payloads)
         local = self.edge.append_local
         if local is not None and not append.compression:

@@ -1,16 +1,17 @@
 """The OpenAPI 3.1 document of the public HTTP API, built from the same limits the handlers use.
 
 Schemas describe the JSON encoding (bytes as padded standard base64 strings); the msgpack
-encoding has the same shape with bytes as ``bin``. Answer schemas forbid unknown properties so
-that the test which validates real answers against them catches any drift; extending an answer
-means extending its schema here too.
+encoding has the same shape with bytes as ``bin``. An ``integer`` field of a request takes any
+integer-valued number (``5.0``) up to 2**53, as ``services.http_parse`` says. Answer schemas
+forbid unknown properties so that the test which validates real answers against them catches
+any drift; extending an answer means extending its schema here too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.http_parse import READ_LIMIT_DEFAULT
+from services.http_parse import NO_FORWARD_VALUES, READ_LIMIT_DEFAULT
 from services.log_stats import LOGS_PAGE_DEFAULT, LOGS_PAGE_MAX
 from shared.compression import CODEC_NAMES
 from shared.config import ApiConfig
@@ -60,9 +61,15 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
                 "producer_id": {"type": ["string", "null"], "maxLength": PRODUCER_ID_BYTES_MAX},
                 "producer_seq": {**_uint(), "type": ["integer", "null"]},
             },
-            "dependentRequired": {
-                "producer_id": ["producer_seq"], "producer_seq": ["producer_id"],
-            },
+            # Both or neither: an idempotent append names the pair (null is the same as
+            # absent).
+            "anyOf": [
+                {"properties": {"producer_id": {"type": "null"},
+                                "producer_seq": {"type": "null"}}},
+                {"properties": {"producer_id": {"type": "string", "minLength": 1},
+                                "producer_seq": {"type": "integer"}},
+                 "required": ["producer_id", "producer_seq"]},
+            ],
         },
         "AppendRequest": {
             "allOf": [_ref("AppendOptions")],
@@ -116,7 +123,7 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "gaps": {"type": "array", "items": _ref("Gap")},
             "next_lsn": _ref("Lsn"), "release_lsn": _ref("Lsn"),
         }),
-        "TrimRequest": _object({"lsn": _ref("Lsn")}),
+        "TrimRequest": _object({"lsn": _uint(LSN_MAX - 1)}),
         "TrimResponse": _object({"trim_lsn": _ref("Lsn")}),
         "FindTimeResponse": _object({"lsn": _ref("Lsn")}),
         "Redirect": _object({
@@ -229,11 +236,11 @@ def _read_params(api: ApiConfig) -> list[Schema]:
 
 _NO_FORWARD_PARAMS: list[Schema] = [
     {"name": "no_forward", "in": "query", "required": False,
-     "schema": {"type": "string", "enum": ["1", "true", "yes"]},
-     "description": "answer 307 with the log's sequencer node instead of forwarding "
-                    "(docs/API-EXTENSIONS.md)"},
+     "schema": {"type": "string", "enum": list(NO_FORWARD_VALUES)},
+     "description": "1, true or yes: answer 307 with the log's sequencer node instead of "
+                    "forwarding (docs/API-EXTENSIONS.md); 0, false or no: forward"},
     {"name": "X-Seqlog-No-Forward", "in": "header", "required": False,
-     "schema": {"type": "string", "enum": ["1", "true", "yes"]},
+     "schema": {"type": "string", "enum": list(NO_FORWARD_VALUES)},
      "description": "the same as the no_forward query parameter"},
 ]
 
