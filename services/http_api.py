@@ -57,7 +57,7 @@ from shared.http_contract import (
     wants_retry_after,
 )
 from shared.status import Status
-from shared.types import LOG_ID_MAX, LogId, NodeId
+from shared.types import LOG_ID_MAX, LogId, Lsn, NodeId, format_lsn
 from shared.wire.hello import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
@@ -217,6 +217,20 @@ async def _run_append(request: web.Request, log_id: LogId, append: AppendRequest
     return await service.append(log_id, append.payloads, append.key, producer=producer)
 
 
+def reused_pair(first_lsn: int, last_lsn: int, count: int) -> str | None:
+    """Why an OK append answer spanning ``first_lsn..last_lsn`` cannot answer a request of
+    ``count`` records, or None when it can. It cannot when an idempotent append's producer
+    pair names an earlier append of another size: the sequencer answers with that append's
+    LSNs (nothing written), and the client reused the pair for different records."""
+    assert first_lsn > 0, (first_lsn, last_lsn)
+    span = last_lsn - first_lsn + 1
+    if span == count:
+        return None
+    return (f"the producer pair names an earlier append of {span} records "
+            f"({format_lsn(Lsn(first_lsn))}..{format_lsn(Lsn(last_lsn))}), not one of {count}: "
+            "a retry must repeat the same append; nothing written")
+
+
 def _append_failed(request: web.Request, outcome: AppendOutcome) -> web.Response:
     if outcome.redirect_http is not None:
         # 307 keeps the method and body; the client re-sends to the log's sequencer node.
@@ -239,7 +253,9 @@ async def on_append(request: web.Request) -> web.StreamResponse:
     outcome = await _run_append(request, log_id, append, no_forward)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
-    assert outcome.first_lsn == outcome.last_lsn > 0, outcome
+    reused = reused_pair(outcome.first_lsn, outcome.last_lsn, 1)
+    if reused is not None:
+        return _error(request, Status.STALE, reused, sequencer=outcome.sequencer_node)
     doc = {"lsn": outcome.first_lsn, "timestamp_ms": outcome.timestamp_ms}
     return _answer(request, doc, sequencer=outcome.sequencer_node)
 
@@ -256,7 +272,9 @@ async def on_append_batch(request: web.Request) -> web.StreamResponse:
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
     count = append.records_count
-    assert outcome.first_lsn > 0 and outcome.last_lsn - outcome.first_lsn + 1 == count, outcome
+    reused = reused_pair(outcome.first_lsn, outcome.last_lsn, count)
+    if reused is not None:
+        return _error(request, Status.STALE, reused, sequencer=outcome.sequencer_node)
     doc = {
         "first_lsn": outcome.first_lsn,
         "last_lsn": outcome.last_lsn,

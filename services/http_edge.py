@@ -53,6 +53,7 @@ from services.http_api import (
     Edge,
     answer_media,
     read_doc,
+    reused_pair,
     tail_doc,
 )
 from services.http_parse import (
@@ -333,14 +334,14 @@ class _Request:
             sequencer = _sequencer_header(outcome.sequencer_node)
             if outcome.status is not Status.OK:
                 self._append_failed(outcome, sequencer)
+            elif (reused := reused_pair(outcome.first_lsn, outcome.last_lsn,
+                                        1 if self.route is ROUTE_APPEND else self.count)):
+                self.error(Status.STALE, reused, headers=sequencer)
             elif self.route is ROUTE_APPEND:
-                assert outcome.first_lsn == outcome.last_lsn > 0, outcome
                 self.answer(200, {"lsn": outcome.first_lsn, "timestamp_ms": outcome.timestamp_ms},
                             sequencer)
             else:
                 count = self.count
-                assert outcome.first_lsn > 0 and (
-                    outcome.last_lsn - outcome.first_lsn + 1 == count), outcome
                 self.answer(200, {"first_lsn": outcome.first_lsn, "last_lsn": outcome.last_lsn,
                                   "count": count, "timestamp_ms": outcome.timestamp_ms},
                             sequencer)
@@ -349,7 +350,8 @@ class _Request:
 
     def on_local_append(self, answer: AppendAnswer) -> None:
         """The answer of an append this node's sequencer ran (``local_done``)."""
-        if answer.status is not Status.OK:
+        expected = 1 if self.route is ROUTE_APPEND else self.count
+        if answer.status is not Status.OK or answer.last_lsn - answer.first_lsn + 1 != expected:
             self.on_appended(AppendOutcome(
                 status=answer.status, first_lsn=answer.first_lsn, last_lsn=answer.last_lsn,
                 timestamp_ms=answer.timestamp_ms, sequencer_node=self.conn.edge.node_id,
@@ -359,11 +361,10 @@ class _Request:
             first_lsn = answer.first_lsn
             doc: dict[str, int]
             if self.route is ROUTE_APPEND:
-                assert first_lsn == answer.last_lsn > 0, answer
                 doc = {"lsn": first_lsn, "timestamp_ms": answer.timestamp_ms}
             else:
                 count = self.count
-                assert first_lsn > 0 and answer.last_lsn - first_lsn + 1 == count, answer
+                assert first_lsn > 0, answer
                 doc = {"first_lsn": first_lsn, "last_lsn": answer.last_lsn, "count": count,
                        "timestamp_ms": answer.timestamp_ms}
             media, edge = self.media, self.conn.edge

@@ -87,14 +87,15 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
                     "minItems": 1, "maxItems": api.batch_records_max,
                 },
                 "compression": {"type": "string", "enum": sorted(CODEC_NAMES)},
-                "records": _uint(api.batch_records_max, 1),
                 "compressed_payloads": _ref("Bytes"),
             },
             "oneOf": [
+                # records means something only in a compressed batch (ignored otherwise).
                 {"required": ["payloads"],
                  "not": {"anyOf": [{"required": ["compression"]},
                                    {"required": ["compressed_payloads"]}]}},
-                {"required": ["compression", "records", "compressed_payloads"]},
+                {"required": ["compression", "records", "compressed_payloads"],
+                 "properties": {"records": _uint(api.batch_records_max, 1)}},
             ],
             "description": "Plain payloads, or a compressed batch (docs/API-EXTENSIONS.md): "
                            "compressed_payloads is the msgpack array of the records' payloads "
@@ -123,7 +124,9 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "gaps": {"type": "array", "items": _ref("Gap")},
             "next_lsn": _ref("Lsn"), "release_lsn": _ref("Lsn"),
         }),
-        "TrimRequest": _object({"lsn": _uint(LSN_MAX - 1)}),
+        # A request: unknown fields are ignored (services.http_parse), so none is forbidden.
+        "TrimRequest": {"type": "object", "properties": {"lsn": _uint(LSN_MAX - 1)},
+                        "required": ["lsn"]},
         "TrimResponse": _object({"trim_lsn": _ref("Lsn")}),
         "FindTimeResponse": _object({"lsn": _ref("Lsn")}),
         "Redirect": _object({
