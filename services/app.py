@@ -25,6 +25,7 @@ from services.http_api import create_api_app
 from services.http_edge import EdgeRunner
 from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
+from services.ops_metrics import OpsCollector
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
 from shared.net.pool import PeerPool
@@ -170,6 +171,8 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
     registry.register(_RoleCollector(storage, sequencer, pool, gossip))
+    registry.register(OpsCollector(epoch_store, sequencer,
+                                   str(config.data_dir) if storage is not None else None))
     app = create_api_app(service, config.api, registry,
                          logs=logs_source(sequencer, SystemClock(), config.node_id))
     app[MEMBERSHIP_KEY] = membership
