@@ -31,6 +31,7 @@ from services.app import DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app, create_run
 from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, config_from_env
 from services.log_format import LOG_FORMATS
 from services.log_format import configure as configure_logging
+from services.membership import Membership
 from shared import malloc_tuning
 from shared.config import ProcessConfig, process_from_dict
 
@@ -76,8 +77,10 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if config_path is not None:
-        # Membership changes (added nodes, weights) apply without a restart.
-        loop.add_signal_handler(signal.SIGHUP, app[MEMBERSHIP_KEY].reload, config_path)
+        # Membership changes (added nodes, weights) apply without a restart; the file is read
+        # off the loop (aiofiles), one reload at a time.
+        reloads = ConfigReloads(app[MEMBERSHIP_KEY], config_path)
+        loop.add_signal_handler(signal.SIGHUP, reloads.request)
     else:
         # Configured from the environment: nothing to re-read, and SIGHUP must not kill.
         loop.add_signal_handler(signal.SIGHUP, log.warning,
@@ -90,6 +93,31 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
     finally:
         status = await _shutdown(runner, config, shutdown_timeout_ms)
     return status
+
+
+class ConfigReloads:
+    """SIGHUP's reloads of the config file: run as a task (the read is aiofiles'), one at a
+    time; a SIGHUP during a reload asks for one more after it, so the last change is read."""
+
+    def __init__(self, membership: Membership, path: str) -> None:
+        self.membership = membership
+        self.path = path
+        self.task: asyncio.Task[None] | None = None
+        self.again = False
+
+    def request(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.again = True
+            return
+        self.again = False
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await self.membership.reload_async(self.path)
+            if not self.again:
+                return
+            self.again = False
 
 
 async def _shutdown(runner: web.AppRunner, config: ProcessConfig, timeout_ms: int) -> int:
