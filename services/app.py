@@ -21,6 +21,7 @@ from gossip.core.failure_detector import NodeState
 from gossip.runtime import GossipRuntime
 from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
+from services.console_api import add_console
 from services.http_api import create_api_app
 from services.http_edge import EdgeRunner
 from services.log_stats import logs_source
@@ -176,6 +177,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     app = create_api_app(service, config.api, registry,
                          logs=logs_source(sequencer, SystemClock(), config.node_id))
     app[MEMBERSHIP_KEY] = membership
+    add_console(app, service, registry)
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         if storage is not None:
