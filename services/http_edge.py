@@ -57,6 +57,7 @@ from services.http_api import (
     tail_doc,
 )
 from services.http_parse import (
+    NO_FORWARD_VALUES,
     AppendRequest,
     ReadParams,
     Rejection,
@@ -118,6 +119,8 @@ that a request's headers are found without lower-casing each name."""
 _HEADER_KINDS.update({b"-".join(part.capitalize() for part in name.split(b"-")): kind
                       for name, kind in list(_HEADER_KINDS.items())})
 _METHOD_NAMES = {b"GET": "GET", b"POST": "POST"}
+_NO_FORWARD_BYTES: dict[bytes, bool] = {
+    value.encode(): flag for value, flag in NO_FORWARD_VALUES.items()}
 _REASONS: dict[int, bytes] = {
     200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 404: b"Not Found",
     409: b"Conflict", 413: b"Payload Too Large", 429: b"Too Many Requests",
@@ -334,9 +337,10 @@ class _Request:
             sequencer = _sequencer_header(outcome.sequencer_node)
             if outcome.status is not Status.OK:
                 self._append_failed(outcome, sequencer)
-            elif (reused := reused_pair(outcome.first_lsn, outcome.last_lsn,
-                                        1 if self.route is ROUTE_APPEND else self.count)):
-                self.error(Status.STALE, reused, headers=sequencer)
+            elif outcome.last_lsn - outcome.first_lsn + 1 != self.count:
+                # (count is 1 for a single append.)
+                self.error(Status.STALE, reused_pair(outcome.first_lsn, outcome.last_lsn,
+                                                     self.count) or "", headers=sequencer)
             elif self.route is ROUTE_APPEND:
                 self.answer(200, {"lsn": outcome.first_lsn, "timestamp_ms": outcome.timestamp_ms},
                             sequencer)
@@ -350,8 +354,7 @@ class _Request:
 
     def on_local_append(self, answer: AppendAnswer) -> None:
         """The answer of an append this node's sequencer ran (``local_done``)."""
-        expected = 1 if self.route is ROUTE_APPEND else self.count
-        if answer.status is not Status.OK or answer.last_lsn - answer.first_lsn + 1 != expected:
+        if answer.status is not Status.OK or answer.last_lsn - answer.first_lsn + 1 != self.count:
             self.on_appended(AppendOutcome(
                 status=answer.status, first_lsn=answer.first_lsn, last_lsn=answer.last_lsn,
                 timestamp_ms=answer.timestamp_ms, sequencer_node=self.conn.edge.node_id,
@@ -709,10 +712,12 @@ class _Connection(asyncio.Protocol):
         producer = (None if append.producer_id is None or append.producer_seq is None
                     else (append.producer_id, append.producer_seq))
         header = self._no_forward
-        query = (next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
-                 if b"?" in self._url else None)
-        no_forward = False
-        if header is not None or query is not None:
+        # The common cases (no header, or the seqlog client's "1", and no query) are one
+        # dictionary lookup; anything else goes through the one parser.
+        no_forward = False if header is None else _NO_FORWARD_BYTES.get(header)
+        if no_forward is None or b"?" in self._url:
+            query = (next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
+                     if b"?" in self._url else None)
             parsed = parse_no_forward(query, None if header is None else header.decode(
                 "latin-1"))
             if isinstance(parsed, Rejection):
