@@ -8,7 +8,8 @@ message template: the code logs ``"log %d: sequencer active in epoch %d"``, and 
 each placeholder names its argument (``log`` -> ``log_id``, ``epoch`` -> ``epoch``, ``lsn`` or
 ``tail`` -> ``lsn``; the first of each wins). Templates are parsed once and remembered, so a
 record costs one dictionary lookup beyond the JSON encoding. A record whose message does not
-format (bad arguments) is still written, with its raw template.
+format (bad arguments) is still written, with its raw template. Malformed requests, which
+aiohttp logs as errors with a traceback, are one INFO line (``QuietBadRequests``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import traceback
 from typing import Any
 
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -97,9 +99,25 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(doc, default=str).decode()
 
 
+class QuietBadRequests(logging.Filter):
+    """aiohttp logs a malformed request (bad header bytes, a broken request line: the
+    client's fault, which the client is answered 400 for) as an ERROR with a traceback, which
+    would page someone for nothing: it becomes one INFO line naming the problem."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 500) < 500:
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg = "refused a malformed request: %s"
+            record.args = (" ".join(str(exc).split())[:300],)
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def configure(log_format: str, level: str, node_id: str) -> None:
     """The root logger of a node process, writing to stderr in ``log_format``."""
     assert log_format in LOG_FORMATS, log_format
+    logging.getLogger("aiohttp.server").addFilter(QuietBadRequests())
     if log_format == "text":
         logging.basicConfig(level=level, format=TEXT_FORMAT)
         return

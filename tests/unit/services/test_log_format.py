@@ -60,3 +60,25 @@ def test_any_template_and_arguments_give_one_json_line(msg: str, args: list[obje
     line = JsonFormatter("n").format(_record(msg, tuple(args)))
     assert "\n" not in line
     assert orjson.loads(line)["node_id"] == "n"
+
+
+def test_a_malformed_request_is_one_info_line_not_an_error_traceback() -> None:
+    from aiohttp.http_exceptions import BadHttpMessage
+
+    from services.log_format import QuietBadRequests
+    try:
+        raise BadHttpMessage("Invalid header value char:\n\n  b'X: \\x00'")
+    except BadHttpMessage:
+        record = logging.LogRecord("aiohttp.server", logging.ERROR, "x.py", 1,
+                                   "Error handling request", (), sys.exc_info())
+    assert QuietBadRequests().filter(record)
+    assert record.levelno == logging.INFO and record.exc_info is None
+    line = record.getMessage()
+    assert "\n" not in line and "Invalid header value char" in line
+    # Other errors keep their level and traceback.
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError:
+        bug = logging.LogRecord("aiohttp.server", logging.ERROR, "x.py", 1, "Error handling "
+                                "request", (), sys.exc_info())
+    assert QuietBadRequests().filter(bug) and bug.levelno == logging.ERROR and bug.exc_info
