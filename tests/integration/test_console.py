@@ -8,6 +8,7 @@ to the node."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -16,6 +17,7 @@ import signal
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 from seqlog_cluster_support import RunningCluster, start_cluster
 
+from seqlog import Client
 from services import local_cluster as lc
 from shared.config import GossipConfig
 from shared.types import format_lsn
@@ -162,6 +165,40 @@ def test_log_page_shows_records_and_epochs(console: Console, cluster: RunningClu
     epochs = console.cells("epochs")
     assert [e[2] for e in epochs] == [
         ", ".join(n["node_id"] for n in s["nodes"]) for s in nodesets["nodesets"]]
+
+
+def test_logs_page_pages_and_searches_a_thousand_logs(console: Console,
+                                                     cluster: RunningCluster) -> None:
+    many = 1200
+    first = 2_000_000_000 + int.from_bytes(os.urandom(2), "big") * 10_000
+
+    async def write() -> None:
+        async with Client(cluster.sequencer_urls) as client:
+            gate = asyncio.Semaphore(64)
+
+            async def one(log_id: int) -> None:
+                async with gate:
+                    await client.append(log_id, b"many")
+
+            await asyncio.gather(*(one(first + i) for i in range(many)))
+
+    # Playwright's sync API runs a loop in this thread: the writes get a thread of their own.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(write())).result(timeout=120)
+    console.open("#/logs")
+    info = console.page.inner_text("#page-info")
+    total = int(info.split("·")[1].split()[0])
+    assert total >= many and info.startswith(f"page 1 of {-(-total // 50)}"), info
+    assert len(console.cells("logs")) == 50
+    console.page.click("#next")
+    console.page.wait_for_function("() => document.querySelector('#page-info').textContent"
+                                   ".startsWith('page 2 of')")
+    assert len(console.cells("logs")) == 50
+    wanted = first + 777
+    console.page.fill("#log-search", str(wanted))
+    console.page.wait_for_function("n => document.querySelectorAll('#logs tbody tr').length == n",
+                                   arg=1)
+    assert console.cells("logs")[0][0] == str(wanted)
 
 
 def test_a_killed_node_shows_as_dead_within_the_threshold(console: Console,
