@@ -41,7 +41,7 @@ from seqlog.demo import run_demo
 from seqlog.results import ClusterInfo
 from services import cli_top, ingest_cli
 from services import local_cluster as lc
-from services.cli_output import FORMATS, EntryWriter, text_line
+from services.cli_output import FORMATS, EntryWriter, iso_time, text_line
 from services.local_membership import add_node
 from shared.config import FSYNC_MODES
 from shared.status import Status
@@ -308,7 +308,7 @@ async def _append_batch(client: Client, args: argparse.Namespace, chunk: list[by
 
 async def _append_one(client: Client, args: argparse.Namespace, payload: bytes) -> None:
     single = await client.append(args.log_id, payload, key=args.key)
-    _print(f"{format_lsn(single.lsn)}\t{single.lsn}\t{single.timestamp_ms}")
+    _print(f"{format_lsn(single.lsn)}\t{single.lsn}\t{iso_time(single.timestamp_ms)}")
 
 
 async def _append_stdin(client: Client, args: argparse.Namespace) -> int:

@@ -111,6 +111,21 @@ async def test_ctrl_c_ends_a_follower_without_a_traceback(
     assert "Traceback" not in err and err.strip() == "seqlog: interrupted", err
 
 
+def test_ctrl_c_ends_an_append_waiting_for_stdin(local_cluster: RunningCluster) -> None:
+    log_id = fresh_log()
+    proc = subprocess.Popen([*SEQLOG, "append", str(log_id), "--dir", str(local_cluster.dir)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"one\n")
+    proc.stdin.flush()  # and stdin stays open: the command waits for more lines
+    line = proc.stdout.readline().decode().split("\t")
+    assert len(line) == 3 and ISO_MS.match(line[2].strip()), line
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert err.decode().strip() == "seqlog: interrupted", err
+
+
 async def test_read_formats_header_iso_times_json_and_raw(
         local_cluster: RunningCluster) -> None:
     log_id = fresh_log()
