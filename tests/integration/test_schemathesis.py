@@ -31,8 +31,10 @@ SMALL_EXAMPLES = 6
 LARGE_EXAMPLES = 300
 
 
-def run_schemathesis(cluster: RunningCluster, max_examples: int, timeout_s: float
-                     ) -> subprocess.CompletedProcess[str]:
+def run_schemathesis(cluster: RunningCluster, max_examples: int, timeout_s: float,
+                     workdir: Path) -> subprocess.CompletedProcess[str]:
+    """``workdir``: where schemathesis keeps its cache (crashes it would replay next time), so
+    that each run starts fresh and nothing lands in the source tree."""
     command = Path(sys.executable).parent / "schemathesis"
     base = cluster.sequencer_urls[0]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
@@ -42,7 +44,7 @@ def run_schemathesis(cluster: RunningCluster, max_examples: int, timeout_s: floa
         [str(command), "--no-color", "--config-file", str(HERE / "schemathesis.toml"), "run",
          f"{base}/openapi.json", "--checks", "all", "--max-examples", str(max_examples),
          "--request-timeout", "30", "--suppress-health-check", "all", "--workers", "1"],
-        env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+        env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 def server_errors(cluster: RunningCluster) -> dict[str, float]:
@@ -57,9 +59,10 @@ def server_errors(cluster: RunningCluster) -> dict[str, float]:
     return found
 
 
-def check_run(cluster: RunningCluster, max_examples: int, timeout_s: float) -> None:
+def check_run(cluster: RunningCluster, max_examples: int, timeout_s: float,
+              workdir: Path) -> None:
     before = server_errors(cluster)
-    done = run_schemathesis(cluster, max_examples, timeout_s)
+    done = run_schemathesis(cluster, max_examples, timeout_s, workdir)
     tail = done.stdout[-6000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
     assert " passed" in done.stdout and "failure" not in done.stdout.split("SUMMARY")[-1], tail
@@ -69,10 +72,12 @@ def check_run(cluster: RunningCluster, max_examples: int, timeout_s: float) -> N
     assert server_errors(cluster) == before
 
 
-def test_every_operation_keeps_its_contract(local_cluster: RunningCluster) -> None:
-    check_run(local_cluster, SMALL_EXAMPLES, timeout_s=240)
+def test_every_operation_keeps_its_contract(local_cluster: RunningCluster,
+                                            tmp_path: Path) -> None:
+    check_run(local_cluster, SMALL_EXAMPLES, timeout_s=240, workdir=tmp_path)
 
 
 @pytest.mark.slow
-def test_every_operation_keeps_its_contract_large(local_cluster: RunningCluster) -> None:
-    check_run(local_cluster, LARGE_EXAMPLES, timeout_s=3600)
+def test_every_operation_keeps_its_contract_large(local_cluster: RunningCluster,
+                                                  tmp_path: Path) -> None:
+    check_run(local_cluster, LARGE_EXAMPLES, timeout_s=3600, workdir=tmp_path)
