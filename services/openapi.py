@@ -82,16 +82,16 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "allOf": [_ref("AppendOptions")],
             "type": "object",
             "properties": {
-                "payloads": {
-                    "type": "array", "items": _ref("Bytes"),
-                    "minItems": 1, "maxItems": api.batch_records_max,
-                },
                 "compression": {"type": "string", "enum": sorted(CODEC_NAMES)},
                 "compressed_payloads": _ref("Bytes"),
             },
             "oneOf": [
-                # records means something only in a compressed batch (ignored otherwise).
+                # Each branch constrains its own fields: the server ignores payloads in a
+                # compressed batch and records in a plain one, as it does unknown fields.
                 {"required": ["payloads"],
+                 "properties": {"payloads": {
+                     "type": "array", "items": _ref("Bytes"),
+                     "minItems": 1, "maxItems": api.batch_records_max}},
                  "not": {"anyOf": [{"required": ["compression"]},
                                    {"required": ["compressed_payloads"]}]}},
                 {"required": ["compression", "records", "compressed_payloads"],

@@ -65,7 +65,8 @@ async def test_document_is_openapi_31_with_valid_schemas(client: ApiClient) -> N
     assert doc["openapi"] == "3.1.0"
     for schema in doc["components"]["schemas"].values():
         Draft202012Validator.check_schema(schema)
-    limit = doc["components"]["schemas"]["AppendBatchRequest"]["properties"]["payloads"]
+    limit = doc["components"]["schemas"]["AppendBatchRequest"]["oneOf"][0]["properties"][
+        "payloads"]
     assert limit["maxItems"] == API.batch_records_max
     routes = {
         r.resource.canonical for r in client.app.router.routes() if r.resource is not None
