@@ -2,7 +2,7 @@
 installed by scripts/bootstrap.sh) accepts the alert rules, and every dashboard expression is
 valid PromQL (checked by promtool as recording rules); the dashboard is one Grafana dashboard
 whose panels all query the Prometheus data source variable. That every metric they name is
-exported by a running node is tests/integration/test_monitoring.py."""
+exported by a running node is tests/integration/test_monitoring_metrics.py."""
 
 from __future__ import annotations
 
