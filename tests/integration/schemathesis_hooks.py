@@ -110,7 +110,9 @@ def map_body(context: schemathesis.HookContext, body: Any) -> Any:
         records = int(records)
     if (codec is None or isinstance(records, bool) or not isinstance(records, int)
             or not 1 <= records <= BATCH_RECORDS_MAX
-            or not isinstance(body.get("compressed_payloads"), str)):
+            or not isinstance(body.get("compressed_payloads"), str)
+            or _to_bin(body["compressed_payloads"]) is body["compressed_payloads"]):
+        # (Not valid base64: a negative case, which must stay one.)
         return body
     # Payloads that compress well: compress_whole gives no blob for a batch it cannot shrink.
     payloads = [b"record %d " % i + b"x" * 100 for i in range(records)]
