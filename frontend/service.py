@@ -61,6 +61,8 @@ log = logging.getLogger(__name__)
 FORWARD_HOPS_MAX = 2
 READ_POLL_INTERVAL_S = 0.02
 """Pause between long-poll read rounds only when the storage nodes did not hold the READ."""
+LOG_APPEAR_POLL_S = 0.1
+"""How often a long poll on a log never written asks the epoch store whether it exists yet."""
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
 T = TypeVar("T")
 OWNERS_CACHED_MAX = 100_000
@@ -367,11 +369,17 @@ class FrontEnd:
         until their release pointer passes ``from_lsn - 1``; a round that ends because one
         node's pointer moved is asked again at once with the newer pointer. No polling loop
         and no sequencer hop per round."""
-        status, metadata = await self._log_metadata(log_id)
-        if metadata is None:
-            return ReadOutcome(status=status, message=f"log {log_id}: {status.description}")
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + wait_ms / 1000
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None and status is Status.NOTFOUND and wait_ms > 0:
+            # A long poll on a log never written waits for its first record: a consumer
+            # started before its producers is the normal case (docs/API-EXTENSIONS.md).
+            status, metadata = await self._await_log(log_id, deadline_s)
+            if metadata is None and status is Status.NOTFOUND:
+                return ReadOutcome(status=Status.OK, next_lsn=from_lsn, release_lsn=Lsn(0))
+        if metadata is None:
+            return ReadOutcome(status=status, message=f"log {log_id}: {status.description}")
         release = await self._release_hint(log_id)
         while True:
             remaining_ms = int((deadline_s - loop.time()) * 1000)
@@ -393,6 +401,20 @@ class FrontEnd:
                 # The storage nodes answered long before the wait ran out without anything
                 # new (they hold a bounded number of READs): pause instead of spinning.
                 await asyncio.sleep(min(READ_POLL_INTERVAL_S, remaining_s))
+
+    async def _await_log(self, log_id: LogId, deadline_s: float
+                         ) -> tuple[Status, LogMetadata | None]:
+        """The log's metadata once its first append provisions it, or ``NOTFOUND`` at
+        ``deadline_s``: the epoch store is asked every ``LOG_APPEAR_POLL_S``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining_s = deadline_s - loop.time()
+            if remaining_s <= 0:
+                return Status.NOTFOUND, None
+            await asyncio.sleep(min(LOG_APPEAR_POLL_S, remaining_s))
+            status, metadata = await self._log_metadata(log_id)
+            if status is not Status.NOTFOUND:
+                return status, metadata
 
     async def _read_once(
         self, log_id: LogId, metadata: LogMetadata, from_lsn: Lsn, records_max: int,

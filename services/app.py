@@ -22,9 +22,12 @@ from gossip.core.failure_detector import NodeState
 from gossip.runtime import GossipRuntime
 from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
+from services.console_api import add_console
 from services.http_api import create_api_app
 from services.http_edge import EdgeRunner
+from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
+from services.ops_metrics import OpsCollector
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
 from shared.net.pool import PeerPool
@@ -170,8 +173,12 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
     registry.register(_RoleCollector(storage, sequencer, pool, gossip))
-    app = create_api_app(service, config.api, registry)
+    registry.register(OpsCollector(epoch_store, sequencer,
+                                   str(config.data_dir) if storage is not None else None))
+    app = create_api_app(service, config.api, registry,
+                         logs=logs_source(sequencer, SystemClock(), config.node_id))
     app[MEMBERSHIP_KEY] = membership
+    add_console(app, service, registry)
 
     # One cleanup step per resource (aiohttp runs them in reverse order and runs every one
     # even when an earlier one raised): an exception in the sequencer's drain or the gossip
