@@ -30,9 +30,9 @@ ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 SLF4J_JAR = "/usr/share/java/slf4j-simple.jar"
 HEAP_MB_DEFAULT = 256
 """The local server's Java heap: enough for about 100,000 logs (three znodes each); past
-about 140,000 it spends its time collecting garbage and sessions time out."""
+about 145,000, provisioning timed out (docs/ZOOKEEPER.md)."""
 HEAP_ENV_VAR = "SEQLOG_ZK_HEAP_MB"
-"""Overrides ``HEAP_MB_DEFAULT`` (a million logs need about 2 GB)."""
+"""Overrides ``HEAP_MB_DEFAULT``."""
 STANDALONE_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 CONFIG_FILE = "zoo.cfg"

@@ -46,6 +46,10 @@ class LocalSequencer(Protocol):
 
     def epoch(self, log_id: LogId) -> Epoch: ...
 
+    def request_activation(self, log_id: LogId) -> None:
+        """Activate the log's sequencer if it is not active, with no append."""
+        ...
+
     async def wait_release_above(self, log_id: LogId, lsn: Lsn, timeout_s: float) -> None: ...
 
 

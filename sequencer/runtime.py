@@ -5,7 +5,7 @@ It makes no decisions of its own. One timer is armed for the earliest deadline o
 a periodic task broadcasts release pointers so that every storage node learns them.
 
 Idle logs cost nothing: the periodic broadcast visits only the logs in a dirty set (release
-moved lately, CLEANs owed), in chunks, and a log's sequencer idle for ``idle_deactivate_ms``
+moved lately), in chunks, and a log's sequencer idle for ``idle_deactivate_ms``
 is deactivated (epoch marked clean, dropped from memory; the next append activates a new
 epoch with no recovery). With 10,000 idle logs, walking them all twice a second stalled the
 loop for 70-90 ms each time.
@@ -38,6 +38,7 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
+from sequencer.core.store_timeout import StoreLatency
 from sequencer.handlers import Callback, EffectDriver
 from sequencer.producer_lookup import lookup_producer
 from shared import failpoints
@@ -49,6 +50,7 @@ from shared.ports import EpochStore, Rng
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.store import Store
+from shared.wire.store_batch import StoreBatch
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,13 @@ class _RuntimePorts:
 
     def send_store(self, node: NodeId, store: Store, callback: Callback) -> None:
         self._runtime.transport.request(node, store, callback)
+
+    def send_store_batch(self, node: NodeId, batch: StoreBatch, callback: Callback) -> None:
+        self._runtime.transport.request(node, batch, callback)
+
+    def schedule_flush(self) -> None:
+        runtime = self._runtime
+        runtime._loop.call_soon(runtime._driver.flush)
 
     def request(self, node: NodeId, message: Any, callback: Callback, *,
                 timeout_ms: int | None = None) -> None:
@@ -192,6 +201,9 @@ class SequencerRuntime:
         self._staged_size: dict[tuple[LogId, str | None], tuple[int, int]] = {}
         """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
         self._flush_scheduled = False
+        self._timer_due: dict[LogId, int] = {}
+        """Each log's earliest deadline in ``_timers`` (not pushed again while it is the
+        earliest: most effects leave a log's deadline where it was)."""
         self._expiries: deque[tuple[float, list[int]]] = deque()
         """(deadline, request ids): the appends of one loop iteration share one entry."""
         self._expiry_batch: list[int] | None = None
@@ -202,6 +214,8 @@ class SequencerRuntime:
         self._drained = asyncio.Event()
         """Set once closing and no appender is in flight any more."""
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+        self.store_latency = StoreLatency()
+        """STORE round trips per storage node, shared by every log's sequencer here."""
         self.producer_lookups_count: collections.Counter[bool] = collections.Counter()
         """Producer lookups that succeeded (True) and failed (False), for /metrics."""
         self.recovery_phases_count: collections.Counter[str] = collections.Counter()
@@ -221,9 +235,11 @@ class SequencerRuntime:
         self._idle_marks = asyncio.Semaphore(IDLE_MARKS_IN_FLIGHT_MAX)
         self.deactivations_count = 0
         """Sequencers deactivated for idleness, for /metrics and tests."""
-        self._driver = EffectDriver(_RuntimePorts(self), now_ms=clock.now_ms,
-                                    applied=self._after_apply, send_store=transport.request,
-                                    waiters=self._waiters, deliver=_deliver)
+        self._driver = EffectDriver(
+            _RuntimePorts(self), now_ms=clock.now_ms, applied=self._after_apply,
+            send_store=transport.request, waiters=self._waiters, deliver=_deliver,
+            recovery_request_timeout_ms=config.recovery_request_timeout_ms,
+            store_batch_stores_max=config.store_batch_stores_max)
         """Carries out the cores' effects (``sequencer.handlers``, shared with the
         deterministic simulation)."""
 
@@ -328,8 +344,16 @@ class SequencerRuntime:
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
         self._expiry_batch = None
-        for group_key in list(self._staged):
-            self._flush_group(group_key)
+        driver = self._driver
+        driver.flushing = True
+        try:
+            for group_key in list(self._staged):
+                self._flush_group(group_key)
+        finally:
+            driver.flushing = False
+        # The STOREs of every log's appends of this iteration leave together, now (issue 15:
+        # with many logs, a frame and a reply callback per record was the sequencer's cost).
+        driver.flush()
 
     def _flush_group(self, group_key: tuple[LogId, str | None]) -> None:
         group = self._staged.pop(group_key, None)
@@ -357,6 +381,14 @@ class SequencerRuntime:
                         _deliver(done, AppendResult(
                             Status.TIMEDOUT, Lsn(0), Lsn(0), 0,
                             "append not confirmed in time; outcome unknown"))
+
+    def request_activation(self, log_id: LogId) -> None:
+        """Activate the log's sequencer if it is not active, with no append (see
+        ``Sequencer.on_activate_request``)."""
+        if self._closing:
+            return
+        sequencer = self._sequencer(log_id)
+        self._apply(sequencer, sequencer.on_activate_request(self.clock.now_ms()))
 
     def release_lsn(self, log_id: LogId) -> Lsn:
         sequencer = self.sequencers.get(log_id)
@@ -396,7 +428,8 @@ class SequencerRuntime:
         sequencer = self.sequencers.get(log_id)
         if sequencer is None:
             sequencer = Sequencer(log_id=log_id, node_id=self.node_id, config=self.config,
-                                  rng=self.rng, weights=self._weights)
+                                  rng=self.rng, weights=self._weights,
+                                  store_latency=self.store_latency)
             sequencer.set_unavailable_nodes(self._unavailable)
             self.sequencers[log_id] = sequencer
         return sequencer
@@ -405,13 +438,8 @@ class SequencerRuntime:
         self._driver.apply(sequencer, effects)
 
     def _after_apply(self, sequencer: Sequencer) -> None:
-        """After every batch of a core's effects (per STORED reply, so inline): re-arm its
-        timer, wake what waits for it."""
-        deadline_ms = sequencer.deadline_ms()
-        if deadline_ms is not None:
-            heapq.heappush(self._timers, (deadline_ms, sequencer.log_id))
-            if self._armed_ms is None or deadline_ms < self._armed_ms:
-                self._arm(deadline_ms)
+        """After every batch of a core's effects: re-arm its timer, wake what waits for it."""
+        self._rearm(sequencer)
         if self._releasable_events and sequencer.releasable:
             event = self._releasable_events.pop(sequencer.log_id, None)
             if event is not None:
@@ -527,6 +555,19 @@ class SequencerRuntime:
 
     # ---- timers --------------------------------------------------------------------------
 
+    def _rearm(self, sequencer: Sequencer) -> None:
+        deadline_ms = sequencer.deadline_ms()
+        if deadline_ms is None:
+            return
+        log_id = sequencer.log_id
+        due_ms = self._timer_due.get(log_id)
+        if due_ms is not None and due_ms <= deadline_ms:
+            return  # that entry fires first; on_timer then finds the log's next deadline
+        self._timer_due[log_id] = deadline_ms
+        heapq.heappush(self._timers, (deadline_ms, log_id))
+        if self._armed_ms is None or deadline_ms < self._armed_ms:
+            self._arm(deadline_ms)
+
     def _arm(self, deadline_ms: int) -> None:
         if self._timer_handle is not None:
             self._timer_handle.cancel()
@@ -538,13 +579,21 @@ class SequencerRuntime:
         self._timer_handle, self._armed_ms = None, None
         now_ms = self.clock.now_ms()
         due: set[LogId] = set()
+        timer_due = self._timer_due
         while self._timers and self._timers[0][0] <= now_ms:
-            due.add(heapq.heappop(self._timers)[1])
+            log_id = heapq.heappop(self._timers)[1]
+            due.add(log_id)
+            timer_due.pop(log_id, None)
         for log_id in due:
             sequencer = self.sequencers.get(log_id)
             if sequencer is None:
                 continue  # a stale deadline of a deactivated log
-            self._apply(sequencer, sequencer.on_timer(now_ms))
+            deadline_ms = sequencer.deadline_ms()
+            if deadline_ms is not None and deadline_ms > now_ms:
+                # Stale (its appender finished in time, as most do): only the next deadline.
+                self._rearm(sequencer)
+            elif deadline_ms is not None:
+                self._apply(sequencer, sequencer.on_timer(now_ms))
         if self._timers and self._armed_ms is None:
             self._arm(self._timers[0][0])
 
@@ -621,7 +670,7 @@ class SequencerRuntime:
                       self._releasable_events.pop(log_id, None)):
             if event is not None:
                 event.set()
-        for effect in sequencer.release_broadcast():
+        for effect in sequencer.release_broadcast(final=True):
             self._send(sequencer, effect)
         task = asyncio.create_task(self._mark_idle_clean(sequencer, tail))
         self._deactivating[log_id] = task
@@ -669,8 +718,9 @@ class SequencerRuntime:
                    if (tail := s.drained_clean_tail()) is not None]
         for sequencer, _ in drained:
             # Only sends: not through _apply, which looks at every log when closing.
-            for effect in sequencer.release_broadcast():
+            for effect in sequencer.release_broadcast(final=True):
                 self._send(sequencer, effect)
+        self._driver.flush()
         marking = list(self._deactivating.values())  # idle epochs being marked clean
         if not drained and not marking:
             return

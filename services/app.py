@@ -1,7 +1,8 @@
 """The composition root of one node: ``create_app(config)`` builds the node's roles (storage,
 sequencer), the node-to-node transport and the HTTP API, and starts and stops them through the
-aiohttp application's ``cleanup_ctx``. ``create_runner(app)`` serves it: the lean HTTP edge
-(``services.http_edge``) in front of aiohttp."""
+aiohttp application's ``cleanup_ctx``: one step per resource, so that a failing stop of one
+(the sequencer's drain, the gossip farewell) still stops the others. ``create_runner(app)``
+serves it: the lean HTTP edge (``services.http_edge``) in front of aiohttp."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ from gossip.core.failure_detector import NodeState
 from gossip.runtime import GossipRuntime
 from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
+from services.console_api import add_console
 from services.http_api import create_api_app
 from services.http_edge import EdgeRunner
+from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
+from services.ops_metrics import OpsCollector
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
 from shared.net.pool import PeerPool
@@ -59,7 +63,7 @@ class _Dispatcher:
         elif type(message) is Append:
             self.service.on_append_message(message, reply)
         elif type(message) is GetSequencerState:
-            reply(self.service.sequencer_state(message.log_id))
+            reply(self.service.sequencer_state(message.log_id, activate=message.activate))
         elif self.storage is not None:
             self.storage.on_message(peer, message, reply)
 
@@ -169,38 +173,74 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
     registry.register(_RoleCollector(storage, sequencer, pool, gossip))
-    app = create_api_app(service, config.api, registry)
+    registry.register(OpsCollector(epoch_store, sequencer,
+                                   str(config.data_dir) if storage is not None else None))
+    app = create_api_app(service, config.api, registry,
+                         logs=logs_source(sequencer, SystemClock(), config.node_id))
     app[MEMBERSHIP_KEY] = membership
+    add_console(app, service, registry)
 
-    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
-        if storage is not None:
-            await storage.start()
+    # One cleanup step per resource (aiohttp runs them in reverse order and runs every one
+    # even when an earlier one raised): an exception in the sequencer's drain or the gossip
+    # farewell must not skip ``storage.close()``, which drains the writer and fsyncs.
+    async def epoch_store_step(_: web.Application) -> AsyncIterator[None]:
+        yield
+        await epoch_store.close()
+
+    async def storage_step(_: web.Application) -> AsyncIterator[None]:
+        if storage is None:
+            yield
+            return
+        await storage.start()
+        yield
+        await storage.close()
+
+    async def pool_step(_: web.Application) -> AsyncIterator[None]:
+        yield
+        await pool.close()
+
+    async def server_step(_: web.Application) -> AsyncIterator[None]:
         server = await start_server(listen_host or me.host, me.data_port, node_id=config.node_id,
                                     cluster_fingerprint=fingerprint,
                                     handler=_Dispatcher(service, storage, gossip),
                                     config=config.transport)
+        yield
+        await server.close()
+
+    async def gossip_step(_: web.Application) -> AsyncIterator[None]:
         await gossip.start()
-        if sequencer is not None:
-            await sequencer.start()
+        yield
+        try:
+            await gossip.farewell()
+        finally:
+            await gossip.close()
+
+    async def front_end_step(_: web.Application) -> AsyncIterator[None]:
+        yield
+        await service.close()
+
+    async def sequencer_step(_: web.Application) -> AsyncIterator[None]:
+        if sequencer is None:
+            yield
+            return
+        await sequencer.start()
+        yield
+        try:
+            await sequencer.drain(drain_timeout_s)
+        finally:
+            await sequencer.close()
+
+    async def ready_step(_: web.Application) -> AsyncIterator[None]:
         service.started = True
         log.info("node %s ready: roles %s, http %s, data port %d", config.node_id,
                  ",".join(me.roles), me.http_address, me.data_port)
         yield
         service.started = False
         gossip.begin_failover()
-        if sequencer is not None:
-            await sequencer.drain(drain_timeout_s)
-            await sequencer.close()
-        await service.close()
-        await gossip.farewell()
-        await gossip.close()
-        await server.close()
-        await pool.close()
-        if storage is not None:
-            await storage.close()
-        await epoch_store.close()
 
-    app.cleanup_ctx.append(lifecycle)
+    # Started in this order, stopped in the reverse one.
+    app.cleanup_ctx.extend((epoch_store_step, storage_step, pool_step, server_step,
+                            gossip_step, front_end_step, sequencer_step, ready_step))
     return app
 
 

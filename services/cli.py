@@ -1,9 +1,14 @@
 """The ``seqlog`` command: local cluster control plus append/read/tail/demo through the client,
-``status`` (the cluster's nodes with their gossip states, as a table), and ``epochs``, which
-reads a log's epoch metadata straight from the epoch store.
+``status`` (the cluster's nodes with their gossip states, as a table), ``top`` (the busiest
+logs, live; ``services.cli_top``), ``epochs``, which reads a log's epoch metadata straight from
+the epoch store, and ``completion``, which prints a shell completion script (shtab).
+
+Output: ``read`` prints ``--format text|json|raw`` (``services.cli_output``); long operations
+(``append`` from stdin) show a progress bar on stderr when it is a terminal (rich). A closed
+pipe (``seqlog read 7 | head``) ends the command quietly, as does Ctrl-C: no traceback.
 
 Exit codes: 0 success, 1 the operation failed (a ``LogError``, a launcher error or a demo
-mismatch), 2 bad usage (argparse), 130 interrupted.
+mismatch), 2 bad usage (argparse), 130 interrupted, 141 the reader of stdout went away.
 """
 
 from __future__ import annotations
@@ -13,17 +18,30 @@ import asyncio
 import datetime
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
+
+import shtab
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from epoch_store import read_log_state
-from seqlog import Client, Gap, LogError, Record
+from seqlog import Client, LogError
 from seqlog.demo import run_demo
 from seqlog.results import ClusterInfo
-from services import ingest_cli
+from services import cli_top, ingest_cli
 from services import local_cluster as lc
+from services.cli_output import FORMATS, EntryWriter, iso_time, text_line
 from services.local_membership import add_node
 from shared.config import FSYNC_MODES
 from shared.status import Status
@@ -32,6 +50,14 @@ from shared.types import LOG_ID_MAX, LOG_ID_MIN, LogId, format_lsn, parse_lsn
 DEFAULT_URL = f"http://127.0.0.1:{lc.DEFAULT_BASE_PORT}"
 _BATCH_RECORDS_MAX = 1000
 """Payloads per append-batch request when ``append --batch`` reads many lines."""
+_LINES_READ_MAX = 1000
+"""Lines of stdin read at a time (in a thread, off the event loop) by ``append``."""
+NOT_WRITTEN_POLL_S = 0.5
+"""How often ``read --follow --direct`` asks again for a log that has never been written."""
+TOP_PIPE_WIDTH = 160
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: what a shell reports for a command killed by writing to a closed pipe."""
 
 
 def _log_id(text: str) -> int:
@@ -70,6 +96,14 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer: {text!r}")
     return int(text)
+
+
+def _add_progress(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--progress", action="store_true", default=None,
+                       help="show a progress bar on stderr even when it is not a terminal")
+    group.add_argument("--no-progress", action="store_false", dest="progress",
+                       help="never show a progress bar")
 
 
 def _add_target(parser: argparse.ArgumentParser) -> None:
@@ -117,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     append.add_argument("--batch", action="store_true", help="one atomic append-batch")
     append.add_argument("--key")
     append.add_argument("payloads", nargs="*", metavar="PAYLOAD")
+    _add_progress(append)
     _add_target(append)
 
     read = commands.add_parser("read", help="print records and gaps")
@@ -131,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--direct", action="store_true",
                       help="read the storage nodes directly (Client.reader) instead of "
                            "through a node's HTTP API")
+    read.add_argument("--format", choices=FORMATS, default="text", dest="output_format",
+                      help="text: a header and one tab-separated line per record or gap "
+                           "(ISO 8601 UTC times, escaped payloads); json: one JSON object "
+                           "per line; raw: payload bytes only, one per line")
     _add_target(read)
 
     tail = commands.add_parser("tail", help="show a log's release point and sequencer")
@@ -156,6 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--dir", type=Path, help="local cluster directory (reads cluster.json)")
     source.add_argument("--epoch-store", help="file:///dir or zk://host:port[,...]/root")
 
+    top = commands.add_parser("top", help="live view of the busiest logs (append rate, "
+                              "release point, appends in flight)")
+    top.add_argument("--interval-ms", type=_positive, default=2000)
+    top.add_argument("--rows", type=_positive, default=20, help="logs shown")
+    top.add_argument("--iterations", type=_positive,
+                     help="stop after this many looks (default: until Ctrl-C)")
+    _add_target(top)
+
+    completion = commands.add_parser(
+        "completion", help="print a shell completion script",
+        description="bash: eval \"$(seqlog completion bash)\" (or save it under "
+                    "/etc/bash_completion.d/seqlog); zsh: seqlog completion zsh > "
+                    "\"${fpath[1]}/_seqlog\"")
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+
     demo = commands.add_parser("demo", help="write, read back and check a small workload")
     _add_target(demo)
     demo.add_argument("--logs", type=_positive, default=3)
@@ -179,50 +233,144 @@ def _print(*parts: object) -> None:
     print(*parts, flush=True)
 
 
-def format_entry(entry: Record | Gap) -> str:
-    if isinstance(entry, Gap):
-        span = f"{format_lsn(entry.lo)}..{format_lsn(entry.hi)}"
-        return f"GAP\t{entry.type}\t{span}\t{entry.lo}..{entry.hi}"
-    payload = entry.payload.decode("utf-8", "backslashreplace")
-    key = "-" if entry.key is None else entry.key
-    return f"{format_lsn(entry.lsn)}\t{entry.lsn}\t{entry.timestamp_ms}\t{key}\t{payload}"
+format_entry = text_line
+"""One line of ``read --format text``."""
+
+
+class _Lines:
+    """stdin's lines, read by a daemon thread in chunks of up to ``chunk_lines`` and handed
+    to the loop through a bounded queue: a big file or a slow producer never blocks the event
+    loop, and Ctrl-C is not held up by a thread blocked in ``readline`` (a daemon thread is
+    not joined at exit, as an executor's would be)."""
+
+    CHUNKS_QUEUED_MAX = 4
+
+    def __init__(self, stream: TextIO, chunk_lines: int) -> None:
+        self.stream = stream
+        self.chunk_lines = chunk_lines
+        self.queue: asyncio.Queue[list[str]] = asyncio.Queue(self.CHUNKS_QUEUED_MAX)
+        self.loop = asyncio.get_running_loop()
+        threading.Thread(target=self._run, name="stdin", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            chunk = []
+            try:
+                for _ in range(self.chunk_lines):
+                    line = self.stream.readline()
+                    if not line:
+                        break
+                    chunk.append(line)
+            except (OSError, ValueError):
+                pass
+            asyncio.run_coroutine_threadsafe(self.queue.put(chunk), self.loop).result()
+            if len(chunk) < self.chunk_lines:
+                if chunk:
+                    asyncio.run_coroutine_threadsafe(self.queue.put([]), self.loop).result()
+                return
+
+    async def chunk(self) -> list[str]:
+        """The next lines; empty at the end of stdin."""
+        return await self.queue.get()
+
+
+def _progress(args: argparse.Namespace, description: str) -> Progress:
+    """A progress bar on stderr: shown when stderr is a terminal, or always with
+    ``--progress``; never with ``--no-progress``."""
+    forced = getattr(args, "progress", None)
+    console = Console(stderr=True, force_terminal=True if forced else None)
+    disable = forced is False or (forced is None and not console.is_terminal)
+    return Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("records"), TaskProgressColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[rate]}"), console=console, disable=disable,
+                    transient=False,
+                    # Printed results go above the bar when both share a terminal, and stay
+                    # on stdout when it is a pipe or a file.
+                    redirect_stdout=sys.stdout.isatty(), redirect_stderr=False)
 
 
 async def _append(client: Client, args: argparse.Namespace, payloads: list[bytes]) -> int:
     if args.batch:
         for start in range(0, len(payloads), _BATCH_RECORDS_MAX):
             chunk = payloads[start : start + _BATCH_RECORDS_MAX]
-            result = await client.append_batch(args.log_id, chunk, key=args.key)
-            first, last = format_lsn(result.first_lsn), format_lsn(result.last_lsn)
-            _print(f"{first}..{last}\t{result.first_lsn}..{result.last_lsn}\t{result.count}")
+            await _append_batch(client, args, chunk)
         return 0
     for payload in payloads:
-        single = await client.append(args.log_id, payload, key=args.key)
-        _print(f"{format_lsn(single.lsn)}\t{single.lsn}\t{single.timestamp_ms}")
+        await _append_one(client, args, payload)
+    return 0
+
+
+async def _append_batch(client: Client, args: argparse.Namespace, chunk: list[bytes]) -> None:
+    result = await client.append_batch(args.log_id, chunk, key=args.key)
+    first, last = format_lsn(result.first_lsn), format_lsn(result.last_lsn)
+    _print(f"{first}..{last}\t{result.first_lsn}..{result.last_lsn}\t{result.count}")
+
+
+async def _append_one(client: Client, args: argparse.Namespace, payload: bytes) -> None:
+    single = await client.append(args.log_id, payload, key=args.key)
+    _print(f"{format_lsn(single.lsn)}\t{single.lsn}\t{iso_time(single.timestamp_ms)}")
+
+
+async def _append_stdin(client: Client, args: argparse.Namespace) -> int:
+    """``append`` of stdin's lines as they are read, with a progress bar: by bytes of a
+    regular file, by records otherwise."""
+    lines = _Lines(sys.stdin, _LINES_READ_MAX if args.batch else 1)
+    started_s = time.monotonic()
+    records = 0
+    with _progress(args, f"log {args.log_id}") as progress:
+        task = progress.add_task("append", total=None, rate="")
+        while True:
+            chunk = await lines.chunk()
+            if not chunk:
+                break
+            payloads = [line.rstrip("\n").encode() for line in chunk]
+            if args.batch:
+                await _append_batch(client, args, payloads)
+            else:
+                await _append_one(client, args, payloads[0])
+            records += len(payloads)
+            elapsed_s = max(time.monotonic() - started_s, 1e-6)
+            progress.update(task, completed=records, rate=f"{records / elapsed_s:,.0f}/s")
+        progress.update(task, total=records, completed=records)
     return 0
 
 
 async def _read(client: Client, args: argparse.Namespace) -> int:
+    writer = EntryWriter(sys.stdout.buffer, args.output_format)
     if args.since is not None:
         args.from_lsn = await client.find_time(args.log_id, args.since)
     if args.direct:
-        async with await client.reader(args.log_id, args.from_lsn,
-                                       follow=args.follow) as reader:
-            async for item in reader:
-                _print(format_entry(item))
+        await _read_direct(client, args, writer)
+        writer.finish()
         return 0
     if args.follow:
         async for entry in client.follow(args.log_id, args.from_lsn, limit=args.limit):
-            _print(format_entry(entry))
+            writer.write([entry])
         return 0
     next_lsn = args.from_lsn
     while True:
         result = await client.read(args.log_id, next_lsn, limit=args.limit)
-        for entry in result.entries():
-            _print(format_entry(entry))
+        writer.write(list(result.entries()))
         if result.next_lsn <= next_lsn or result.next_lsn > result.release_lsn:
+            writer.finish()
             return 0
         next_lsn = result.next_lsn
+
+
+async def _read_direct(client: Client, args: argparse.Namespace, writer: EntryWriter) -> None:
+    while True:
+        try:
+            reader = await client.reader(args.log_id, args.from_lsn, follow=args.follow)
+        except LogError as exc:
+            # A follower started before the log's first append waits for it.
+            if not args.follow or exc.status is not Status.NOTFOUND:
+                raise
+            await asyncio.sleep(NOT_WRITTEN_POLL_S)
+            continue
+        async with reader:
+            async for item in reader:
+                writer.write([item])
+        return
 
 
 async def _tail(client: Client, args: argparse.Namespace) -> int:
@@ -270,8 +418,23 @@ async def _status(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _top_console() -> Console:
+    """A terminal's width on a terminal; wide enough for every column in a pipe or file
+    (rich would assume 80)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=TOP_PIPE_WIDTH)
+
+
+async def _top(client: Client, args: argparse.Namespace) -> int:
+    return await cli_top.run_top(client, interval_ms=args.interval_ms,
+                                 iterations=args.iterations, rows_max=args.rows,
+                                 console=_top_console())
+
+
 async def _demo(client: Client, args: argparse.Namespace) -> int:
     report = await run_demo(client, logs_count=args.logs, seed=args.seed)
+    _print(f"demo: wrote to {len(report.log_ids)} fresh logs with random ids, so that runs "
+           "never share a log: " + ", ".join(str(i) for i in report.log_ids))
     _print(
         f"demo: logs {report.log_ids}: appended {report.records_appended} records "
         f"({report.batches_appended} batches), read back {report.records_read} records and "
@@ -350,14 +513,12 @@ def _epochs(args: argparse.Namespace) -> int:
 
 _HANDLERS: dict[str, Handler] = {
     "read": _read, "tail": _tail, "trim": _trim, "cluster": _cluster, "status": _status,
-    "demo": _demo,
+    "demo": _demo, "top": _top,
 }
 
 
 def _read_payloads(args: argparse.Namespace) -> list[bytes]:
-    if args.payloads:
-        return [p.encode() for p in args.payloads]
-    return [line.rstrip("\n").encode() for line in sys.stdin]
+    return [p.encode() for p in args.payloads]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -367,8 +528,13 @@ def run(args: argparse.Namespace) -> int:
         return _epochs(args)
     if args.command == "ingest":
         return ingest_cli.run(args, DEFAULT_URL)
+    if args.command == "completion":
+        sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
+        return 0
     urls = target_urls(args)
     if args.command == "append":
+        if not args.payloads:
+            return asyncio.run(_with_client(urls, _append_stdin, args))
         payloads = _read_payloads(args)
 
         async def handler(client: Client, ns: argparse.Namespace) -> int:
@@ -393,9 +559,21 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(argv)
+def _stdout_gone() -> None:
+    """stdout's reader went away: point stdout at /dev/null so that the interpreter's final
+    flush does not report the broken pipe again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse(argv)
         return run(args)
     except LogError as exc:
         print(f"seqlog: {exc}", file=sys.stderr)
@@ -403,8 +581,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except lc.LocalClusterError as exc:
         print(f"seqlog: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        _stdout_gone()
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
-        return 130
+        print("seqlog: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

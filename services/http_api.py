@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import ClientPayloadError, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from frontend.outcomes import AppendOutcome, LogService, ReadOutcome, TailOutcome
@@ -39,10 +39,12 @@ from services.http_parse import (
     parse_append_batch,
     parse_find_time_query,
     parse_log_id,
+    parse_no_forward,
     parse_read_query,
     parse_trim,
     response_media_type,
 )
+from services.log_stats import LOGS_PAGE_DEFAULT, LOGS_PAGE_MAX, LogsSource
 from services.metrics import UNMATCHED_ROUTE, HttpMetrics
 from services.openapi import build_openapi
 from shared.config import ApiConfig
@@ -55,12 +57,11 @@ from shared.http_contract import (
     wants_retry_after,
 )
 from shared.status import Status
-from shared.types import LogId, NodeId
+from shared.types import LOG_ID_MAX, LogId, Lsn, NodeId, format_lsn
 from shared.wire.hello import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
 
-_TRUE_VALUES = frozenset({"1", "true", "yes"})
 BODY_READ_TIMEOUT_MS_DEFAULT = 30_000
 _CLIENT_CLOSED_CODE = 499
 """Recorded in metrics for requests whose client went away before the answer (nginx's code)."""
@@ -79,6 +80,8 @@ class Edge:
     metrics: HttpMetrics
     openapi_json: bytes
     body_read_timeout_ms: int
+    logs: LogsSource | None = None
+    """``GET /v1/logs`` (``services.log_stats``); None: an empty list."""
 
 
 SERVICE_KEY = web.AppKey[LogService]("log_service")
@@ -140,6 +143,12 @@ def _rejected(request: web.Request, rejection: Rejection) -> web.Response:
     return _error(request, rejection.status, rejection.message)
 
 
+class ClientGone(Exception):
+    """The client closed the connection before its request body arrived: nothing to answer,
+    counted as ``CLIENT_CLOSED_CODE`` and logged as one line (no traceback: it is the
+    client's doing, not the node's)."""
+
+
 async def _read_body(request: web.Request, edge: Edge) -> bytes | Rejection:
     size_max = edge.api.request_bytes_max
     too_big = Rejection(Status.TOOBIG, f"request body over request_bytes_max={size_max}")
@@ -158,6 +167,8 @@ async def _read_body(request: web.Request, edge: Edge) -> bytes | Rejection:
         return Rejection(
             Status.BADMSG, f"request body not received within {edge.body_read_timeout_ms} ms"
         )
+    except (ConnectionError, ClientPayloadError) as exc:
+        raise ClientGone(str(exc)) from None
 
 
 async def _body_request(
@@ -185,26 +196,39 @@ async def _body_request(
     return log_id, parsed
 
 
-def _no_forward(request: web.Request) -> bool:
+def _no_forward(request: web.Request) -> bool | Rejection:
     """docs/API-EXTENSIONS.md: ``?no_forward=1`` or ``X-Seqlog-No-Forward: 1``."""
     query = request.query.get(NO_FORWARD_QUERY) if request.query_string else None
-    values = (query, request.headers.get(NO_FORWARD_HEADER))
-    return any(v is not None and v.strip().lower() in _TRUE_VALUES for v in values)
+    return parse_no_forward(query, request.headers.get(NO_FORWARD_HEADER))
 
 
-async def _run_append(request: web.Request, log_id: LogId, append: AppendRequest
-                      ) -> AppendOutcome:
+async def _run_append(request: web.Request, log_id: LogId, append: AppendRequest,
+                      no_forward: bool) -> AppendOutcome:
     service = request.app[SERVICE_KEY]
     producer = (None if append.producer_id is None or append.producer_seq is None
                 else (append.producer_id, append.producer_seq))
     if append.compression:
         return await service.append(log_id, append.payloads, append.key, producer=producer,
-                                    no_forward=_no_forward(request),
+                                    no_forward=no_forward,
                                     compression=append.compression, records=append.records)
-    if _no_forward(request):
+    if no_forward:
         return await service.append(log_id, append.payloads, append.key, producer=producer,
                                     no_forward=True)
     return await service.append(log_id, append.payloads, append.key, producer=producer)
+
+
+def reused_pair(first_lsn: int, last_lsn: int, count: int) -> str | None:
+    """Why an OK append answer spanning ``first_lsn..last_lsn`` cannot answer a request of
+    ``count`` records, or None when it can. It cannot when an idempotent append's producer
+    pair names an earlier append of another size: the sequencer answers with that append's
+    LSNs (nothing written), and the client reused the pair for different records."""
+    assert first_lsn > 0, (first_lsn, last_lsn)
+    span = last_lsn - first_lsn + 1
+    if span == count:
+        return None
+    return (f"the producer pair names an earlier append of {span} records "
+            f"({format_lsn(Lsn(first_lsn))}..{format_lsn(Lsn(last_lsn))}), not one of {count}: "
+            "a retry must repeat the same append; nothing written")
 
 
 def _append_failed(request: web.Request, outcome: AppendOutcome) -> web.Response:
@@ -223,10 +247,15 @@ async def on_append(request: web.Request) -> web.StreamResponse:
     if isinstance(parsed, web.StreamResponse):
         return parsed
     log_id, append = parsed
-    outcome = await _run_append(request, log_id, append)
+    no_forward = _no_forward(request)
+    if isinstance(no_forward, Rejection):
+        return _rejected(request, no_forward)
+    outcome = await _run_append(request, log_id, append, no_forward)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
-    assert outcome.first_lsn == outcome.last_lsn > 0, outcome
+    reused = reused_pair(outcome.first_lsn, outcome.last_lsn, 1)
+    if reused is not None:
+        return _error(request, Status.STALE, reused, sequencer=outcome.sequencer_node)
     doc = {"lsn": outcome.first_lsn, "timestamp_ms": outcome.timestamp_ms}
     return _answer(request, doc, sequencer=outcome.sequencer_node)
 
@@ -236,11 +265,16 @@ async def on_append_batch(request: web.Request) -> web.StreamResponse:
     if isinstance(parsed, web.StreamResponse):
         return parsed
     log_id, append = parsed
-    outcome = await _run_append(request, log_id, append)
+    no_forward = _no_forward(request)
+    if isinstance(no_forward, Rejection):
+        return _rejected(request, no_forward)
+    outcome = await _run_append(request, log_id, append, no_forward)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
     count = append.records_count
-    assert outcome.first_lsn > 0 and outcome.last_lsn - outcome.first_lsn + 1 == count, outcome
+    reused = reused_pair(outcome.first_lsn, outcome.last_lsn, count)
+    if reused is not None:
+        return _error(request, Status.STALE, reused, sequencer=outcome.sequencer_node)
     doc = {
         "first_lsn": outcome.first_lsn,
         "last_lsn": outcome.last_lsn,
@@ -361,6 +395,32 @@ async def on_cluster(request: web.Request) -> web.StreamResponse:
                              "protocol_version": PROTOCOL_VERSION})
 
 
+def _query_int(request: web.Request, name: str, default: int, low: int, high: int
+               ) -> int | Rejection:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or len(text) > 19 or not low <= int(text) <= high:
+        return Rejection(Status.INVALID_PARAM,
+                         f"{name}={text[:40]!r} is not an integer in {low}..{high}")
+    return int(text)
+
+
+async def on_logs(request: web.Request) -> web.StreamResponse:
+    """docs/API-EXTENSIONS.md: the logs this node sequences, paged."""
+    after = _query_int(request, "after", 0, 0, LOG_ID_MAX)
+    if isinstance(after, Rejection):
+        return _rejected(request, after)
+    limit = _query_int(request, "limit", LOGS_PAGE_DEFAULT, 1, 2**63 - 1)
+    if isinstance(limit, Rejection):
+        return _rejected(request, limit)
+    source = request.app[EDGE_KEY].logs
+    if source is None:
+        return _answer(request, {"node_id": request.app[SERVICE_KEY].node_id or "",
+                                 "logs": [], "total": 0, "next_after": None})
+    return _answer(request, source(after, min(limit, LOGS_PAGE_MAX)))
+
+
 async def on_healthz(request: web.Request) -> web.StreamResponse:
     return _answer(request, {"status": "OK"})
 
@@ -421,6 +481,13 @@ async def _edge_middleware(request: web.Request, handler: Handler) -> web.Stream
         except asyncio.CancelledError:
             code = _CLIENT_CLOSED_CODE
             raise
+        except ClientGone as exc:
+            code = _CLIENT_CLOSED_CODE
+            logger.info("client went away during %s %s: %s", request.method,
+                        request.path[:200], exc)
+            response = _error(request, Status.BADMSG, "request body incomplete")
+            response.force_close()
+            return response
         except Exception:
             logger.exception("unhandled error answering %s %s", request.method, request.path)
             response = _error(request, Status.INTERNAL, "internal error; the outcome is unknown")
@@ -440,6 +507,7 @@ def create_api_app(
     registry: CollectorRegistry,
     *,
     body_read_timeout_ms: int = BODY_READ_TIMEOUT_MS_DEFAULT,
+    logs: LogsSource | None = None,
 ) -> web.Application:
     """The API app over ``service``; registers its HTTP metrics in ``registry`` (so one
     registry serves one app)."""
@@ -455,6 +523,7 @@ def create_api_app(
         metrics=HttpMetrics(registry),
         openapi_json=encode_body(build_openapi(api), "application/json"),
         body_read_timeout_ms=body_read_timeout_ms,
+        logs=logs,
     )
     app.router.add_post("/v1/logs/{log_id}/append", on_append)
     app.router.add_post("/v1/logs/{log_id}/append-batch", on_append_batch)
@@ -464,6 +533,7 @@ def create_api_app(
     app.router.add_get("/v1/logs/{log_id}/find-time", on_find_time)
     app.router.add_get("/v1/logs/{log_id}/nodesets", on_nodesets)
     app.router.add_get("/v1/cluster", on_cluster)
+    app.router.add_get("/v1/logs", on_logs)
     app.router.add_get("/healthz", on_healthz)
     app.router.add_get("/readyz", on_readyz)
     app.router.add_get("/metrics", on_metrics)

@@ -53,9 +53,11 @@ from services.http_api import (
     Edge,
     answer_media,
     read_doc,
+    reused_pair,
     tail_doc,
 )
 from services.http_parse import (
+    NO_FORWARD_VALUES,
     AppendRequest,
     ReadParams,
     Rejection,
@@ -65,6 +67,7 @@ from services.http_parse import (
     parse_append,
     parse_append_batch,
     parse_log_id,
+    parse_no_forward,
     parse_read_query,
 )
 from services.metrics import UNMATCHED_ROUTE
@@ -116,7 +119,8 @@ that a request's headers are found without lower-casing each name."""
 _HEADER_KINDS.update({b"-".join(part.capitalize() for part in name.split(b"-")): kind
                       for name, kind in list(_HEADER_KINDS.items())})
 _METHOD_NAMES = {b"GET": "GET", b"POST": "POST"}
-_TRUE_VALUES = frozenset({b"1", b"true", b"yes"})
+_NO_FORWARD_BYTES: dict[bytes, bool] = {
+    value.encode(): flag for value, flag in NO_FORWARD_VALUES.items()}
 _REASONS: dict[int, bytes] = {
     200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 404: b"Not Found",
     409: b"Conflict", 413: b"Payload Too Large", 429: b"Too Many Requests",
@@ -333,14 +337,15 @@ class _Request:
             sequencer = _sequencer_header(outcome.sequencer_node)
             if outcome.status is not Status.OK:
                 self._append_failed(outcome, sequencer)
+            elif outcome.last_lsn - outcome.first_lsn + 1 != self.count:
+                # (count is 1 for a single append.)
+                self.error(Status.STALE, reused_pair(outcome.first_lsn, outcome.last_lsn,
+                                                     self.count) or "", headers=sequencer)
             elif self.route is ROUTE_APPEND:
-                assert outcome.first_lsn == outcome.last_lsn > 0, outcome
                 self.answer(200, {"lsn": outcome.first_lsn, "timestamp_ms": outcome.timestamp_ms},
                             sequencer)
             else:
                 count = self.count
-                assert outcome.first_lsn > 0 and (
-                    outcome.last_lsn - outcome.first_lsn + 1 == count), outcome
                 self.answer(200, {"first_lsn": outcome.first_lsn, "last_lsn": outcome.last_lsn,
                                   "count": count, "timestamp_ms": outcome.timestamp_ms},
                             sequencer)
@@ -349,7 +354,7 @@ class _Request:
 
     def on_local_append(self, answer: AppendAnswer) -> None:
         """The answer of an append this node's sequencer ran (``local_done``)."""
-        if answer.status is not Status.OK:
+        if answer.status is not Status.OK or answer.last_lsn - answer.first_lsn + 1 != self.count:
             self.on_appended(AppendOutcome(
                 status=answer.status, first_lsn=answer.first_lsn, last_lsn=answer.last_lsn,
                 timestamp_ms=answer.timestamp_ms, sequencer_node=self.conn.edge.node_id,
@@ -359,11 +364,10 @@ class _Request:
             first_lsn = answer.first_lsn
             doc: dict[str, int]
             if self.route is ROUTE_APPEND:
-                assert first_lsn == answer.last_lsn > 0, answer
                 doc = {"lsn": first_lsn, "timestamp_ms": answer.timestamp_ms}
             else:
                 count = self.count
-                assert first_lsn > 0 and answer.last_lsn - first_lsn + 1 == count, answer
+                assert first_lsn > 0, answer
                 doc = {"first_lsn": first_lsn, "last_lsn": answer.last_lsn, "count": count,
                        "timestamp_ms": answer.timestamp_ms}
             media, edge = self.media, self.conn.edge
@@ -456,7 +460,8 @@ class _Connection(asyncio.Protocol):
         self._method = b""
         self._content_type: bytes | None = None
         self._accept: bytes | None = None
-        self._no_forward = False
+        self._no_forward: bytes | None = None
+        """The X-Seqlog-No-Forward header's value, parsed with the query's at dispatch."""
         self._expect = False
         self._content_length: int | None = None
         self._body: list[bytes] = []
@@ -477,6 +482,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self._in_message and self._route is not None and self._handover is None:
+            # The client gave up in the middle of a request: counted as what it is.
+            self.edge.metrics.observe(self._route, _METHOD_NAMES.get(self._method, "OTHER"),
+                                      CLIENT_CLOSED_CODE, time.perf_counter() - self._started_s)
         self._closing = True
         self.edge.forget(self)
         if self._timer is not None:
@@ -554,7 +563,8 @@ class _Connection(asyncio.Protocol):
         self._headers_count = 0
         self._route = None
         self._content_type = self._accept = None
-        self._no_forward = self._expect = False
+        self._no_forward = None
+        self._expect = False
         self._content_length = None
         self._body = []
         self._body_bytes = 0
@@ -599,7 +609,7 @@ class _Connection(asyncio.Protocol):
         elif kind == _ACCEPT:
             self._accept = value
         elif kind == _NO_FORWARD:
-            self._no_forward = value.strip().lower() in _TRUE_VALUES
+            self._no_forward = value
         elif kind == _CONTENT_LENGTH:
             # llhttp has checked the digits; an absurd length is refused like any too big one.
             self._content_length = int(value) if len(value) <= 20 and value.isdigit() else 2**64
@@ -701,10 +711,19 @@ class _Connection(asyncio.Protocol):
     def _append(self, request: _Request, log_id: LogId, append: AppendRequest) -> None:
         producer = (None if append.producer_id is None or append.producer_seq is None
                     else (append.producer_id, append.producer_seq))
-        no_forward = self._no_forward
-        if not no_forward and b"?" in self._url:
-            value = next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
-            no_forward = value is not None and value.strip().lower().encode() in _TRUE_VALUES
+        header = self._no_forward
+        # The common cases (no header, or the seqlog client's "1", and no query) are one
+        # dictionary lookup; anything else goes through the one parser.
+        no_forward = False if header is None else _NO_FORWARD_BYTES.get(header)
+        if no_forward is None or b"?" in self._url:
+            query = (next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
+                     if b"?" in self._url else None)
+            parsed = parse_no_forward(query, None if header is None else header.decode(
+                "latin-1"))
+            if isinstance(parsed, Rejection):
+                request.rejected(parsed)
+                return
+            no_forward = parsed
         request.count = append.records if append.compression else len(append.payloads)
         local = self.edge.append_local
         if local is not None and not append.compression:

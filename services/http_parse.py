@@ -8,6 +8,12 @@ Content-Type is read as JSON; any other type is ``BADMSG``). Bytes fields are ``
 and padded standard base64 strings in JSON. Type errors are ``BADMSG``; values out of range are
 ``INVALID_PARAM``; sizes over the configured maximum are ``TOOBIG``. Unknown body fields and
 query parameters are ignored so that clients may send newer fields to older nodes.
+
+Integer fields take any integer-valued number, as JSON Schema's ``integer`` does: ``5.0`` (or
+``5e0``, or a msgpack float) is 5, up to ``INTEGRAL_FLOAT_MAX`` = 2**53, past which a float no
+longer says which integer was meant (send those as plain integers). ``no_forward`` (query or
+header) is one of ``1``, ``true``, ``yes`` (forward no) or ``0``, ``false``, ``no``; anything
+else is ``INVALID_PARAM``.
 """
 
 from __future__ import annotations
@@ -43,6 +49,11 @@ READ_LIMIT_DEFAULT = 1000
 """``limit`` of a read that names none (API.md), before clamping to ``read_records_max``."""
 UINT64_MAX = 2**64 - 1
 assert UINT64_MAX == LSN_MAX
+
+INTEGRAL_FLOAT_MAX = 2**53
+"""Largest float taken for an integer field: every integer up to it is exactly a float."""
+NO_FORWARD_VALUES: dict[str, bool] = {
+    "1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 _UINT_TEXT = re.compile(r"[0-9]{1,20}")
 _LOG_ID_TEXT = re.compile(r"[0-9]{1,19}")
@@ -179,6 +190,29 @@ def _bytes_field(value: object, name: str, media: MediaType) -> bytes | Rejectio
         return Rejection(Status.BADMSG, f"{name} is not padded standard base64")
 
 
+def integral(value: object) -> object:
+    """``value``, or the int an integer-valued float (up to ``INTEGRAL_FLOAT_MAX``) stands for;
+    anything else unchanged, for the type checks that follow."""
+    if type(value) is float and value.is_integer() and -INTEGRAL_FLOAT_MAX <= value <= (
+            INTEGRAL_FLOAT_MAX):
+        return int(value)
+    return value
+
+
+def parse_no_forward(query: str | None, header: str | None) -> bool | Rejection:
+    """``no_forward`` from the query parameter and the header (either asks)."""
+    wanted = False
+    for name, value in (("no_forward", query), ("X-Seqlog-No-Forward", header)):
+        if value is None:
+            continue
+        flag = NO_FORWARD_VALUES.get(value)
+        if flag is None:
+            return Rejection(Status.INVALID_PARAM, f"{name}={value[:40]!r}: send 1, true or yes "
+                                                   "(or 0, false, no)")
+        wanted = wanted or flag
+    return wanted
+
+
 def _rejection(invalid: Invalid | None) -> Rejection | None:
     return None if invalid is None else Rejection(invalid.status, invalid.message)
 
@@ -199,6 +233,8 @@ def _append_options(
     key = doc.get("key")
     producer_id = doc.get("producer_id")
     producer_seq = doc.get("producer_seq")
+    if type(producer_seq) is float:
+        producer_seq = integral(producer_seq)
     # The one set of append rules (shared.append_validation), as for binary and forwarded
     # appends.
     invalid = (
@@ -269,7 +305,7 @@ def parse_compressed_batch(
     if codec is None:
         return Rejection(Status.BADMSG,
                          f'unknown compression {name[:40]!r}: send "lz4" or "zstd"')
-    records = doc.get("records")
+    records = integral(doc.get("records"))
     if type(records) is not int:
         return Rejection(Status.BADMSG, "records must be an integer")
     if records < 1:
@@ -299,7 +335,7 @@ def parse_compressed_batch(
 
 def parse_trim(doc: dict[str, Any], media: MediaType, api: ApiConfig) -> Lsn | Rejection:
     """``{"lsn": int}``: the new trim point (0 .. LSN_MAX - 1)."""
-    lsn = doc.get("lsn")
+    lsn = integral(doc.get("lsn"))
     if "lsn" not in doc:
         return Rejection(Status.BADMSG, "lsn is missing")
     if type(lsn) is not int:

@@ -20,6 +20,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import aiofiles
+
 from shared.config import ClusterConfig, NodeConfig, ProcessConfig, process_from_dict
 
 log = logging.getLogger(__name__)
@@ -89,14 +91,36 @@ class Membership:
         return change
 
     def reload(self, path: str) -> ClusterChange | None:
-        """Re-read ``path`` and apply it; logs and returns None when it cannot."""
+        """Re-read ``path`` and apply it; logs and returns None when it cannot. Blocking: a
+        running node uses ``reload_async``."""
         try:
             with open(path, encoding="utf-8") as file:
-                new = process_from_dict(json.load(file))
-            change = self.apply(new)
-        except (OSError, ValueError, TypeError) as exc:
-            log.error("node %s: configuration reload from %s refused: %s",
-                      self.config.node_id, path, exc)
+                text = file.read()
+        except OSError as exc:
+            self._refused(path, exc)
+            return None
+        return self._apply_text(path, text)
+
+    async def reload_async(self, path: str) -> ClusterChange | None:
+        """``reload`` with the file read off the event loop (aiofiles: a slow disk or a
+        network file system never stalls the node's appends)."""
+        try:
+            async with aiofiles.open(path, encoding="utf-8") as file:
+                text = await file.read()
+        except OSError as exc:
+            self._refused(path, exc)
+            return None
+        return self._apply_text(path, text)
+
+    def _refused(self, path: str, exc: Exception) -> None:
+        log.error("node %s: configuration reload from %s refused: %s",
+                  self.config.node_id, path, exc)
+
+    def _apply_text(self, path: str, text: str) -> ClusterChange | None:
+        try:
+            change = self.apply(process_from_dict(json.loads(text)))
+        except (ValueError, TypeError) as exc:
+            self._refused(path, exc)
             return None
         log.info("node %s: configuration reloaded: %d nodes added (%s), %d reweighted",
                  self.config.node_id, len(change.added),

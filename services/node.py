@@ -11,6 +11,7 @@ its stores. A shutdown
 that overruns the bound is cut short and the process exits with status 1, so that it never
 outlives a pod's ``terminationGracePeriodSeconds`` into a SIGKILL.
 SIGHUP re-reads the config file and applies membership changes (services.membership).
+``--log-format json`` (or ``SEQLOG_LOG_FORMAT=json``) writes JSON lines (services.log_format).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from aiohttp import web
 
 from services.app import DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app, create_runner
 from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, config_from_env
+from services.log_format import LOG_FORMATS
+from services.log_format import configure as configure_logging
+from services.membership import Membership
 from shared import malloc_tuning
 from shared.config import ProcessConfig, process_from_dict
 
@@ -73,8 +77,10 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if config_path is not None:
-        # Membership changes (added nodes, weights) apply without a restart.
-        loop.add_signal_handler(signal.SIGHUP, app[MEMBERSHIP_KEY].reload, config_path)
+        # Membership changes (added nodes, weights) apply without a restart; the file is read
+        # off the loop (aiofiles), one reload at a time.
+        reloads = ConfigReloads(app[MEMBERSHIP_KEY], config_path)
+        loop.add_signal_handler(signal.SIGHUP, reloads.request)
     else:
         # Configured from the environment: nothing to re-read, and SIGHUP must not kill.
         loop.add_signal_handler(signal.SIGHUP, log.warning,
@@ -87,6 +93,31 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
     finally:
         status = await _shutdown(runner, config, shutdown_timeout_ms)
     return status
+
+
+class ConfigReloads:
+    """SIGHUP's reloads of the config file: run as a task (the read is aiofiles'), one at a
+    time; a SIGHUP during a reload asks for one more after it, so the last change is read."""
+
+    def __init__(self, membership: Membership, path: str) -> None:
+        self.membership = membership
+        self.path = path
+        self.task: asyncio.Task[None] | None = None
+        self.again = False
+
+    def request(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.again = True
+            return
+        self.again = False
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await self.membership.reload_async(self.path)
+            if not self.again:
+                return
+            self.again = False
 
 
 async def _shutdown(runner: web.AppRunner, config: ProcessConfig, timeout_ms: int) -> int:
@@ -118,9 +149,14 @@ def main(argv: list[str] | None = None) -> int:
                              f"{DEFAULT_SHUTDOWN_TIMEOUT_MS}; with --from-env, "
                              "SEQLOG_SHUTDOWN_TIMEOUT_MS)")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-format", choices=LOG_FORMATS,
+                        default=os.environ.get("SEQLOG_LOG_FORMAT") or "text",
+                        help="text, or json: one JSON object per line with node_id, log_id, "
+                             "epoch and lsn as fields (default: SEQLOG_LOG_FORMAT, else text)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_format not in LOG_FORMATS:
+        print(f"SEQLOG_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}", file=sys.stderr)
+        return 2
     listen_host: str | None = None
     shutdown_timeout_ms = DEFAULT_SHUTDOWN_TIMEOUT_MS
     if args.from_env:
@@ -138,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, TypeError) as exc:
             print(f"bad config {args.config}: {exc}", file=sys.stderr)
             return 2
+    configure_logging(args.log_format, args.log_level, config.node_id)
     if args.shutdown_timeout_ms is not None:
         if not 1_000 <= args.shutdown_timeout_ms <= 600_000:
             print("--shutdown-timeout-ms must be in [1000, 600000]", file=sys.stderr)

@@ -1,16 +1,18 @@
 """The OpenAPI 3.1 document of the public HTTP API, built from the same limits the handlers use.
 
 Schemas describe the JSON encoding (bytes as padded standard base64 strings); the msgpack
-encoding has the same shape with bytes as ``bin``. Answer schemas forbid unknown properties so
-that the test which validates real answers against them catches any drift; extending an answer
-means extending its schema here too.
+encoding has the same shape with bytes as ``bin``. An ``integer`` field of a request takes any
+integer-valued number (``5.0``) up to 2**53, as ``services.http_parse`` says. Answer schemas
+forbid unknown properties so that the test which validates real answers against them catches
+any drift; extending an answer means extending its schema here too.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from services.http_parse import READ_LIMIT_DEFAULT
+from services.http_parse import NO_FORWARD_VALUES, READ_LIMIT_DEFAULT
+from services.log_stats import LOGS_PAGE_DEFAULT, LOGS_PAGE_MAX
 from shared.compression import CODEC_NAMES
 from shared.config import ApiConfig
 from shared.http_contract import JSON, MSGPACK
@@ -59,9 +61,15 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
                 "producer_id": {"type": ["string", "null"], "maxLength": PRODUCER_ID_BYTES_MAX},
                 "producer_seq": {**_uint(), "type": ["integer", "null"]},
             },
-            "dependentRequired": {
-                "producer_id": ["producer_seq"], "producer_seq": ["producer_id"],
-            },
+            # Both or neither: an idempotent append names the pair (null is the same as
+            # absent).
+            "anyOf": [
+                {"properties": {"producer_id": {"type": "null"},
+                                "producer_seq": {"type": "null"}}},
+                {"properties": {"producer_id": {"type": "string", "minLength": 1},
+                                "producer_seq": {"type": "integer"}},
+                 "required": ["producer_id", "producer_seq"]},
+            ],
         },
         "AppendRequest": {
             "allOf": [_ref("AppendOptions")],
@@ -74,19 +82,20 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "allOf": [_ref("AppendOptions")],
             "type": "object",
             "properties": {
-                "payloads": {
-                    "type": "array", "items": _ref("Bytes"),
-                    "minItems": 1, "maxItems": api.batch_records_max,
-                },
                 "compression": {"type": "string", "enum": sorted(CODEC_NAMES)},
-                "records": _uint(api.batch_records_max, 1),
                 "compressed_payloads": _ref("Bytes"),
             },
             "oneOf": [
+                # Each branch constrains its own fields: the server ignores payloads in a
+                # compressed batch and records in a plain one, as it does unknown fields.
                 {"required": ["payloads"],
+                 "properties": {"payloads": {
+                     "type": "array", "items": _ref("Bytes"),
+                     "minItems": 1, "maxItems": api.batch_records_max}},
                  "not": {"anyOf": [{"required": ["compression"]},
                                    {"required": ["compressed_payloads"]}]}},
-                {"required": ["compression", "records", "compressed_payloads"]},
+                {"required": ["compression", "records", "compressed_payloads"],
+                 "properties": {"records": _uint(api.batch_records_max, 1)}},
             ],
             "description": "Plain payloads, or a compressed batch (docs/API-EXTENSIONS.md): "
                            "compressed_payloads is the msgpack array of the records' payloads "
@@ -115,7 +124,9 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "gaps": {"type": "array", "items": _ref("Gap")},
             "next_lsn": _ref("Lsn"), "release_lsn": _ref("Lsn"),
         }),
-        "TrimRequest": _object({"lsn": _ref("Lsn")}),
+        # A request: unknown fields are ignored (services.http_parse), so none is forbidden.
+        "TrimRequest": {"type": "object", "properties": {"lsn": _uint(LSN_MAX - 1)},
+                        "required": ["lsn"]},
         "TrimResponse": _object({"trim_lsn": _ref("Lsn")}),
         "FindTimeResponse": _object({"lsn": _ref("Lsn")}),
         "Redirect": _object({
@@ -143,6 +154,19 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "http": {"type": "string"}, "state": node_state,
             "sequencer_weight": {"type": "number"}, "storage_capacity": {"type": "number"},
             "data": {"type": "string"},
+        }),
+        "LogsResponse": _object({
+            "node_id": {"type": "string"},
+            "total": _uint(),
+            "next_after": {**_uint(LOG_ID_MAX), "type": ["integer", "null"]},
+            "logs": {"type": "array", "items": _object({
+                "log_id": _uint(LOG_ID_MAX, LOG_ID_MIN),
+                "state": {"type": "string",
+                          "enum": ["UNAVAILABLE", "ACTIVATING", "ACTIVE", "PREEMPTED"]},
+                "epoch": _uint(2**32 - 1), "next_lsn": _ref("Lsn"), "release_lsn": _ref("Lsn"),
+                "appends_in_flight": _uint(), "recovering": {"type": "boolean"},
+                "idle_ms": {**_uint(), "type": ["integer", "null"]},
+            })},
         }),
         "ClusterResponse": _object({
             "cluster": {"type": "string"}, "nodes": {"type": "array", "items": _ref("Node")},
@@ -215,11 +239,11 @@ def _read_params(api: ApiConfig) -> list[Schema]:
 
 _NO_FORWARD_PARAMS: list[Schema] = [
     {"name": "no_forward", "in": "query", "required": False,
-     "schema": {"type": "string", "enum": ["1", "true", "yes"]},
-     "description": "answer 307 with the log's sequencer node instead of forwarding "
-                    "(docs/API-EXTENSIONS.md)"},
+     "schema": {"type": "string", "enum": list(NO_FORWARD_VALUES)},
+     "description": "1, true or yes: answer 307 with the log's sequencer node instead of "
+                    "forwarding (docs/API-EXTENSIONS.md); 0, false or no: forward"},
     {"name": "X-Seqlog-No-Forward", "in": "header", "required": False,
-     "schema": {"type": "string", "enum": ["1", "true", "yes"]},
+     "schema": {"type": "string", "enum": list(NO_FORWARD_VALUES)},
      "description": "the same as the no_forward query parameter"},
 ]
 
@@ -290,6 +314,15 @@ def build_openapi(api: ApiConfig) -> dict[str, Any]:
                               **_errors((400, 404, 413, 500, 503, 504))},
             }},
             "/v1/cluster": {"get": _get_op("the cluster's nodes", "ClusterResponse", (500,))},
+            "/v1/logs": {"get": _get_op(
+                "the logs this node sequences, for operators' tools (docs/API-EXTENSIONS.md)",
+                "LogsResponse", (400, 500), parameters=[
+                    {"name": "after", "in": "query", "required": False,
+                     "schema": {**_uint(LOG_ID_MAX), "default": 0},
+                     "description": "list logs with ids above this one"},
+                    {"name": "limit", "in": "query", "required": False,
+                     "schema": {**_uint(2**63 - 1, 1), "default": LOGS_PAGE_DEFAULT},
+                     "description": f"logs wanted; clamped to {LOGS_PAGE_MAX}"}])},
             "/healthz": {"get": _get_op("the process is up", "Health", (500,))},
             "/readyz": {"get": _get_op("every role can serve", "Health", (500, 503))},
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": metrics}},

@@ -182,7 +182,7 @@ class SequencerConfig:
     store_timeout_ms_max: int = 60_000
     """Upper bound of the store timeout."""
     graylist_nodeset_fraction_max: float = 0.25
-    """The gray list is cleared once it holds this fraction of the nodeset."""
+    """The gray list is cleared once it holds more than this fraction of the nodeset."""
     graylist_duration_ms: int = 600_000
     """How long a node that timed out stays graylisted."""
     blacklist_nospc_ms: int = 60_000
@@ -221,6 +221,12 @@ class SequencerConfig:
     (LogDevice's mutation timeout)."""
     recovery_timeout_ms: int = 30_000
     """An epoch recovery not done after this long starts over with a new SEAL round."""
+    recovery_request_timeout_ms: int = 2_000
+    """How long one request of epoch recovery or purging (SEAL, digest page, mutation STORE,
+    CLEAN, log state) may go unanswered before it fails as TIMEDOUT: a member that sealed
+    and then hangs (stopped, a stalled disk) is then dropped from the recovery set while an
+    f-majority that can hold R copies remains, instead of stalling recovery for
+    ``recovery_timeout_ms``."""
     activation_timeout_ms: int = 10_000
     """How long taking an epoch from the epoch store may take before the waiting appends are
     answered NOSEQUENCER (nothing written) and the next append tries again."""
@@ -233,6 +239,11 @@ class SequencerConfig:
     per copyset node). 1 turns grouping off."""
     append_group_bytes_max: int = 1024 * 1024
     """Most payload bytes of one appender built from grouped appends."""
+    store_batch_stores_max: int = 1024
+    """Most STOREs of different logs (and, apart, RELEASEs) that go to one storage node in one
+    frame per loop iteration (STORE_BATCH, RELEASE_BATCH: docs/PROTOCOL.md). 1 sends each in
+    a frame of its own, as builds before STORE_BATCH did: set it while storage nodes of such
+    builds remain in the cluster (they close a connection that carries one)."""
     producers_per_log_max: int = 10_000
     """Producers of idempotent appends a log's sequencer keeps in memory; one it drops is
     looked up on the storage nodes again when it comes back."""
@@ -258,12 +269,15 @@ class SequencerConfig:
         _in_range("recovery_grace_ms", self.recovery_grace_ms, 0, 600_000)
         _in_range("recovery_retry_ms", self.recovery_retry_ms, 1, 600_000)
         _in_range("recovery_timeout_ms", self.recovery_timeout_ms, 1, 3_600_000)
+        _in_range("recovery_request_timeout_ms", self.recovery_request_timeout_ms, 1,
+                  600_000)
         _in_range("activation_timeout_ms", self.activation_timeout_ms, 1, 600_000)
         _in_range("activation_appends_queued_max", self.activation_appends_queued_max, 1,
                   1_000_000)
         _in_range("append_timeout_ms", self.append_timeout_ms, 1, 3_600_000)
         _in_range("append_group_records_max", self.append_group_records_max, 1, 100_000)
         _in_range("append_group_bytes_max", self.append_group_bytes_max, 1, 2**30)
+        _in_range("store_batch_stores_max", self.store_batch_stores_max, 1, 4096)
         _in_range("producers_per_log_max", self.producers_per_log_max, 1, 10_000_000)
         _in_range("producer_lookup_timeout_ms", self.producer_lookup_timeout_ms, 1, 600_000)
 

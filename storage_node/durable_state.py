@@ -215,6 +215,9 @@ class DurableState:
     def trim_lsn(self, log_id: LogId) -> Lsn:
         return self._trims.get(log_id, LSN_INVALID)
 
+    def release_lsn(self, log_id: LogId) -> Lsn:
+        return self._releases.get(log_id, LSN_INVALID)
+
     def states(self) -> dict[LogId, LogStorageState]:
         """The soft seal is not written by itself: the newest STORE proves its sequencer's
         epoch exists, which rebuilds the soft seal it caused."""

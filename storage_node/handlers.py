@@ -12,6 +12,7 @@ store's writer is FIFO): CLEAN relies on it (see ``on_clean``).
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -20,6 +21,7 @@ from shared.types import (
     EPOCH_INVALID,
     ESN_MAX,
     LSN_INVALID,
+    Epoch,
     Esn,
     LogId,
     Lsn,
@@ -31,6 +33,9 @@ from shared.wire.read import GetLogState, LogState
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import Store
+from shared.wire.store_batch import ReleaseBatch, StoreBatch, release_batch_entries
+from storage_node.core.inflight_stores import InflightStores
+from storage_node.core.store_batch import StoredBatchAnswers
 from storage_node.core.store_machine import (
     StoreMachine,
     purge_ranges,
@@ -63,8 +68,18 @@ class StoragePorts(Protocol):
         """Queue a durable seal; same contract as ``submit_store``, same FIFO queue."""
         ...
 
+    def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int,
+                          done: DoneFn) -> Status:
+        """Queue a durable mark that ``epoch`` is settled here up to ``esn``; same contract
+        as ``submit_store``, same FIFO queue."""
+        ...
+
     def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
         """The node's release pointer of ``log_id`` moved: persist it, wake readers."""
+        ...
+
+    def durable_release_lsn(self, log_id: LogId) -> Lsn:
+        """The release pointer of ``log_id`` as last written (fsynced)."""
         ...
 
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
@@ -89,6 +104,8 @@ class StorageHandlers:
         self.counts: collections.Counter[str] = (
             counts if counts is not None else collections.Counter())
         """What happened how often (``storage_node.runtime.COUNTERS``)."""
+        self.inflight: InflightStores[ReplyFn] = InflightStores()
+        """STOREs queued and not yet durable: a copy arriving again waits for their write."""
 
     # ---- writes ----
 
@@ -108,17 +125,35 @@ class StorageHandlers:
             counts[f"stored_{decision.status.name.lower()}"] += 1
             reply(decision.reply)
             return
+        inflight = self.inflight
+        if inflight.join(store, reply):
+            counts["stores_joined"] += 1  # answered with the write already queued
+            return
 
         def persisted(status: Status) -> None:
+            joined = inflight.finish(store)
             if status != Status.OK:
                 self._reply_store(reply, store, status)
-                return
-            counts["stored_ok"] += 1
-            reply(machine.on_persisted(store))
+            else:
+                counts["stored_ok"] += 1
+                reply(machine.on_persisted(store))
+            for other, other_reply in joined:
+                self._reply_store(other_reply, other, status)
 
         status = ports.submit_store(store, persisted)
         if status != Status.OK:
             self._reply_store(reply, store, status)
+        else:
+            inflight.begin(store)
+
+    def on_store_batch(self, batch: StoreBatch, reply: ReplyFn) -> None:
+        """The STOREs of many logs in one frame: each handled as if it came alone (its own
+        checks, seals and answer), all written in this iteration's group commit, and answered
+        together in one STORED_BATCH once the last is settled."""
+        self.counts["store_batches"] += 1
+        answers = StoredBatchAnswers(len(batch.stores), reply)
+        for index, store in enumerate(batch.stores):
+            self.on_store(store, answers.slot(index))
 
     def _reply_store(self, reply: ReplyFn, store: Store, status: Status) -> None:
         self.counts[f"stored_{status.name.lower()}"] += 1
@@ -132,6 +167,27 @@ class StorageHandlers:
         release_lsn = self.machine.on_release(release)
         if release_lsn is not None:
             self.ports.note_release(release.log_id, release_lsn)
+        if release.drained_epoch:
+            self._settle_drained(release)
+
+    def _settle_drained(self, release: Release) -> None:
+        """The last RELEASE of a drained epoch settles it here (``drained_mark``)."""
+        machine = self.machine
+        esn = machine.drained_mark(release)
+        if esn is None:
+            return
+
+        def marked(status: Status) -> None:
+            if status is Status.OK:
+                machine.on_clean_marked(release.log_id, release.drained_epoch, esn)
+
+        # Not retried if refused: the epoch is then purged (with nothing to plug) later.
+        self.ports.submit_clean_mark(release.log_id, release.drained_epoch, esn, marked)
+
+    def on_release_batch(self, batch: ReleaseBatch, reply: ReplyFn | None = None) -> None:
+        """The release pointers of many logs: each as a RELEASE of its own."""
+        for release in release_batch_entries(batch):
+            self.on_release(release)
 
     def on_get_log_state(self, message: GetLogState, reply: ReplyFn) -> None:
         status = self.ports.not_serving()
@@ -139,7 +195,13 @@ class StorageHandlers:
             reply(LogState(status=status, log_id=message.log_id, release_lsn=LSN_INVALID,
                            sealed_epoch=EPOCH_INVALID, last_lsn=LSN_INVALID))
             return
-        reply(self.machine.on_get_log_state(message))
+        state = self.machine.on_get_log_state(message)
+        if state.status is Status.OK:
+            # Only a written (fsynced) pointer is reported: tails and new sequencers take it as
+            # a high-water mark, which a crash must not lower (record_store.note_release).
+            state = dataclasses.replace(state, release_lsn=Lsn(min(
+                state.release_lsn, self.ports.durable_release_lsn(message.log_id))))
+        reply(state)
 
     # ---- epoch recovery ----
 
@@ -220,7 +282,7 @@ class StorageHandlers:
             clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
         stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)
         if not stores:
-            reply(machine.cleaned_after_purge(clean, Status.OK))
+            self._mark_clean(clean, Status.OK, reply)
             return
         pending = [len(stores)]
         failed: list[Status] = []
@@ -230,7 +292,7 @@ class StorageHandlers:
                 failed.append(status)
             pending[0] -= 1
             if pending[0] == 0:
-                reply(machine.cleaned_after_purge(clean, failed[0] if failed else Status.OK))
+                self._mark_clean(clean, failed[0] if failed else Status.OK, reply)
 
         for store in stores:
             decision = machine.on_purge_store(store, disk_low=ports.disk_low)
@@ -247,6 +309,24 @@ class StorageHandlers:
             status = ports.submit_store(store, done)
             if status is not Status.OK:
                 persisted(status)
+
+    def _mark_clean(self, clean: Clean, status: Status, reply: ReplyFn) -> None:
+        """Once the purge is written: mark the epoch settled here (``clean_mark``), then
+        answer the CLEAN."""
+        machine = self.machine
+        esn = machine.clean_mark(clean) if status is Status.OK else None
+        if esn is None:
+            reply(machine.cleaned_after_purge(clean, status))
+            return
+
+        def marked(result: Status) -> None:
+            if result is Status.OK:
+                machine.on_clean_marked(clean.log_id, clean.epoch, esn)
+            reply(machine.cleaned_after_purge(clean, result))
+
+        submitted = self.ports.submit_clean_mark(clean.log_id, clean.epoch, esn, marked)
+        if submitted is not Status.OK:
+            reply(machine.cleaned_after_purge(clean, submitted))
 
 
 def digest_reply(machine: StoreMachine, request: GetDigest, result: CopiesResult) -> Digest:

@@ -12,7 +12,9 @@ hands the result back with one ``call_soon_threadsafe``, whose callback complete
 and starts the next batch at once (no asyncio task or future in between: every hop costs a
 wake-up, and a STORE's latency is mostly wake-ups). A STORE is written as the bytes it arrived
 as (``segment_format.store_entry_parts``), never packed again. Release pointers are coalesced
-per log and ride along with the next batch. Durability per ``StorageConfig.fsync``:
+per log and ride along with the next batch, or are written alone within
+``RELEASE_FLUSH_INTERVAL_MS`` (fsynced with the next batch, or ``RELEASE_SYNC_DELAY_MS``
+later). Durability per ``StorageConfig.fsync``:
 ``always`` fsyncs before answering; ``interval`` answers after the write and fsyncs every
 ``fsync_interval_ms``; ``never`` leaves it to the kernel (a close still fsyncs). SEAL entries
 are fsynced unless the mode is ``never``, since recovery relies on them.
@@ -49,7 +51,7 @@ from dataclasses import dataclass
 from shared import failpoints
 from shared.config import StorageConfig
 from shared.status import LogError, Status
-from shared.types import LogId, Lsn
+from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn
 from shared.wire.producer import ProducerEntry
 from shared.wire.store import Store
 from storage_node.authority import AuthorityFile
@@ -93,6 +95,10 @@ _COMMIT_US_WEIGHT = 0.125
 RELEASE_FLUSH_INTERVAL_MS = 5
 """Release pointers alone are written at most this often: they ride along with STORE batches
 under load, and a lost one is re-learned from the sequencer's broadcast after a restart."""
+RELEASE_SYNC_DELAY_MS = 50
+"""``fsync=always``: a batch of release pointers alone is written without an fsync; the
+pointers ride on the next batch's fsync, or are fsynced by themselves this long after the
+write. Until then the node reports the older, fsynced pointer (``durable_release_lsn``)."""
 READ_THREADS_COUNT = 4
 READ_INLINE_BYTES_MAX = 64 * 1024
 """Reads of at most this many entry bytes, all in the segment being written, are served on
@@ -182,6 +188,10 @@ class RecordStore:
         self._inflight: list[_Pending] = []
         self._releases: dict[LogId, Lsn] = {}
         self._releases_written_ms = 0
+        self._unsynced_releases: dict[LogId, Lsn] = {}
+        """``fsync=always``: per log whose newest written release pointer is not fsynced yet,
+        the last one that is (what ``durable_release_lsn`` reports meanwhile)."""
+        self._release_sync_due_ms: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writing = False
         """A batch or background sync is in the writer thread; the next one starts when it
@@ -244,6 +254,17 @@ class RecordStore:
         """Queue a durable seal; same contract as ``submit_store``."""
         return self._enqueue(_Pending(seal, done, 1, _ENTRY_OVERHEAD_BYTES))
 
+    def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int, done: DoneFn) -> Status:
+        """Queue a durable raise of ``epoch``'s last-known-good ESN to ``esn`` (the epoch is
+        settled here: ``StoreMachine.clean_mark``, ``drained_mark``); same contract as
+        ``submit_store``. Written as a
+        checkpoint entry holding only that tail: a restart's scan and a live write merge
+        checkpoints field by field, highest wins, so the entry changes nothing else, and the
+        raised tail is in every later checkpoint."""
+        entry = CheckpointEntry(log_id, LSN_INVALID, None, LSN_INVALID, EPOCH_INVALID, None,
+                                LSN_INVALID, ((epoch, esn, esn),))
+        return self._enqueue(_Pending(entry, done, 1, _ENTRY_OVERHEAD_BYTES + 16))
+
     def submit_trim(self, trim: TrimEntry, done: DoneFn) -> Status:
         """Queue a durable trim point; same contract as ``submit_store``."""
         return self._enqueue(_Pending(trim, done, 1, _ENTRY_OVERHEAD_BYTES))
@@ -258,6 +279,11 @@ class RecordStore:
             return
         if current is None or release_lsn > current:
             self._releases[log_id] = release_lsn
+            if (not self._writing and not self._start_scheduled and self._idle_timer is None
+                    and self._loop is not None):
+                # An idle writer has no timer armed: without one a pointer that came alone (a
+                # RELEASE) would wait for the next STORE, however long that takes.
+                self._arm_idle_timer()
 
     async def read(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
                    bytes_max: int) -> ReadResult:
@@ -352,6 +378,13 @@ class RecordStore:
         """The trim point the files hold (written; fsynced per the fsync mode)."""
         return self._durable.trim_lsn(log_id)
 
+    def durable_release_lsn(self, log_id: LogId) -> Lsn:
+        """The release pointer the files hold (with ``fsync=always``: fsynced, see
+        ``RELEASE_SYNC_DELAY_MS``). What the node reports as its pointer to others
+        (GET_LOG_STATE): after a crash it never reports less than it did before."""
+        synced = self._unsynced_releases.get(log_id)
+        return synced if synced is not None else self._durable.release_lsn(log_id)
+
     def find_time(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
         """The first LSN this store holds a record of with a timestamp at or after
         ``timestamp_ms`` (an index lookup: no I/O)."""
@@ -366,6 +399,11 @@ class RecordStore:
         """Where a bridge was written below ``lsn`` in its epoch (no I/O; see
         ``DurableState.bridge_below``)."""
         return self._durable.bridge_below(log_id, lsn)
+
+    def first_copy_lsn(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> Lsn | None:
+        """The first LSN in ``[from_lsn, until_lsn]`` this store holds a copy of (no I/O)."""
+        found = self._index.locate(log_id, from_lsn, until_lsn, 1)
+        return Lsn(max(found[0].first_lsn, from_lsn)) if found else None
 
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
@@ -680,8 +718,15 @@ class RecordStore:
     def _release_flush_due_ms(self) -> int:
         return self._releases_written_ms + RELEASE_FLUSH_INTERVAL_MS - _now_ms()
 
+    def _releases_synced(self) -> None:
+        """An fsync covered every release pointer written before it."""
+        self._unsynced_releases.clear()
+        self._release_sync_due_ms = None
+
     def _idle_timeout_s(self) -> float | None:
         timeouts_ms: list[int] = []
+        if self._release_sync_due_ms is not None:
+            timeouts_ms.append(max(self._release_sync_due_ms - _now_ms(), 0))
         if self._releases:
             timeouts_ms.append(max(self._release_flush_due_ms(), 0))
         if self._config.fsync == "interval" and self._writer.dirty_since_ms is not None:
@@ -691,7 +736,7 @@ class RecordStore:
         return min(timeouts_ms) / 1000 if timeouts_ms else None
 
     def _start_sync(self) -> None:
-        fsync = self._config.fsync == "interval"
+        fsync = self._config.fsync == "interval" or bool(self._unsynced_releases)
 
         def finish(outcome: object | BaseException) -> None:
             self._writing = False
@@ -700,6 +745,8 @@ class RecordStore:
             else:
                 assert isinstance(outcome, int)
                 self._counts["fsyncs"] += outcome
+                if fsync:
+                    self._releases_synced()  # nothing was written meanwhile (one writer)
             self._start_next()
 
         self._run_in_writer(lambda: self._sync_sync(fsync), finish)
@@ -714,6 +761,8 @@ class RecordStore:
         # but "never". A checkpoint is synced in every mode: files are deleted right after.
         has_seal = any(not isinstance(p.chunk_source, Store) or p.chunk_source.flags
                        for p in batch)
+        # Release pointers alone are not fsynced at once ("always"): they ride on the next
+        # batch's fsync or are synced RELEASE_SYNC_DELAY_MS later (durable_release_lsn).
         fsync = (mode == "always" and bool(batch)) or (mode != "never" and has_seal) or (
             mode == "interval" and self._interval_sync_due_ms() <= 0) or any(
             isinstance(p.chunk_source, CheckpointEntry) for p in batch)
@@ -726,7 +775,7 @@ class RecordStore:
                 if isinstance(outcome, BaseException):
                     raise outcome
                 assert isinstance(outcome, tuple)
-                self._batch_written(batch, releases, small, *outcome)
+                self._batch_written(batch, releases, small, *outcome, synced=fsync)
             except BaseException as error:  # from the writer thread or the fold: stop writing
                 self._writer_failed(error)
 
@@ -762,7 +811,8 @@ class RecordStore:
 
     def _batch_written(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
                        small: bool, result: AppendResult, lengths: list[int],
-                       elapsed_ns: int) -> None:
+                       elapsed_ns: int, *, synced: bool) -> None:
+        """``synced``: the batch was fsynced (with everything written before it)."""
         self._inflight = []
         if small:
             self._small_commit_us += (elapsed_ns / 1000 - self._small_commit_us) * (
@@ -801,7 +851,13 @@ class RecordStore:
         if stores:
             durable.on_stores(segment_id, stores)
             stores_count += len(stores)
+        if synced:
+            self._releases_synced()
         for (log_id, release_lsn), length in zip(releases, lengths[len(batch):], strict=True):
+            if not synced and self._config.fsync == "always":
+                self._unsynced_releases.setdefault(log_id, durable.release_lsn(log_id))
+                if self._release_sync_due_ms is None:
+                    self._release_sync_due_ms = _now_ms() + RELEASE_SYNC_DELAY_MS
             durable.on_release(segment_id, log_id, release_lsn)
             offset += length
         self._segment_bytes[segment_id] = offset

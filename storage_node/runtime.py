@@ -42,10 +42,12 @@ from shared.wire.read import GetLogState, Read, ReadReply
 from shared.wire.recovery import Clean, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
+from shared.wire.store_batch import ReleaseBatch, StoreBatch
 from shared.wire.trim import FindTime, FoundTime, Trim
 from storage_node.core.authority import annotated_reply
 from storage_node.core.retention import BacklogTable, plan_age_trims
 from storage_node.core.store_machine import (
+    LSN_READABLE_MAX,
     LogStorageState,
     StoreMachine,
     read_fields_status,
@@ -63,12 +65,20 @@ READS_INFLIGHT_MAX = 256
 READ_WAITERS_MAX = 4096
 """Long-poll READs held at once; past this a READ is answered at once, as if it had no wait
 (the reader just asks again), so that idle tailing readers cannot pin unbounded memory."""
+READ_RELEASE_WAIT_MS = 1_000
+"""How long a READ is held at most when it carries a release pointer above this node's and
+the node holds a copy in between that its own pointer does not release yet (the READ would be
+answered short): the sequencer's RELEASE (within ``release_delay_ms`` of the acknowledgement)
+or its periodic broadcast (``release_broadcast_interval_ms``) normally comes first, and a
+reader right after an acknowledged append then reads it. Then what is released here is
+served."""
 _STORE_REPLIES = ("OK", "PREEMPTED", "BADMSG", "CHECKSUM_MISMATCH", "DISABLED", "NOSPC",
                   "OVERLOADED", "NOTREADY", "SHUTDOWN", "INTERNAL")
 COUNTERS = (
-    "store_messages", "release_messages", "read_messages", "seals", "unexpected_messages",
+    "store_messages", "store_batches", "release_messages", "read_messages", "seals",
+    "unexpected_messages",
     "digests", "cleans", "purged_records", "retention_passes", "retention_trims",
-    "producer_lookups",
+    "producer_lookups", "stores_joined",
     *(f"stored_{name.lower()}" for name in _STORE_REPLIES),
     *(f"read_{name.lower()}" for name in ("BADMSG", "OVERLOADED", "NOTREADY", "SHUTDOWN")),
 )
@@ -111,10 +121,12 @@ class _NodePorts:
 
     __slots__ = (
         "_node",
+        "durable_release_lsn",
         "held_ranges",
         "not_serving",
         "note_release",
         "read_copies",
+        "submit_clean_mark",
         "submit_seal",
         "submit_store",
     )
@@ -124,6 +136,8 @@ class _NodePorts:
         store = node.store
         self.submit_store = store.submit_store
         self.submit_seal = store.submit_seal
+        self.submit_clean_mark = store.submit_clean_mark
+        self.durable_release_lsn = store.durable_release_lsn
         self.held_ranges = store.held_ranges
         self.not_serving = node.not_serving
         self.note_release = node.note_release
@@ -160,6 +174,8 @@ class StorageNode:
         core = self._core
         self._handlers: dict[type[Any], Callable[[Any, ReplyFn], None]] = {
             Store: core.on_store,
+            StoreBatch: core.on_store_batch,
+            ReleaseBatch: core.on_release_batch,
             Release: core.on_release,
             Read: self._on_read,
             GetLogState: core.on_get_log_state,
@@ -297,8 +313,7 @@ class StorageNode:
             reply(ReadReply(status=status, log_id=read.log_id, release_lsn=LSN_INVALID,
                             records=(), next_lsn=read.from_lsn))
             return
-        if (read.wait_ms > 0 and not self._readable(read)
-                and self._waiters_count < READ_WAITERS_MAX):
+        if not self._readable(read) and self._waiters_count < READ_WAITERS_MAX:
             self._hold(read, reply)
             return
         self._start_read(read, reply)
@@ -313,15 +328,25 @@ class StorageNode:
     # ---- long-poll READs ----
 
     def _readable(self, read: Read) -> bool:
-        """Whether the node may answer ``read`` with something at or after ``from_lsn``: a
-        released record, or the trim gap."""
-        release = max(self._machine.release_lsn(read.log_id), read.release_lsn)
-        return release >= read.from_lsn or self._machine.trim_lsn(read.log_id) >= read.from_lsn
+        """Whether the node answers ``read`` now: it can serve all the READ's pointer says is
+        released (no copy here waits for this node's own pointer), and, for a long poll,
+        something at or after ``from_lsn`` (a released record, or the trim gap)."""
+        until = self._readable_until(read)
+        if until < min(read.until_lsn, read.release_lsn, LSN_READABLE_MAX):
+            return False  # a copy here the reader was told is released: its RELEASE is due
+        return read.wait_ms == 0 or until >= read.from_lsn or (
+            self._machine.trim_lsn(read.log_id) >= read.from_lsn)
+
+    def _readable_until(self, read: Read) -> Lsn:
+        return self._machine.readable_until(read, self._store.first_copy_lsn)
 
     def _hold(self, read: Read, reply: ReplyFn) -> None:
         waiter = _Waiter(read, reply)
+        # Waiting for a RELEASE that is due takes at most READ_RELEASE_WAIT_MS (then what is
+        # released here is served); a long poll for new records takes its wait_ms.
+        due = read.wait_ms == 0 or self._readable_until(read) >= read.from_lsn
         waiter.timer = asyncio.get_running_loop().call_later(
-            read.wait_ms / 1000, self._wake, waiter)
+            (READ_RELEASE_WAIT_MS if due else read.wait_ms) / 1000, self._wake, waiter)
         self._waiters.setdefault(read.log_id, {})[waiter] = None
         self._waiters_count += 1
 
@@ -347,7 +372,7 @@ class StorageNode:
     def _read_now(self, read: Read, reply: ReplyFn) -> bool:
         """Serve ``read`` at once if the record store can (a small read of what was just
         written: a tailing reader, often one just woken by a release); False if not."""
-        until_lsn = self._machine.readable_until(read)
+        until_lsn = self._readable_until(read)
         trim_lsn = self._machine.trim_lsn(read.log_id)
         from_lsn = Lsn(max(read.from_lsn, trim_lsn + 1))
         if self._bridge_below(read.log_id, from_lsn, trim_lsn) is not None:
@@ -360,13 +385,12 @@ class StorageNode:
             return False  # the read thread tries again and answers INTERNAL if it fails too
         if result is None:
             return False
-        release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
-        reply(_read_answer(read, result, release_lsn, trim_lsn))
+        reply(_read_answer(read, result, self._machine.release_lsn(read.log_id), trim_lsn))
         return True
 
     async def _serve_read(self, read: Read, reply: ReplyFn) -> None:
-        until_lsn = self._machine.readable_until(read)
-        release_lsn = Lsn(max(self._machine.release_lsn(read.log_id), read.release_lsn))
+        until_lsn = self._readable_until(read)
+        release_lsn = self._machine.release_lsn(read.log_id)
         trim_lsn = self._machine.trim_lsn(read.log_id)
         try:
             # Trimmed records are never served, even if still on disk.

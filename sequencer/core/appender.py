@@ -13,6 +13,14 @@ payload at the same LSN. A new wave prefers such nodes and counts them as stored
 sending the payload again (LogDevice sends them a payload-less AMEND instead; the copy keeps
 the copyset of the wave that wrote it). This keeps a spurious timeout from multiplying the
 replication work.
+
+Still working: a node that has not answered the previous wave's STORE yet (it is queued
+behind other writes and fsyncs) is preferred too, and is not sent the payload again: the new
+wave waits for that STORE's answer, which counts for it (OK like an amend, an error as this
+wave's error). Only once per node and append: if the wave after it times out too, the node is
+no longer preferred, and is sent the payload again if it is picked (the first STORE may have
+been lost), and the storage node, should it still be writing
+the first, answers both with the one write (``storage_node.core.inflight_stores``).
 """
 
 from __future__ import annotations
@@ -20,12 +28,15 @@ from __future__ import annotations
 from enum import Enum
 
 from sequencer.core.nodeset_state import NodesetState
+from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.ports import Rng
 from shared.status import Status
 from shared.types import Esn, LogId, Lsn, NodeId
-from shared.wire.store import ProducerTag, Store, payloads_checksum
+from shared.wire.store import ProducerTag, payloads_checksum, sequencer_store
+
+_NONE: frozenset[NodeId] = frozenset()
 
 
 class AppenderResult(Enum):
@@ -36,9 +47,10 @@ class AppenderResult(Enum):
 
 class Appender:
     __slots__ = (
-        "checksum", "compression", "deadline_ms", "first_esn", "key", "log_id", "lsn",
-        "payloads", "producers", "recipients", "records", "replication", "requests",
-        "sent_ms", "stored_nodes", "timestamp_ms", "wave",
+        "checksum", "compression", "deadline_ms", "deferred", "first_esn", "key",
+        "log_id", "lsn", "payload_bytes", "payloads", "previous_sent_ms", "producers",
+        "recipients", "records", "replication", "requests", "sent_ms", "stored_nodes",
+        "timestamp_ms", "waited", "wave",
     )
 
     def __init__(
@@ -76,10 +88,18 @@ class Appender:
         them (``sequencer.core.producers``)."""
         self.replication = replication
         self.checksum = payloads_checksum(payloads)
+        self.payload_bytes = sum(map(len, payloads))
         self.wave = 0
         self.deadline_ms = 0
         self.sent_ms = 0
         """When the current wave went out (its answers' round trips feed the estimate)."""
+        self.previous_sent_ms = 0
+        """When the previous wave went out."""
+        self.deferred = _NONE
+        """Current recipients not sent this wave: they answer the previous wave's STORE."""
+        self.waited = _NONE
+        """Nodes a wave has already waited for once: never preferred as still working again
+        (a node that hangs would otherwise be picked again every other wave, for ever)."""
         self.recipients: dict[NodeId, Status | None] = {}
         """Current wave's recipients and their answers (None while outstanding)."""
         self.stored_nodes: frozenset[NodeId] = frozenset()
@@ -106,27 +126,49 @@ class Appender:
         last_known_good: Esn,
         release_lsn: Lsn,
         now_ms: int,
-        first_wave_timeout_ms: int | None = None,
+        latency: StoreLatency | None = None,
     ) -> list[Send]:
         self.wave += 1
-        timeout_ms = self.store_timeout_ms(config, first_wave_timeout_ms)
-        self.deadline_ms = now_ms + timeout_ms
-        self.sent_ms = now_ms
-        copyset = nodeset.pick_copyset(self.replication, rng, now_ms, self.stored_nodes)
+        self.previous_sent_ms, self.sent_ms = self.sent_ms, now_ms
+        stored = self.stored_nodes
+        # Still working on the previous wave's STORE (sent in that wave, not answered yet):
+        # preferred, and not sent it again (see the module). Only right after that wave: a
+        # node that waited a wave without answering is no longer preferred over the others.
+        previous, deferred = self.recipients, self.deferred
+        waited = self.waited
+        working = frozenset(n for n, answer in previous.items()
+                            if answer is None and n not in deferred and n not in waited
+                            ) if previous else _NONE
+        copyset = nodeset.pick_copyset(self.replication, rng, now_ms,
+                                       stored.union(working) if working else stored)
+        self.deferred = _NONE
         if copyset is None:
             # Not enough available nodes: try again when this wave's timer fires.
             self.recipients = {}
+            self.deadline_ms = now_ms + self.store_timeout_ms(config)
             return []
-        stored = self.stored_nodes
+        if working:
+            self.deferred = frozenset(n for n in copyset if n in working and n not in stored)
+            if self.deferred:
+                self.waited = waited.union(self.deferred)
+        skipped = stored.union(self.deferred) if self.deferred else stored
+        first_wave_ms = None if latency is None else latency.timeout_ms(
+            copyset, self.payload_bytes, config, stored)
+        timeout_ms = self.store_timeout_ms(config, first_wave_ms)
+        self.deadline_ms = now_ms + timeout_ms
         self.recipients = {n: (Status.OK if n in stored else None) for n in copyset}
-        store = Store(
-            log_id=self.log_id, lsn=self.lsn, wave=self.wave, sequencer_node=sequencer_node,
-            copyset=copyset, timestamp_ms=self.timestamp_ms, last_known_good=last_known_good,
-            release_lsn=release_lsn, timeout_ms=timeout_ms, key=self.key,
-            payloads=self.payloads, checksum=self.checksum, producers=self.producers,
-            compression=self.compression, records=self.records if self.compression else 0,
-        )
-        return [Send(node, store) for node in copyset if node not in stored]
+        sends = [n for n in copyset if n not in skipped]
+        if not sends:
+            return []
+        store = sequencer_store(
+            self.log_id, self.lsn, self.wave, sequencer_node, copyset, self.timestamp_ms,
+            last_known_good, release_lsn, timeout_ms, self.key, self.payloads, self.checksum,
+            self.producers, self.compression, self.records if self.compression else 0)
+        return [Send(node, store) for node in sends]
+
+    def awaited_sent_ms(self, node: NodeId) -> int:
+        """When the STORE whose answer ``node`` owes the current wave went out."""
+        return self.previous_sent_ms if node in self.deferred else self.sent_ms
 
     def on_reply(
         self, node: NodeId, wave: int, status: Status, nodeset: NodesetState, now_ms: int
@@ -144,7 +186,8 @@ class Appender:
                 if all(s is Status.OK for s in self.recipients.values()):
                     return AppenderResult.DONE, False
             return AppenderResult.PENDING, False
-        if wave != self.wave or node not in self.recipients or self.recipients[node] is not None:
+        owed_wave = self.wave - 1 if node in self.deferred else self.wave
+        if wave != owed_wave or node not in self.recipients or self.recipients[node] is not None:
             return AppenderResult.PENDING, False
         self.recipients[node] = status
         nodeset.blacklist(node, status, now_ms)

@@ -1,7 +1,7 @@
 """Which storage nodes of a log's nodeset an appender may use now, and copyset selection.
 
 Blacklisting (a node answered with an error) and graylisting (a node did not answer in time)
-both make a node unavailable until a deadline. The gray list is cleared when it reaches
+both make a node unavailable until a deadline. The gray list is cleared when it exceeds
 ``graylist_nodeset_fraction_max`` of the nodeset, or when no copyset can be picked without
 its members (LogDevice's NodeSetState).
 """
@@ -46,7 +46,8 @@ class NodesetState:
         self._expire(now_ms)
         self._graylist_until_ms[node] = now_ms + self._config.graylist_duration_ms
         threshold = self._config.graylist_nodeset_fraction_max * len(self.nodeset)
-        if len(self._graylist_until_ms) >= threshold:
+        # Past the fraction, not at it: with 4 nodes and 0.25 one node may be graylisted.
+        if len(self._graylist_until_ms) > threshold:
             self._graylist_until_ms.clear()
 
     def blacklisted(self, now_ms: int) -> set[NodeId]:
@@ -69,6 +70,11 @@ class NodesetState:
         not enough nodes are available. Nodes in ``unavailable`` (DEAD to the failure
         detector) are skipped unless too few others remain: gossip views can be wrong, and a
         store that times out costs less than refusing the append."""
+        if not (self._blacklist_until_ms or self._graylist_until_ms or self.unavailable
+                or preferred) and len(self.nodeset) >= replication:
+            # Every node usable (the common case): what the general path below picks, with
+            # the same draws, without its lists (one pick per appender).
+            return self._weighted_sample(list(self.nodeset), replication, rng)
         self._expire(now_ms)
         candidates = [n for n in self.nodeset if n not in self._blacklist_until_ms]
         if self.unavailable:

@@ -16,8 +16,10 @@ every reply back to ``on_reply``, and a failed request as its ``Status``):
    every recovery-set node that holds any copy of it and to more until R have it; an ESN nobody
    in the recovery set holds (so never acknowledged) becomes a hole plug; the ESN after the last
    record becomes the bridge. An epoch nobody holds copies above ``lng`` of only gets its bridge.
-4. CLEANING: CLEAN with the epoch's outcome (bridge and holes) to every nodeset member; every
-   recovery-set node must confirm, others may purge later.
+4. CLEANING: CLEAN with the epoch's outcome (bridge, holes, and the attempt that decided) to
+   every nodeset member; every recovery-set node must confirm. The others are settled by the
+   purge that runs once recovery is done (``sequencer.core.purge``), durably: a node that
+   missed its CLEAN reports the epoch as unsettled to any later sequencer.
 5. ADVANCING: ``WriteLastCleanEpoch(seal_epoch, tail)`` in the epoch store. Then DONE.
 
 Authoritative status (``shared.authority``): a node that may have lost copies of the
@@ -155,9 +157,10 @@ class LogRecovery:
         self.preempted_by: tuple[Epoch, NodeId | None] = (Epoch(0), None)
         self.tail_lsn = lce.tail_lsn
         self.outcomes: dict[Epoch, EpochOutcome] = {}
-        self.cleans_unconfirmed: dict[NodeId, list[Clean]] = {}
-        """CLEANs sent to nodeset members outside the recovery set (down, or too slow to
-        seal), not waited for; the sequencer re-sends them until they confirm."""
+        self.cleans: dict[Epoch, Clean] = {}
+        """The CLEAN of each epoch, once decided. Members outside the recovery set (down, or
+        too slow to seal) are sent it once, not waited for; the sequencer's purge
+        (``sequencer.core.purge``) settles any of them that missed it."""
         self._outstanding: dict[tuple[NodeId, Any], Any] = {}
         """(node, key) -> the request in flight; a reply to anything else is stale."""
         self._keys: dict[tuple[NodeId, int], Any] = {}
@@ -197,7 +200,7 @@ class LogRecovery:
         self._mutations_inflight = 0
         self._lce_due_ms = None
         self.outcomes.clear()
-        self.cleans_unconfirmed.clear()
+        self.cleans.clear()
         self.tail_lsn = self.lce.tail_lsn
         seal = Seal(log_id=self.log_id, seal_epoch=self.seal_epoch, sealed_by=self.node_id,
                     from_epoch=Epoch(self.lce.epoch + 1))
@@ -514,13 +517,14 @@ class LogRecovery:
         for epoch, outcome in sorted(self.outcomes.items()):
             clean = Clean(log_id=self.log_id, epoch=epoch, seal_epoch=self.seal_epoch,
                           sealed_by=self.node_id, bridge_esn=Esn(outcome.bridge_esn),
-                          holes=tuple(outcome.holes))
+                          holes=tuple(outcome.holes), attempt=self.attempt)
+            self.cleans[epoch] = clean
             for node in self.nodeset:
                 if node in self._members:
                     effects.append(self._request(node, ("clean", epoch), clean))
                 else:
-                    # Not waited for: lets a node that missed recovery purge stray copies.
-                    self.cleans_unconfirmed.setdefault(node, []).append(clean)
+                    # Not waited for: lets a node that missed recovery purge stray copies now
+                    # (the purge that follows recovery makes sure of it).
                     effects.append(Send(node, clean))
         return effects
 

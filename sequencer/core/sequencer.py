@@ -16,7 +16,8 @@ tail and the object dropped, so that the next append's new sequencer needs no re
 Release: records of the current epoch are released only when every earlier epoch is clean
 (the epoch store's last clean epoch is ``epoch - 1``). When it is not, activation starts epoch
 recovery (``sequencer.core.recovery``) of the unclean epochs: appends are taken and stored
-meanwhile, and released once recovery has advanced the last clean epoch.
+meanwhile, and released once recovery has advanced the last clean epoch. Once every earlier
+epoch is clean, a purge (``sequencer.core.purge``) settles the nodes that missed a CLEAN.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from sequencer.core.effects import (
 )
 from sequencer.core.nodeset_state import NodesetState
 from sequencer.core.producers import ProducerTable, Verdict
+from sequencer.core.purge import PurgeCoordinator
 from sequencer.core.recovery import LogRecovery, Phase
 from sequencer.core.sliding_window import SlidingWindow
-from sequencer.core.store_timeout import StoreTimeout
+from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
@@ -57,13 +59,11 @@ from shared.types import (
     lsn_to_epoch,
     lsn_to_esn,
 )
-from shared.wire.recovery import Clean, Cleaned
+from shared.wire.recovery import Clean
 from shared.wire.release import Release
 from shared.wire.store import ProducerTag
 
 Effect = Any
-CLEANS_OWED_MAX = 1024
-"""CLEANs a sequencer keeps re-sending to nodes that missed recovery (oldest kept)."""
 RELEASE_BROADCASTS_PER_MOVE = 3
 """Periodic broadcasts that carry a log's release pointer after it moved: more than one, since
 a RELEASE is one-way and may be lost; after that an idle log is left alone (a node that missed
@@ -106,6 +106,7 @@ class Sequencer:
         rng: Rng,
         weights: dict[NodeId, float] | None = None,
         esn_max: Esn = ESN_MAX,
+        store_latency: StoreLatency | None = None,
     ) -> None:
         self.log_id = log_id
         self.node_id = node_id
@@ -125,8 +126,9 @@ class Sequencer:
         self.nodeset: NodesetState | None = None
         self.appenders: dict[Esn, Appender] = {}
         self._timers: list[tuple[int, int, int]] = []  # (deadline_ms, first_esn, wave)
-        self.store_timeout = StoreTimeout(config)
-        """The first wave's store timeout, adapted to the STOREs' round trips."""
+        self.store_latency = store_latency or StoreLatency()
+        """The storage nodes' STORE round trips, which the first wave's timeout follows
+        (shared by the sequencers of one process: the same disks serve every log)."""
         self._release_owed: set[NodeId] = set()
         """Copyset nodes not yet told the current release pointer (see release_delay_ms)."""
         self._release_due_ms: int | None = None
@@ -136,7 +138,9 @@ class Sequencer:
         """While set, the epoch ran out of ESNs and drains before the next one: new appends
         wait for it, and at this time whatever is still in flight is given up."""
         self.recovery: LogRecovery | None = None
-        self._cleans_owed: dict[NodeId, list[Clean]] = {}
+        self.purge: PurgeCoordinator | None = None
+        """Settles nodes that missed a CLEAN of an earlier epoch, once every earlier epoch is
+        clean (``sequencer.core.purge``)."""
         self.producers: ProducerTable[PendingAppend] = ProducerTable(
             config.producers_per_log_max)
         """Idempotent appends: each producer's latest ones (``sequencer.core.producers``)."""
@@ -144,12 +148,14 @@ class Sequencer:
         """Request id -> producer pair, for idempotent appends in flight."""
         self.last_append_ms = 0
         """When the latest append arrived (for idle deactivation)."""
+        self.timestamp_floor_ms = 0
+        """The highest record timestamp given so far: a record never gets a lower one than
+        a record before it, so that timestamps do not fall along LSNs (an append that waited
+        for activation or a producer lookup keeps its arrival time otherwise), which age
+        retention on the storage nodes relies on (``storage_node.core.retention``)."""
         self._release_broadcasts_owed = 0
         """Periodic broadcasts still owed the current release pointer (see
         ``RELEASE_BROADCASTS_PER_MOVE``)."""
-        """Recovery outcomes that nodes which missed recovery have not confirmed yet: sent
-        again with every release broadcast, so that they purge stray copies once back."""
-        """Recovery of the epochs between the last clean one and ours, while it runs."""
 
     def set_unavailable_nodes(self, nodes: frozenset[NodeId]) -> None:
         """Storage nodes the failure detector reports DEAD: copysets avoid them."""
@@ -274,10 +280,19 @@ class Sequencer:
                     effects.append(AppendReply(joined.request_id, status,
                                                message="the original append failed"))
 
+    def on_activate_request(self, now_ms: int) -> list[Effect]:
+        """Activate with no append waiting (a reader asked for the tail of a log whose last
+        epoch is not clean); nothing if active, activating or draining."""
+        if self.state in (SequencerState.UNAVAILABLE, SequencerState.PREEMPTED) and (
+                self._drain_until_ms is None):
+            return self._begin_activation(now_ms)
+        return []
+
     def _begin_activation(self, now_ms: int) -> list[Effect]:
         self._drain_until_ms = None
         effects = self._abort_epoch("sequencer is reactivating in a new epoch")
         self.recovery = None  # the next epoch's recovery covers this one's too
+        self.purge = None  # and the next epoch's purge this one's
         self.state = SequencerState.ACTIVATING
         effects.append(ActivateEpoch(self.log_id))
         return effects
@@ -313,9 +328,11 @@ class Sequencer:
         producers: tuple[ProducerTag, ...] = ()
         if self._producer_of:
             producers = _producer_tags(group, lsn)
+        timestamp_ms = self.timestamp_floor_ms = max(group[0].timestamp_ms,
+                                                     self.timestamp_floor_ms)
         appender = Appender(
             log_id=self.log_id, lsn=lsn, first_esn=first_esn,
-            payloads=payloads, key=group[0].key, timestamp_ms=group[0].timestamp_ms,
+            payloads=payloads, key=group[0].key, timestamp_ms=timestamp_ms,
             requests=tuple((p.request_id, p.records_count) for p in group),
             replication=metadata.replication_factor, producers=producers,
             compression=compression, records=esn_count,
@@ -340,7 +357,7 @@ class Sequencer:
             nodeset=self.nodeset, config=self.config, rng=self.rng,
             sequencer_node=self.node_id, last_known_good=self.window.lng,
             release_lsn=self.release_lsn, now_ms=now_ms,
-            first_wave_timeout_ms=self.store_timeout.first_wave_ms(),
+            latency=self.store_latency,
         )
         if appender.recipients and all(s is Status.OK for s in appender.recipients.values()):
             # Every node of the new copyset already holds a copy from an earlier wave.
@@ -387,6 +404,7 @@ class Sequencer:
         effects: list[Effect] = []
         if self.releasable:
             self._advance_release(max(lce.tail_lsn, self.release_lsn), effects)
+            effects.extend(self._start_purge({}))
         else:
             # Readers keep reading what earlier sequencers released while recovery runs.
             effects.append(FetchLogState(self.log_id, metadata.nodeset))
@@ -404,15 +422,13 @@ class Sequencer:
 
     def on_recovery_reply(self, node: NodeId, request: Any, reply: Any,
                           now_ms: int) -> list[Effect]:
-        """The answer (or failure ``Status``) to a request recovery sent."""
-        owed = self._cleans_owed.get(node)
-        if owed and type(request) is Clean and request in owed:
-            # PREEMPTED: the node is sealed by a newer recovery, and purged all the same.
-            if type(reply) is Cleaned and reply.status in (Status.OK, Status.PREEMPTED):
-                owed.remove(request)
-                if not owed:
-                    del self._cleans_owed[node]
-            return []
+        """The answer (or failure ``Status``) to a request recovery or the purge sent."""
+        purge = self.purge
+        if purge is not None and purge.owns(node, request):
+            effects = purge.on_reply(node, request, reply, now_ms)
+            if purge.finished:
+                self.purge = None
+            return effects
         recovery = self.recovery
         if recovery is None:
             return []
@@ -443,12 +459,8 @@ class Sequencer:
                 effects.extend(self.recovery.start(now_ms))
         elif recovery.phase is Phase.DONE:
             self.recovery = None
-            owed = sum(len(c) for c in self._cleans_owed.values())
-            for node, cleans in recovery.cleans_unconfirmed.items():
-                kept = cleans[: max(CLEANS_OWED_MAX - owed, 0)]
-                if kept:
-                    self._cleans_owed.setdefault(node, []).extend(kept)
-                    owed += len(kept)
+            if self.state is SequencerState.ACTIVE:
+                effects.extend(self._start_purge(recovery.cleans))
             if self.state is SequencerState.ACTIVE and self.window is not None:
                 self.releasable = True
                 release = max(recovery.tail_lsn, compose_lsn(self.epoch, self.window.lng))
@@ -457,6 +469,16 @@ class Sequencer:
                 if self.release_lsn > before:
                     effects.extend(self.release_broadcast())
         return effects
+
+    def _start_purge(self, known: dict[Epoch, Clean]) -> list[Effect]:
+        """Every epoch before ours is clean: settle the nodes that missed a CLEAN of one."""
+        if self.epoch <= 1 or self.metadata is None:
+            return []
+        self.purge = PurgeCoordinator(
+            log_id=self.log_id, node_id=self.node_id, epoch=self.epoch,
+            nodeset=self.metadata.nodeset, replication=self.metadata.replication_factor,
+            config=self.config, known=known)
+        return self.purge.start()
 
     def on_release_hint(self, release_lsn: Lsn) -> list[Effect]:
         """A storage node reported how far the log was released (by an earlier sequencer)."""
@@ -478,9 +500,14 @@ class Sequencer:
         appender = self.appenders.get(lsn_to_esn(lsn))
         if appender is None:
             return []
-        if (status is Status.OK and wave == appender.wave
-                and appender.recipients.get(node, Status.OK) is None):
-            self.store_timeout.on_sample(now_ms - appender.sent_ms)
+        if status is Status.OK:
+            # The answer names its wave, so it measures that wave's STORE, late or not.
+            if wave == appender.wave:
+                self.store_latency.on_sample(node, appender.payload_bytes,
+                                             now_ms - appender.sent_ms)
+            elif wave == appender.wave - 1:
+                self.store_latency.on_sample(node, appender.payload_bytes,
+                                             now_ms - appender.previous_sent_ms)
         result, resend = appender.on_reply(node, wave, status, self.nodeset, now_ms)
         if result is AppenderResult.PREEMPTED:
             return self._on_preempted(sealed_epoch, sealed_by)
@@ -551,6 +578,7 @@ class Sequencer:
             self.sealed_epoch, self.sealed_by = sealed_epoch, sealed_by
         self.state = SequencerState.PREEMPTED
         self.recovery = None
+        self.purge = None
         draining, self._drain_until_ms = self._drain_until_ms is not None, None
         effects = self._abort_epoch(f"epoch {self.epoch} preempted by {sealed_by}")
         if draining and self._pending:
@@ -584,21 +612,26 @@ class Sequencer:
         """The earliest store timeout of a live appender wave (stale entries are dropped), or
         the time owed RELEASEs are due."""
         timers = self._timers
+        appenders = self.appenders
         while timers:
             _, first_esn, wave = timers[0]
-            appender = self.appenders.get(Esn(first_esn))
+            appender = appenders.get(first_esn)  # type: ignore[call-overload]
             if appender is not None and appender.wave == wave:
                 break
             heapq.heappop(timers)
-        due = [timers[0][0]] if timers else []
-        if self._drain_until_ms is not None:
-            due.append(self._drain_until_ms)
-        if self._release_due_ms is not None:
-            due.append(self._release_due_ms)
+        # No list and min(): this runs after nearly every call into the core.
+        due = timers[0][0] if timers else None
+        for other_ms in (self._drain_until_ms, self._release_due_ms):
+            if other_ms is not None and (due is None or other_ms < due):
+                due = other_ms
         if self.recovery is not None and (
-                recovery_due_ms := self.recovery.deadline_ms()) is not None:
-            due.append(recovery_due_ms)
-        return min(due) if due else None
+                recovery_due_ms := self.recovery.deadline_ms()) is not None and (
+                due is None or recovery_due_ms < due):
+            due = recovery_due_ms
+        if self.purge is not None and (purge_due_ms := self.purge.deadline_ms()) is not None and (
+                due is None or purge_due_ms < due):
+            due = purge_due_ms
+        return due
 
     def on_timer(self, now_ms: int) -> list[Effect]:
         effects: list[Effect] = []
@@ -609,11 +642,12 @@ class Sequencer:
         if recovery is not None and (
                 due_ms := recovery.deadline_ms()) is not None and due_ms <= now_ms:
             effects.extend(self._recovery_step(recovery.on_timer(now_ms), now_ms))
+        purge = self.purge
+        if purge is not None and (due_ms := purge.deadline_ms()) is not None and (
+                due_ms <= now_ms):
+            effects.extend(purge.on_timer(now_ms))
         if self._release_due_ms is not None and self._release_due_ms <= now_ms:
-            self._release_due_ms = None
-            release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-            effects.extend(Send(node, release) for node in sorted(self._release_owed))
-            self._release_owed.clear()
+            effects.extend(self.release_owed_now())
         timers = self._timers
         while timers and timers[0][0] <= now_ms:
             _, first_esn, wave = heapq.heappop(timers)
@@ -623,9 +657,26 @@ class Sequencer:
             assert self.nodeset is not None
             if appender.recipients and all(
                     answer is None for answer in appender.recipients.values()):
-                self.store_timeout.on_silent_timeout(appender.deadline_ms - appender.sent_ms)
+                for node in appender.recipients:
+                    self.store_latency.on_silent_timeout(
+                        node, appender.payload_bytes,
+                        appender.deadline_ms - appender.awaited_sent_ms(node))
             appender.on_timeout(self.nodeset, now_ms)
             effects.extend(self._send_wave(appender, now_ms))
+        return effects
+
+    def release_owed_now(self) -> list[Effect]:
+        """The RELEASEs owed to copyset nodes (see ``release_delay_ms``), now instead of when
+        due; nothing is owed afterwards. A driver that sends this loop iteration's frames to
+        those nodes anyway (a cross-log STORE_BATCH) sends them along: earlier is always
+        allowed, and no timer then fires per log to send them on their own."""
+        owed = self._release_owed
+        self._release_due_ms = None
+        if not owed:
+            return []
+        release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
+        effects: list[Effect] = [Send(node, release) for node in sorted(owed)]
+        owed.clear()
         return effects
 
     # ---- release broadcast and draining -------------------------------------------------
@@ -637,19 +688,24 @@ class Sequencer:
 
     def release_broadcast_due(self) -> bool:
         """Whether the periodic broadcast has anything to tell about this log: a release
-        pointer that moved in the last few broadcasts, or CLEANs owed. An idle log has not."""
-        return self._release_broadcasts_owed > 0 or bool(self._cleans_owed)
+        pointer that moved in the last few broadcasts. An idle log has not."""
+        return self._release_broadcasts_owed > 0
 
-    def release_broadcast(self) -> list[Effect]:
+    def release_broadcast(self, *, final: bool = False) -> list[Effect]:
+        """RELEASEs of the pointer to the whole nodeset. ``final``: the last broadcast of a
+        drained epoch (graceful stop, idle deactivation): it lets the nodes settle the epoch
+        (``Release.drained_epoch``), so that the next sequencer has nothing to purge."""
         if self._release_broadcasts_owed:
             self._release_broadcasts_owed -= 1
         if self.metadata is None or self.release_lsn == 0:
             return []
-        release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-        effects: list[Effect] = [Send(node, release) for node in self.metadata.nodeset]
-        effects.extend(Send(node, clean) for node, cleans in self._cleans_owed.items()
-                       for clean in cleans)
-        return effects
+        drained = Epoch(0)
+        if final and lsn_to_epoch(self.release_lsn) == self.epoch and (
+                self.drained_clean_tail() == self.release_lsn):
+            drained = self.epoch
+        release = Release(log_id=self.log_id, release_lsn=self.release_lsn,
+                          drained_epoch=drained)
+        return [Send(node, release) for node in self.metadata.nodeset]
 
     def idle_deadline_ms(self) -> int | None:
         """While ACTIVE, when the sequencer has been without appends for
@@ -661,12 +717,14 @@ class Sequencer:
     def idle_clean_tail(self, now_ms: int) -> Lsn | None:
         """The tail to mark the epoch clean with when this sequencer may be deactivated now:
         idle for ``idle_deactivate_ms``, nothing in flight, waiting or owed (appends,
-        recovery, producer lookups, CLEANs, RELEASEs), every record released. The next
-        append then starts a new epoch with no recovery: the clean mark covers this one."""
+        recovery, producer lookups, RELEASEs), every record released. The next append then
+        starts a new epoch with no recovery: the clean mark covers this one. A purge still
+        running does not hold it back: what it settles is reported by the storage nodes to
+        the next sequencer too."""
         due_ms = self.idle_deadline_ms()
         if (
             due_ms is None or due_ms > now_ms or self._pending or self.recovery is not None
-            or self._drain_until_ms is not None or self._cleans_owed or self._release_owed
+            or self._drain_until_ms is not None or self._release_owed
             or self._producer_of or self.producers.waiting()
         ):
             return None

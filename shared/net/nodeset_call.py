@@ -33,24 +33,36 @@ async def ask_nodeset(transport: RoundTransport, nodeset: tuple[NodeId, ...], re
                       message: Message, ok: Callable[[Message | Status], bool], *,
                       timeout_ms: int, grace_ms: int = ANSWER_GRACE_MS) -> list[Message] | None:
     """The answers ``ok`` accepts, once an f-majority of ``nodeset`` gave one; else None."""
-    needed = f_majority(len(nodeset), replication)
-    answers: list[Message] = []
+    answers = await ask_nodeset_by_node(
+        transport, nodeset, message, ok, needed=f_majority(len(nodeset), replication),
+        timeout_ms=timeout_ms, grace_ms=grace_ms)
+    return None if answers is None else list(answers.values())
+
+
+async def ask_nodeset_by_node(transport: RoundTransport, nodeset: tuple[NodeId, ...],
+                              message: Message, ok: Callable[[Message | Status], bool], *,
+                              needed: int, timeout_ms: int,
+                              grace_ms: int = ANSWER_GRACE_MS) -> dict[NodeId, Message] | None:
+    """``ask_nodeset`` with the number of answers needed given, and each node's answer."""
+    answers: dict[NodeId, Message] = {}
     failed = 0
     vouching = 0
     changed = asyncio.Event()
 
-    def done(reply: Message | Status) -> None:
-        nonlocal failed, vouching
-        if ok(reply):
-            assert not isinstance(reply, Status)
-            answers.append(reply)
-            vouching += not getattr(reply, "non_authoritative", ())
-        else:
-            failed += 1
-        changed.set()
+    def answer_of(node: NodeId) -> Callable[[Message | Status], None]:
+        def done(reply: Message | Status) -> None:
+            nonlocal failed, vouching
+            if ok(reply):
+                assert not isinstance(reply, Status)
+                answers[node] = reply
+                vouching += not getattr(reply, "non_authoritative", ())
+            else:
+                failed += 1
+            changed.set()
+        return done
 
     for node in nodeset:
-        transport.request(node, message, done, timeout_ms=timeout_ms)
+        transport.request(node, message, answer_of(node), timeout_ms=timeout_ms)
     loop = asyncio.get_running_loop()
     grace_end_s: float | None = None
     while len(answers) + failed < len(nodeset):
@@ -64,4 +76,4 @@ async def ask_nodeset(transport: RoundTransport, nodeset: tuple[NodeId, ...], re
         changed.clear()
         with suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), timeout_s)
-    return answers if vouching >= needed or len(answers) == len(nodeset) else None
+    return (dict(answers) if vouching >= needed or len(answers) == len(nodeset) else None)

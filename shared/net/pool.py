@@ -22,8 +22,15 @@ from shared.net.connection import OUTPUT_BUFFER_BYTES_MAX, FramedProtocol, wait_
 from shared.net.types import Counters, RequestCallback
 from shared.status import Status
 from shared.types import NodeId
-from shared.wire.codec import Message, encode, encode_fields, encode_parts
+from shared.wire.codec import (
+    Message,
+    encode,
+    encode_fields,
+    encode_parts,
+    encode_store_batch_parts,
+)
 from shared.wire.hello import NODE_PROTOCOL_VERSION, Hello, HelloReply
+from shared.wire.store_batch import StoreBatch
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +131,11 @@ class _Peer:
             loop.call_soon(callback, Status.OVERLOADED)
             return
         correlation_id = self._next_correlation_id
-        frame = encode_parts(message, self._pool.fields_of(message), correlation_id)
+        if type(message) is StoreBatch:
+            # Its STOREs' packed fields go out as parts, not joined into one copy.
+            frame: tuple[bytes, ...] = encode_store_batch_parts(message, correlation_id)
+        else:
+            frame = encode_parts(message, self._pool.fields_of(message), correlation_id)
         self._next_correlation_id = correlation_id + 1
         self._pending[correlation_id] = callback
         if timeout_ms is not None:

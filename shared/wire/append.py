@@ -54,6 +54,9 @@ class Appended:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GetSequencerState:
     log_id: LogId
+    activate: bool = field(default=False, metadata=EXTENSION)
+    """Activate the log's sequencer if it is not active (a tail asked for a log whose last
+    epoch is not clean: only recovery can tell what it released)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,13 +37,20 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
+from shared.wire.store_batch import (
+    STORE_BATCH_STORES_MAX,
+    ReleaseBatch,
+    StoreBatch,
+    StoredBatch,
+)
 from shared.wire.trim import FindTime, FoundTime, Trim, Trimmed
 
 Message: TypeAlias = (
     Hello | HelloReply | Store | Stored | Release | Read | ReadReply | GetLogState | LogState
     | Append | Appended | GetSequencerState | SequencerState | Gossip | Seal | Sealed
     | GetDigest | Digest | Clean | Cleaned | Trim | Trimmed | FindTime | FoundTime
-    | GetProducer | ProducerState
+    | GetProducer | ProducerState | StoreBatch | StoredBatch
+    | ReleaseBatch
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -73,6 +80,9 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.FOUND_TIME: FoundTime,
     MessageType.GET_PRODUCER: GetProducer,
     MessageType.PRODUCER_STATE: ProducerState,
+    MessageType.STORE_BATCH: StoreBatch,
+    MessageType.STORED_BATCH: StoredBatch,
+    MessageType.RELEASE_BATCH: ReleaseBatch,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 
@@ -196,6 +206,8 @@ at their defaults, so a frame without extensions is what a version-1 peer sends 
 _DECODERS: dict[int, Callable[[Any], Any]] = {
     int(t): _make_decoder(cls) for t, cls in MESSAGE_CLASSES.items()
 }
+# Its one field holds STOREs, which the generated decoder would leave as raw tuples.
+_DECODERS[int(MessageType.STORE_BATCH)] = lambda fields: _store_batch_from_fields(fields)
 
 _packer = msgpack.Packer(use_bin_type=True)
 
@@ -237,8 +249,30 @@ _LISTERS: dict[type[Any], Callable[[Any], list[Any]]] = {
 def encode_fields(message: Message) -> bytes:
     """The packed field array of ``message``: the bulk of a frame, the same for every peer it
     goes to, so a message sent to R nodes is packed once."""
+    if type(message) is StoreBatch:
+        return b"".join(_store_batch_field_parts(message))
     packed: bytes = _packer.pack(_LISTERS[type(message)](message))
     return packed
+
+
+def _store_batch_field_parts(batch: StoreBatch) -> tuple[bytes, ...]:
+    """A STORE_BATCH's field array as parts: its head, then each STORE's packed fields (as
+    the sender packed them once for all the nodes they go to, or packed here)."""
+    packed = batch.packed
+    if packed is None:
+        packed = tuple(_packer.pack(_LISTERS[Store](store)) for store in batch.stores)
+    # A fixarray of the one field, then the array of STOREs.
+    return (b"\x91" + _packer.pack_array_header(len(packed)), *packed)
+
+
+def encode_store_batch_parts(batch: StoreBatch, correlation_id: int) -> tuple[bytes, ...]:
+    """The frame of ``batch`` as parts for a vectored write, its STOREs' packed fields not
+    copied (``encode_parts`` for a STORE_BATCH)."""
+    head, *stores = _store_batch_field_parts(batch)
+    header = b"\x93" + _packer.pack(_STORE_BATCH_TYPE_ID) + _packer.pack(correlation_id) + head
+    length = len(header) + sum(map(len, stores))
+    assert length <= FRAME_BYTES_MAX, length
+    return (_LENGTH.pack(length) + header, *stores)
 
 
 def encode_parts(
@@ -258,6 +292,8 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
     """``(correlation_id, message)`` from a frame body, or ``Status.BADMSG``. A STORE keeps
     its packed fields (``Store.wire_fields``) when they can be cut out of the body."""
     try:
+        if len(body) > 2 and body[0] == 0x93 and body[1] == _STORE_BATCH_TYPE_ID:
+            return _decode_store_batch(body)
         unpacked = msgpack.unpackb(body, raw=False, use_list=False, strict_map_key=True)
         type_id, correlation_id, fields = unpacked
         decoder = _DECODERS.get(type_id)
@@ -278,6 +314,62 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
 
 _STORE_TYPE_ID = int(MessageType.STORE)
 _STORE_FIELDS_COUNT = len(_FIELDS[Store])
+_STORE_BATCH_TYPE_ID = int(MessageType.STORE_BATCH)
+assert _STORE_BATCH_TYPE_ID < 0x80  # a positive fixint: its frames start 0x93, type
+
+
+def _store_batch_stores(stores: Any) -> list[tuple[Any, ...]]:
+    """The field tuples of a STORE_BATCH's STOREs, checked for shape (not yet for types)."""
+    if type(stores) is not tuple or not 0 < len(stores) <= STORE_BATCH_STORES_MAX:
+        raise _Invalid
+    for fields in stores:
+        # More fields than this build knows: refused, as for a STORE (module docstring).
+        if type(fields) is not tuple or len(fields) > _STORE_FIELDS_COUNT:
+            raise _Invalid
+    return list(stores)
+
+
+def _store_batch_from_fields(fields: Any) -> StoreBatch:
+    """A STORE_BATCH from its unpacked fields (any legal encoding; no ``wire_fields``)."""
+    (stores,) = fields
+    decode_store = _DECODERS[_STORE_TYPE_ID]
+    return StoreBatch(stores=tuple(decode_store(f) for f in _store_batch_stores(stores)))
+
+
+def _decode_store_batch(body: bytes) -> tuple[int, StoreBatch]:
+    """A STORE_BATCH frame body, each STORE keeping its packed fields as a view of ``body``
+    (``Store.wire_fields``: the storage node writes those bytes): read with a streaming
+    unpacker, which tells where each STORE starts and ends."""
+    unpacker = msgpack.Unpacker(raw=False, use_list=False, strict_map_key=True,
+                                max_buffer_size=len(body))
+    unpacker.feed(body)
+    if unpacker.read_array_header() != 3:
+        raise _Invalid
+    type_id = unpacker.unpack()
+    correlation_id = unpacker.unpack()
+    if type_id != _STORE_BATCH_TYPE_ID or type(correlation_id) is not int:
+        raise _Invalid
+    if unpacker.read_array_header() != 1:
+        raise _Invalid  # a field this build does not know: refused (module docstring)
+    count = unpacker.read_array_header()
+    if not 0 < count <= STORE_BATCH_STORES_MAX:
+        raise _Invalid
+    decode_store = _DECODERS[_STORE_TYPE_ID]
+    view = memoryview(body)
+    stores: list[Store] = []
+    start = unpacker.tell()
+    for _ in range(count):
+        fields = unpacker.unpack()
+        end = unpacker.tell()
+        if type(fields) is not tuple or len(fields) > _STORE_FIELDS_COUNT:
+            raise _Invalid
+        store = decode_store(fields)
+        object.__setattr__(store, "wire_fields", view[start:end])
+        stores.append(store)
+        start = end
+    if start != len(body):
+        raise _Invalid  # trailing bytes
+    return correlation_id, StoreBatch(stores=tuple(stores))
 _UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
 """msgpack's uint8/16/32/64 markers and how many bytes follow them."""
 

@@ -32,6 +32,9 @@ class MessageType(IntEnum):
     FOUND_TIME = 24
     GET_PRODUCER = 25
     PRODUCER_STATE = 26
+    STORE_BATCH = 27
+    STORED_BATCH = 28
+    RELEASE_BATCH = 29
 
 
 RETIRED: frozenset[MessageType] = frozenset()

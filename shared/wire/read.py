@@ -74,3 +74,8 @@ class LogState:
     trim_lsn: Lsn = Lsn(0)
     non_authoritative: NonAuthoritative = field(default=(), metadata=EXTENSION)
     """LSN ranges of the log where the node may have lost copies (``shared.authority``)."""
+    unclean: tuple[tuple[int, int, int], ...] = field(default=(), metadata=EXTENSION)
+    """``(epoch, last_known_good_esn, last_esn)`` of the epochs (lowest first, a bounded
+    number) in which the node holds copies above its last-known-good ESN and has applied no
+    CLEAN: copies there may be strays that recovery decided against. A sequencer whose
+    earlier epochs are all clean purges them (``sequencer.core.purge``)."""

@@ -90,6 +90,11 @@ class Clean:
     """Where the epoch ends (0: the epoch's last record is at ESN_MAX, no bridge)."""
     holes: tuple[EsnRange, ...]
     """Plugged ESN ranges below the bridge."""
+    attempt: int = field(default=0, metadata=EXTENSION)
+    """The attempt of the recovery of ``seal_epoch`` that decided this outcome: the node's
+    purge writes its holes and bridge with that attempt's precedence
+    (``recovery_wave(seal_epoch, attempt)``), never below the decision it applies (0: sent by
+    a peer that predates the field)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -83,7 +83,9 @@ RECOVERY_ATTEMPT_MAX = (1 << RECOVERY_ATTEMPT_BITS) - 1
 def recovery_wave(seal_epoch: int, attempt: int) -> int:
     """The ``wave`` of a copy recovery writes: its seal epoch, then which attempt of that
     recovery wrote it, so that a late write of an abandoned attempt never ties with a newer
-    attempt's decision (the newer one wins). Attempt 0 is a storage node's own purge."""
+    attempt's decision (the newer one wins). A storage node's purge writes with the attempt
+that decided (carried in CLEAN); attempt 0 only when the CLEAN came from a peer that
+predates that field."""
     return seal_epoch << RECOVERY_ATTEMPT_BITS | min(attempt, RECOVERY_ATTEMPT_MAX)
 
 
@@ -165,3 +167,65 @@ class Stored:
     status: Status
     sealed_epoch: Epoch
     sealed_by: NodeId | None
+
+
+_new_object = object.__new__
+(_set_log_id, _set_lsn, _set_wave, _set_sequencer_node, _set_copyset, _set_timestamp_ms,
+ _set_last_known_good, _set_release_lsn, _set_timeout_ms, _set_key, _set_payloads,
+ _set_checksum, _set_flags, _set_producers, _set_compression, _set_records,
+ _set_wire_fields) = (Store.__dict__[name].__set__ for name in (
+     "log_id", "lsn", "wave", "sequencer_node", "copyset", "timestamp_ms", "last_known_good",
+     "release_lsn", "timeout_ms", "key", "payloads", "checksum", "flags", "producers",
+     "compression", "records", "wire_fields"))
+assert len(Store.__dataclass_fields__) == 17 and not hasattr(Store, "__post_init__")
+
+
+def sequencer_store(
+    log_id: LogId, lsn: Lsn, wave: int, sequencer_node: NodeId, copyset: tuple[NodeId, ...],
+    timestamp_ms: int, last_known_good: Esn, release_lsn: Lsn, timeout_ms: int,
+    key: str | None, payloads: tuple[bytes, ...], checksum: int,
+    producers: tuple[ProducerTag, ...], compression: int, records: int,
+) -> Store:
+    """``Store(..., flags=0)``, a sequencer's own STORE, equal in every way to one built by
+    ``Store(...)`` but a quarter of its cost: each slot is set through its descriptor instead
+    of the frozen dataclass's ``object.__setattr__`` per field (with 1,000 logs, one STORE
+    per record, that ``__init__`` was 4% of the sequencer's CPU)."""
+    store = _new_object(Store)
+    _set_log_id(store, log_id)
+    _set_lsn(store, lsn)
+    _set_wave(store, wave)
+    _set_sequencer_node(store, sequencer_node)
+    _set_copyset(store, copyset)
+    _set_timestamp_ms(store, timestamp_ms)
+    _set_last_known_good(store, last_known_good)
+    _set_release_lsn(store, release_lsn)
+    _set_timeout_ms(store, timeout_ms)
+    _set_key(store, key)
+    _set_payloads(store, payloads)
+    _set_checksum(store, checksum)
+    _set_flags(store, 0)
+    _set_producers(store, producers)
+    _set_compression(store, compression)
+    _set_records(store, records)
+    _set_wire_fields(store, None)
+    return store
+
+
+(_set_stored_log_id, _set_stored_lsn, _set_stored_wave, _set_stored_status,
+ _set_stored_sealed_epoch, _set_stored_sealed_by) = (Stored.__dict__[name].__set__ for name in (
+     "log_id", "lsn", "wave", "status", "sealed_epoch", "sealed_by"))
+assert len(Stored.__dataclass_fields__) == 6 and not hasattr(Stored, "__post_init__")
+
+
+def stored_of(log_id: LogId, lsn: Lsn, wave: int, status: Status, sealed_epoch: Epoch,
+              sealed_by: NodeId | None) -> Stored:
+    """``Stored(...)`` built as ``sequencer_store`` builds a STORE: a storage node answers
+    every STORE with one, a record each when many logs are written."""
+    stored = _new_object(Stored)
+    _set_stored_log_id(stored, log_id)
+    _set_stored_lsn(stored, lsn)
+    _set_stored_wave(stored, wave)
+    _set_stored_status(stored, status)
+    _set_stored_sealed_epoch(stored, sealed_epoch)
+    _set_stored_sealed_by(stored, sealed_by)
+    return stored

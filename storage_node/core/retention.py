@@ -2,10 +2,17 @@
 
 Retention by age (LogDevice's per-log ``backlog``): each storage node trims its own copy of a
 log up to the last record it holds that is older than ``now - backlog_ms``, never above its
-release pointer. Records of one log carry non-decreasing timestamps in LSN order (one
-sequencer's clock), so every record at or below that point, held here or on another node, is
-older too. The trim point goes no further than a record this node holds: another node may
-hold a younger record just above, and readers take the highest trim point they are told.
+release pointer. A record's age is taken from the running maximum of the timestamps the node
+holds up to it (``LogIndex.last_before_time``), so a younger record held here is never trimmed
+early, whatever order its timestamp came in. Records the node does not hold are covered by
+the sequencer: it never stamps a record older than one before it (``Sequencer.
+timestamp_floor_ms``; an append that waited for activation or a producer lookup would keep
+its arrival time otherwise), so every record at or below the trim point, held here or on
+another node, is older too. The bound that remains: across a failover the new sequencer node's
+clock may be behind the old one's, and a record of the old epoch on another node may then be
+trimmed early (readers take the highest trim point they are told) by at most that clock
+difference. The trim point goes no further than a record this node holds: another node may
+hold a younger record just above.
 
 Reclaim: a closed segment none of whose entries the index points at any more is deleted; one
 whose live bytes are below a fraction of its size is compacted. The segment new entries go to

@@ -46,6 +46,7 @@ from shared.wire.read import GetLogState, LogState, Read
 from shared.wire.recovery import Clean, Cleaned, Digest, EpochTail, GetDigest, Seal, Sealed
 from shared.wire.release import Release
 from shared.wire.store import (
+    RECOVERY_ATTEMPT_MAX,
     RECOVERY_BRIDGE,
     RECOVERY_HOLE,
     RecordFlags,
@@ -54,6 +55,7 @@ from shared.wire.store import (
     payloads_checksum,
     recovery_wave,
     seal_epoch_of_wave,
+    stored_of,
 )
 from shared.wire.trim import Trim, Trimmed
 
@@ -61,6 +63,9 @@ LSN_READABLE_MAX = Lsn(LSN_MAX - 1)
 """Highest LSN a read may reach, so that ``next_lsn = last + 1`` still fits in 64 bits."""
 NODE_IDS_CACHED_MAX = 4096
 """Distinct node ids remembered as valid; past it ids are checked every time."""
+UNCLEAN_EPOCHS_REPORTED_MAX = 64
+"""Unsettled epochs one GET_LOG_STATE answer lists (lowest first); the purging sequencer
+asks again once it has cleaned those."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +162,8 @@ class _LogState:
     last_lsn: Lsn = LSN_INVALID
     epoch_tails: dict[Epoch, tuple[int, int]] = field(default_factory=dict)
     trim_lsn: Lsn = LSN_INVALID
+    recovery_wave_max: int = 0
+    """The highest recovery wave (seal epoch, attempt) accepted since the node started."""
 
     def snapshot(self) -> LogStorageState:
         return LogStorageState(
@@ -226,16 +233,19 @@ class StoreMachine:
     def _on_recovery_store(self, store: Store, log: _LogState, epoch: Epoch,
                            disk_low: bool) -> StoreDecision:
         """A copy written by recovery (LogDevice's mutation STORE): ``wave`` carries its seal
-        epoch. Preempted only by a higher seal, since the epoch itself is sealed by design; it
-        never raises the soft seal."""
+        epoch and attempt. Preempted by a higher seal (the epoch itself is sealed by design),
+        or by a later attempt of the same recovery seen since the node started: a late STORE
+        of an abandoned attempt must not overwrite a newer attempt's decision with a copy of
+        lower precedence. It never raises the soft seal."""
         recovery_seal = Epoch(seal_epoch_of_wave(store.wave))
         if epoch > recovery_seal or not epoch_valid(recovery_seal):
             return StoreDecision(status=Status.BADMSG,
                                  reply=stored_reply(store, Status.BADMSG), release_lsn=None)
         seal_epoch, seal_by = log.effective_seal()
-        if recovery_seal < seal_epoch:
+        if recovery_seal < seal_epoch or store.wave < log.recovery_wave_max:
             reply = stored_reply(store, Status.PREEMPTED, seal_epoch, seal_by)
             return StoreDecision(status=Status.PREEMPTED, reply=reply, release_lsn=None)
+        log.recovery_wave_max = store.wave
         status = Status.OK
         if not self._accept_writes:
             status = Status.DISABLED
@@ -282,6 +292,21 @@ class StoreMachine:
             return None
         log.release_lsn = release.release_lsn
         return release.release_lsn
+
+    def drained_mark(self, release: Release) -> int | None:
+        """For the last RELEASE of a drained epoch (``Release.drained_epoch``): the ESN to
+        raise that epoch's last-known-good ESN to, as ``clean_mark`` does, when the node holds
+        copies above it, all of them at or below the release pointer (so records); else
+        None."""
+        epoch = release.drained_epoch
+        log = self._logs.get(release.log_id)
+        if (not epoch_valid(epoch) or log is None or not lsn_valid(release.release_lsn)
+                or lsn_to_epoch(release.release_lsn) != epoch):
+            return None
+        tail = log.epoch_tails.get(epoch)
+        if tail is None or tail[0] >= tail[1] or tail[1] > lsn_to_esn(release.release_lsn):
+            return None
+        return tail[1]
 
     def seal(self, log_id: LogId, epoch: Epoch, sealed_by: NodeId) -> Status:
         """Raise the durable seal to ``epoch``. OK when raised (the caller must persist it);
@@ -354,6 +379,7 @@ class StoreMachine:
         valid = (log_id_valid(clean.log_id) and epoch_valid(clean.epoch)
                  and epoch_valid(clean.seal_epoch) and clean.epoch <= clean.seal_epoch
                  and 0 <= clean.bridge_esn <= ESN_MAX and node_id_valid(clean.sealed_by)
+                 and 0 <= clean.attempt <= RECOVERY_ATTEMPT_MAX
                  and all(type(r) is tuple and len(r) == 2 and type(r[0]) is int
                          and type(r[1]) is int and 1 <= r[0] <= r[1] <= ESN_MAX
                          for r in clean.holes))
@@ -385,7 +411,30 @@ class StoreMachine:
         state = self.state(message.log_id)
         return LogState(status=Status.OK, log_id=message.log_id, release_lsn=state.release_lsn,
                         sealed_epoch=state.effective_seal[0], last_lsn=state.last_lsn,
-                        trim_lsn=state.trim_lsn)
+                        trim_lsn=state.trim_lsn, unclean=unsettled_epochs(state))
+
+    def clean_mark(self, clean: Clean) -> int | None:
+        """Once a CLEAN's purge is written: the ESN to raise the epoch's last-known-good ESN
+        to (durably, ``on_clean_marked``), so that the node no longer reports the epoch as
+        unsettled (``LogState.unclean``); None when there is nothing to mark (no copies of
+        the epoch here, or none above its last-known-good ESN).
+
+        After the purge every copy the node holds of the epoch is recovery's decision (a
+        record, or a hole or bridge written by recovery): none of them is a stray any more.
+        A later recovery of the epoch can only be one that raced this one (it started from an
+        older last clean epoch); with the raised ESN it leaves the settled copies alone and
+        bridges after them, which readers see as the same end of the epoch."""
+        log = self._logs.get(clean.log_id)
+        tail = log.epoch_tails.get(clean.epoch) if log is not None else None
+        if tail is None or tail[0] >= tail[1]:
+            return None
+        return tail[1]
+
+    def on_clean_marked(self, log_id: LogId, epoch: Epoch, esn: int) -> None:
+        """The mark of ``clean_mark`` is durable."""
+        log = self._log(log_id)
+        lng, last = log.epoch_tails.get(epoch, (0, 0))
+        log.epoch_tails[epoch] = (max(lng, esn), max(last, esn))
 
     def trim(self, trim: Trim) -> Status:
         """Raise the trim point: OK when raised (the caller must persist it), UPTODATE when it
@@ -412,11 +461,25 @@ class StoreMachine:
         log = self._logs.get(log_id)
         return log.release_lsn if log is not None else LSN_INVALID
 
-    def readable_until(self, read: Read) -> Lsn:
-        """Highest LSN the READ may return: released per this node or per the sequencer that
-        the reader asked (the authority), and within the read's range."""
-        released = max(self.release_lsn(read.log_id), read.release_lsn)
-        return Lsn(min(read.until_lsn, released, LSN_READABLE_MAX))
+    def readable_until(self, read: Read,
+                       first_copy: Callable[[LogId, Lsn, Lsn], Lsn | None]) -> Lsn:
+        """Highest LSN the READ may return, within its range: this node's own release pointer,
+        which only a sequencer moves (RELEASE, or the pointer a STORE carries). Any client may
+        send a READ, so the pointer it carries never makes a copy above the node's own pointer
+        readable (it may be unreleased, or a stray copy recovery has not plugged yet). It only
+        lets the node say, past its own pointer, that it holds nothing up to there: a node
+        outside the newest copysets learns the pointer late (periodic broadcast), and readers
+        need not wait for it. ``first_copy(log, lo, hi)``: the first LSN in ``[lo, hi]`` this
+        node holds a copy of (record, hole or bridge), or None."""
+        log_id = read.log_id
+        cap = self.release_lsn(log_id)
+        carried = read.release_lsn
+        if carried > cap:
+            # Below the trim point, or the READ's start, nothing is served anyway.
+            base = max(cap, self.trim_lsn(log_id), read.from_lsn - 1)
+            first = first_copy(log_id, Lsn(base + 1), carried) if carried > base else None
+            cap = Lsn(carried if first is None else max(cap, first - 1))
+        return Lsn(min(read.until_lsn, cap, LSN_READABLE_MAX))
 
     def _log(self, log_id: LogId) -> _LogState:
         log = self._logs.get(log_id)
@@ -435,10 +498,24 @@ class StoreMachine:
         return True
 
 
+def unsettled_epochs(state: LogStorageState) -> tuple[tuple[int, int, int], ...]:
+    """``(epoch, lng, last)`` of the epochs whose copies here above the last-known-good ESN
+    were never settled by a CLEAN (lowest first, at most ``UNCLEAN_EPOCHS_REPORTED_MAX``).
+    The newest epoch is among them while its sequencer writes: the asker skips its own.
+    Copies at or below the trim point are never served again: they need no settling."""
+    unsettled: list[tuple[int, int, int]] = []
+    for epoch in sorted(state.epoch_tails):
+        lng, last = state.epoch_tails[epoch]
+        if last > lng and compose_lsn(epoch, Esn(last)) > state.trim_lsn:
+            unsettled.append((epoch, lng, last))
+            if len(unsettled) >= UNCLEAN_EPOCHS_REPORTED_MAX:
+                break
+    return tuple(unsettled)
+
+
 def stored_reply(store: Store, status: Status, sealed_epoch: Epoch = EPOCH_INVALID,
                  sealed_by: NodeId | None = None) -> Stored:
-    return Stored(log_id=store.log_id, lsn=store.lsn, wave=store.wave, status=status,
-                  sealed_epoch=sealed_epoch, sealed_by=sealed_by)
+    return stored_of(store.log_id, store.lsn, store.wave, status, sealed_epoch, sealed_by)
 
 
 def purge_ranges(held: Sequence[tuple[int, int]],
@@ -472,7 +549,10 @@ def purge_ranges(held: Sequence[tuple[int, int]],
 def recovery_hole_stores(clean: Clean, ranges: list[tuple[int, int, int]],
                          timestamp_ms: int) -> list[Store]:
     """Recovery STOREs of holes or bridges (at most ``BATCH_RECORDS_MAX`` ESNs each) covering
-    ``ranges`` of ``(first_esn, last_esn, flags)``."""
+    ``ranges`` of ``(first_esn, last_esn, flags)``, with the precedence of the recovery attempt
+    that decided them (carried in the CLEAN): a node's own copies of that decision are
+    rewritten as they are, never demoted below a copy that an abandoned earlier attempt left on
+    some other node (which readers would then prefer)."""
     stores: list[Store] = []
     for lo, hi, flags in ranges:
         esn = lo
@@ -481,7 +561,7 @@ def recovery_hole_stores(clean: Clean, ranges: list[tuple[int, int, int]],
             payloads = (b"",) * count
             stores.append(Store(
                 log_id=clean.log_id, lsn=compose_lsn(clean.epoch, Esn(esn)),
-                wave=recovery_wave(clean.seal_epoch, 0),
+                wave=recovery_wave(clean.seal_epoch, clean.attempt),
                 sequencer_node=clean.sealed_by, copyset=(), timestamp_ms=timestamp_ms,
                 last_known_good=Esn(0), release_lsn=LSN_INVALID, timeout_ms=0, key=None,
                 payloads=payloads, checksum=payloads_checksum(payloads), flags=flags))

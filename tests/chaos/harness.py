@@ -34,8 +34,10 @@ from shared import failpoints
 from shared.config import GossipConfig, SequencerConfig, TransportConfig
 from shared.net.pool import PeerPool
 from shared.status import Status
-from shared.types import LSN_MAX, LogId, Lsn, NodeId
-from shared.wire.read import Read, ReadReply
+from shared.types import EPOCH_MAX, ESN_MAX, Epoch, Esn, LogId, NodeId, compose_lsn, lsn_to_epoch
+from shared.wire.read import GetLogState, LogState
+from shared.wire.recovery import Digest, GetDigest
+from shared.wire.store import RecordFlags
 from tests.chaos import checkers
 from tests.chaos.faults import Fault, links_of, schedule
 from tests.chaos.history import History, payload_text
@@ -244,22 +246,33 @@ class ChaosCluster:
 
     async def _scan(self, pool: PeerPool, node: str, log: int
                     ) -> tuple[list[list[Any]], list[list[int]]] | None:
+        """Every copy ``node`` holds of ``log``, released or not, as recovery's digest reads
+        them (a READ serves nothing above the node's release pointer): records, and the
+        copies recovery wrote as ``[first, last, flags, wave]`` markers."""
+        state = await pool.call(NodeId(node), GetLogState(log_id=LogId(log)),
+                                SCAN_CALL_TIMEOUT_MS)
+        if type(state) is not LogState or state.status is not Status.OK:
+            return None
         records: list[list[Any]] = []
         markers: list[list[int]] = []
-        cursor = 1
-        while cursor < LSN_MAX - 1:
-            reply = await pool.call(NodeId(node), Read(
-                log_id=LogId(log), from_lsn=Lsn(cursor), until_lsn=Lsn(LSN_MAX - 2),
-                release_lsn=Lsn(LSN_MAX - 2), records_max=SCAN_RECORDS_MAX,
-                bytes_max=1 << 24), SCAN_CALL_TIMEOUT_MS)
-            if type(reply) is not ReadReply or reply.status is not Status.OK:
-                return None
-            records += [[int(r[0]), payload_text(r[3])] for r in reply.records]
-            found_markers = getattr(reply, "markers", ())
-            markers += [[int(m[0]), int(m[1]), int(m[2]), int(m[3])] for m in found_markers]
-            if (not reply.records and not found_markers) or reply.next_lsn <= cursor:
-                break
-            cursor = reply.next_lsn
+        for epoch in range(1, lsn_to_epoch(state.last_lsn) + 1):
+            esn = 0
+            while esn <= ESN_MAX:
+                reply = await pool.call(NodeId(node), GetDigest(
+                    log_id=LogId(log), epoch=Epoch(epoch), from_esn=Esn(esn),
+                    seal_epoch=EPOCH_MAX, records_max=SCAN_RECORDS_MAX, bytes_max=1 << 24),
+                    SCAN_CALL_TIMEOUT_MS)
+                if type(reply) is not Digest or reply.status is not Status.OK:
+                    return None
+                for entry_esn, flags, wave, _, _, payload, _ in reply.entries:
+                    lsn = compose_lsn(Epoch(epoch), Esn(entry_esn))
+                    if not flags & RecordFlags.HOLE:
+                        records.append([int(lsn), payload_text(payload)])
+                    if flags:
+                        markers.append([int(lsn), int(lsn), int(flags), int(wave)])
+                if reply.next_esn <= esn:
+                    break
+                esn = reply.next_esn
         return records, markers
 
 

@@ -16,11 +16,11 @@ from seqlog_cluster_support import metric
 
 from seqlog import Client
 from services import local_cluster as lc
-from shared.config import SequencerConfig, TransportConfig, process_from_dict
-from shared.net.pool import PeerPool
+from shared.config import SequencerConfig, StorageConfig
 from shared.status import LogError, Status
-from shared.types import LSN_MAX, Lsn
-from shared.wire.read import Read, ReadReply
+from shared.types import LSN_MAX, LogId, Lsn
+from shared.wire.store import RecordFlags
+from storage_node.record_store import RecordStore
 
 pytestmark = pytest.mark.integration
 
@@ -131,29 +131,45 @@ async def _released(client: Client, log_id: int, lsn: int) -> bool:
     return (await client.tail(log_id)).release_lsn >= lsn
 
 
-async def _copies_on_disk(root: Path, log_id: int) -> dict[int, list[bytes]]:
-    """Every copy each storage node holds for the log, released or not: a READ whose release
-    hint is LSN_MAX, sent over the node-to-node protocol as a peer would."""
-    config = process_from_dict(json.loads((root / "seq1" / "config.json").read_text()))
-    nodes = {n.node_id: (n.host, n.data_port) for n in config.cluster.nodes}
-    pool = PeerPool(node_id=config.node_id, cluster_fingerprint=config.cluster.fingerprint(),
-                    config=TransportConfig(), addresses=nodes.get)
+async def _open_when_free(data_dir: str, timeout_s: float = 10.0) -> RecordStore:
+    """The record store of a node killed with -9, opened once the dying process let go of
+    its directory lock (its last thread may still be exiting)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        store = RecordStore(data_dir=data_dir, config=StorageConfig(fsync="never",
+                                                                    disk_free_bytes_min=0))
+        try:
+            await store.open()
+            return store
+        except LogError as error:  # (a failed open has stopped its threads itself)
+            if error.status is not Status.EXISTS or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.05)
+
+
+async def _copies_on_disk(state: lc.ClusterState, log_id: int) -> dict[int, list[bytes]]:
+    """Every record copy each storage node's files hold for the log, released or not, read
+    with the node's own record store while the node is down (a running node serves no copy
+    above its release pointer, whatever a READ carries)."""
     copies: dict[int, list[bytes]] = {}
-    try:
-        for node in config.cluster.storage_node_ids:
+    for node in state.nodes:
+        if "storage" not in node.roles:
+            continue
+        store = await _open_when_free(node.data_dir)
+        try:
             cursor = 1
             while True:
-                reply = await pool.call(node, Read(
-                    log_id=log_id, from_lsn=Lsn(cursor), until_lsn=Lsn(LSN_MAX - 1),
-                    release_lsn=Lsn(LSN_MAX - 1), records_max=1000, bytes_max=1 << 24), 5000)
-                assert type(reply) is ReadReply, reply
-                for lsn, _, _, payload in reply.records:
-                    copies.setdefault(lsn, []).append(payload)
-                if not reply.records:
+                found = await store.read_copies(LogId(log_id), Lsn(cursor), Lsn(LSN_MAX - 1),
+                                                1000, 1 << 24)
+                assert found.status is Status.OK, found.status
+                for lsn, _, _, payload, flags, _, _ in found.copies:
+                    if not flags & RecordFlags.HOLE:
+                        copies.setdefault(lsn, []).append(payload)
+                if not found.copies:
                     break
-                cursor = reply.next_lsn
-    finally:
-        await pool.close()
+                cursor = found.next_lsn
+        finally:
+            await store.close()
     return copies
 
 
@@ -172,14 +188,15 @@ async def test_kill9_every_node_keeps_acknowledged_records(cluster_dir: Path) ->
                     log_acked[(await client.append(log_id, payload)).lsn] = payload
     for node in state.nodes:
         os.kill(node.pid, signal.SIGKILL)
+    for log_id, log_acked in acked.items():
+        # Durable: every acknowledged record is on all R=3 nodes with its payload.
+        copies = await _copies_on_disk(state, log_id)
+        for lsn, payload in log_acked.items():
+            assert copies.get(lsn) == [payload] * 3, f"log {log_id} lsn {lsn}"
     for node in state.nodes:
         await asyncio.to_thread(lc.restart, cluster_dir, node.node_id)
     async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
         for log_id, log_acked in acked.items():
-            # Durable: every acknowledged record is on all R=3 nodes with its payload.
-            copies = await _copies_on_disk(cluster_dir, log_id)
-            for lsn, payload in log_acked.items():
-                assert copies.get(lsn) == [payload] * 3, f"log {log_id} lsn {lsn}"
             # The restarted sequencer takes a higher epoch, recovers the crashed one and
             # releases again: every acknowledged record reads back, including those whose
             # RELEASE had not reached any storage node before the crash.

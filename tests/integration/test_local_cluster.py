@@ -310,7 +310,8 @@ async def test_find_time_agrees_with_a_scan_and_read_since_starts_there(
             capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
         first = min(lsn for lsn, ts in written if ts >= since_ms)
-        assert done.stdout.count("\n") == sum(1 for lsn, _ in written if lsn >= first)
+        # A header line, then one line per record.
+        assert done.stdout.count("\n") == 1 + sum(1 for lsn, _ in written if lsn >= first)
         direct = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-m", "services.cli", "read", str(log_id), "--since", str(since_ms),

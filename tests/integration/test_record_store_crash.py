@@ -16,6 +16,7 @@ from shared.status import Status
 from shared.types import Esn, LogId, Lsn, NodeId
 from shared.wire.codec import Message
 from shared.wire.read import Read, ReadReply
+from shared.wire.release import Release
 from shared.wire.store import Store, Stored, payloads_checksum
 from storage_node.runtime import StorageNode
 from storage_node.segment_format import scan_segment
@@ -112,6 +113,9 @@ async def run_and_kill(script: Path, data_dir: Path) -> list[int]:
 async def read_everything(node: StorageNode) -> dict[int, bytes]:
     found: dict[int, bytes] = {}
     from_lsn = 1
+    # Released, as a sequencer would: a node serves no copy above its own release pointer.
+    node.on_message(NodeId("seq"), Release(log_id=LogId(LOG_ID), release_lsn=Lsn(2**64 - 2)),
+                    lambda _: None)
     async with asyncio.timeout(DEADLINE_S):
         while True:
             answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()

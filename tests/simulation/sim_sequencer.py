@@ -11,7 +11,10 @@ runtime's dirty set) and, with ``idle_deactivate_ms``, deactivates idle cores: f
 sent, epoch marked clean, core dropped (the next append activates a new one).
 After every call the core's ``check_invariants`` runs and its release
 pointer goes to the checker. Appends to one log that arrive at the same moment are handed over
-together (``on_append_group``), as the runtime does for one event-loop iteration.
+together (``on_append_group``), as the runtime does for one event-loop iteration; and, as
+there, the STOREs and RELEASEs of every log of one moment go to each storage node in one
+STORE_BATCH and one RELEASE_BATCH (``sequencer.core.store_batcher``), whose answer is split
+back into each STORE's ``on_stored``.
 
 Lifecycle: up -> crash (cores and their in-flight appends are lost) -> restart (empty), or
 up -> drain (refuse appends, let in-flight ones finish, confirm the release on every node of
@@ -34,6 +37,7 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import PendingAppend, Sequencer
+from sequencer.core.store_timeout import StoreLatency
 from sequencer.handlers import Callback, EffectDriver
 from shared.compression import Codec
 from shared.config import SequencerConfig
@@ -42,6 +46,7 @@ from shared.status import Status
 from shared.types import Epoch, Esn, LogId, NodeId, format_lsn
 from shared.wire.read import GetLogState, LogState
 from shared.wire.store import Store, Stored
+from shared.wire.store_batch import StoreBatch
 from tests.simulation.checkers import SafetyChecker, fail
 from tests.simulation.sim_client import ClientAppend, sim_blob
 from tests.simulation.sim_clock import EventQueue
@@ -106,9 +111,13 @@ class SimSequencerNode:
         self._staged: dict[LogId, list[PendingAppend]] = {}
         self._flush_scheduled = False
         self._cores_created_count = 0
+        self.store_latency = StoreLatency()
+        """As in ``SequencerRuntime``: shared by this node's cores, kept across restarts
+        only as long as the process lives (see ``crash``)."""
         self._core_of: dict[Sequencer, Core] = {}
         """Every core this node ever made, by its ``Sequencer`` (the ports get the latter)."""
-        self.driver = EffectDriver(self, live=self.live)
+        self.driver = EffectDriver(
+            self, live=self.live, store_batch_stores_max=self.config.store_batch_stores_max)
         env.network.add_node(node_id, self._on_message)
         env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
 
@@ -148,8 +157,14 @@ class SimSequencerNode:
 
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
-        for log_id in list(self._staged):
-            self._flush_group(log_id)
+        driver = self.driver
+        driver.flushing = True
+        try:
+            for log_id in list(self._staged):
+                self._flush_group(log_id)
+        finally:
+            driver.flushing = False
+        driver.flush()
 
     def _flush_group(self, log_id: LogId) -> None:
         group = self._staged.pop(log_id, None)
@@ -164,7 +179,7 @@ class SimSequencerNode:
             sequencer = Sequencer(
                 log_id=log_id, node_id=self.node_id, config=self.config,
                 rng=random.Random(self.env.rng.getrandbits(64)), esn_max=Esn(
-                    self.env.options.esn_max))
+                    self.env.options.esn_max), store_latency=self.store_latency)
             core = Core(sequencer, f"sequencer {self.node_id}#{self._cores_created_count}")
             self.cores[log_id] = core
             self._core_of[sequencer] = core
@@ -197,11 +212,32 @@ class SimSequencerNode:
 
         self.env.network.request(self.node_id, node, store, on_reply)
 
+    def send_store_batch(self, node: NodeId, batch: StoreBatch, callback: Callback) -> None:
+        self.env.stats["store_batches"] += 1
+        for store in batch.stores:
+            self.env.checker.on_store_sent(store)
+            if store.wave > 1:
+                self.env.stats["store_retry_wave"] += 1
+        self.env.network.request(self.node_id, node, batch, callback)
+
+    def schedule_flush(self) -> None:
+        incarnation = self.incarnation
+
+        def flush() -> None:
+            if incarnation == self.incarnation and self.up:
+                self.driver.flush()
+
+        self.env.queue.after(0, flush)
+
     def request(self, node: NodeId, message: Any, callback: Callback, *,
                 timeout_ms: int | None = None) -> None:
         if type(message) is Store:
             self.env.checker.on_store_sent(message)
             self.env.stats["recovery_mutation_stores"] += 1
+        core = self.cores.get(getattr(message, "log_id", None))  # type: ignore[arg-type]
+        purge = core.sequencer.purge if core is not None else None
+        if purge is not None and type(message) is not GetLogState and purge.owns(node, message):
+            self.env.stats[f"purge_{type(message).__name__.lower()}"] += 1
         self.env.network.request(self.node_id, node, message, callback, timeout_ms=timeout_ms)
 
     def answer(self, sequencer: Sequencer, reply: AppendReply) -> None:
@@ -335,7 +371,7 @@ class SimSequencerNode:
         tail = sequencer.idle_clean_tail(self._now_ms)
         if tail is None or sequencer.metadata is None:
             return False
-        self._apply(core, sequencer.release_broadcast())
+        self._apply(core, sequencer.release_broadcast(final=True))
         del self.cores[sequencer.log_id]
         status = self.env.epoch_store.set_last_clean_epoch(sequencer.log_id, sequencer.epoch,
                                                            tail)
@@ -360,7 +396,9 @@ class SimSequencerNode:
             append.answer(outcome, self._now_ms)
         self.inflight.clear()
         self._staged.clear()
+        self.driver.reset()
         self.cores = {}
+        self.store_latency = StoreLatency()
         self.env.stats["sequencer_crash" if outcome == Status.CONNFAILED else "drain_closed"] += 1
         self._log("CRASH" if outcome == Status.CONNFAILED else "CLOSED")
 
@@ -411,7 +449,8 @@ class SimSequencerNode:
         mark the drained epoch clean; give up at the drain deadline."""
         sequencer = core.sequencer
         assert sequencer.metadata is not None
-        self._apply(core, sequencer.release_broadcast())
+        self._apply(core, sequencer.release_broadcast(final=True))
+        self.driver.flush()  # the RELEASEs leave before the GET_LOG_STATEs
         nodes = sequencer.metadata.nodeset
         answers: dict[NodeId, bool] = {}
         state = {"done": False}

@@ -20,6 +20,7 @@ and DIGEST answers say so, as the real node's do. (Release pointers are kept.)
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,7 +38,9 @@ from shared.wire.read import GetLogState
 from shared.wire.recovery import Clean, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
+from shared.wire.store_batch import ReleaseBatch, StoreBatch
 from storage_node.core.authority import AuthorityStatus, annotated_reply
+from storage_node.core.inflight_stores import InflightStores
 from storage_node.core.store_machine import LogStorageState, StoreMachine
 from storage_node.handlers import StorageHandlers
 from storage_node.record_reads import CopiesResult
@@ -78,6 +81,8 @@ class Disk:
     records: dict[tuple[LogId, Lsn], DiskRecord]
     release_lsn: dict[LogId, Lsn]
     seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
+    clean_marks: dict[tuple[LogId, Epoch], int] = field(default_factory=dict)
+    """Epochs a CLEAN settled here: their last-known-good ESN raised (``clean_mark``)."""
     authority: AuthorityStatus = field(default_factory=AuthorityStatus)
     """What the node can vouch for (lost copies found by a restart's scan)."""
     journal: list[RecordWrite | SealWrite] = field(default_factory=list)
@@ -121,7 +126,8 @@ class SimStorageNode:
         self._on_damage = on_damage
         self.disk = Disk(records={}, release_lsn={})
         self.machine = StoreMachine(accept_writes=True)
-        self.handlers = StorageHandlers(self.machine, self)
+        self._counts: Counter[str] = Counter()
+        self.handlers = StorageHandlers(self.machine, self, self._counts)
         self._disk_free_ms = 0
         """When the last submitted disk write completes (writes complete in order)."""
         self.up = True
@@ -134,6 +140,7 @@ class SimStorageNode:
         assert self.up, self.node_id
         self.up = False
         self.incarnation += 1
+        self.handlers.inflight = InflightStores()  # the writes in flight are lost, and replies
         self._network.crash(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} CRASH")
 
@@ -153,7 +160,7 @@ class SimStorageNode:
         self.machine = StoreMachine(accept_writes=True)
         for log_id, state in self._recovered_states().items():
             self.machine.restore(log_id, state)
-        self.handlers = StorageHandlers(self.machine, self)
+        self.handlers = StorageHandlers(self.machine, self, self._counts)
         self.up = True
         self._network.restart(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} RESTART")
@@ -186,8 +193,13 @@ class SimStorageNode:
             lng, last = epoch_tails.get(lsn_to_epoch(lsn), (0, 0))
             epoch_tails[lsn_to_epoch(lsn)] = (max(lng, record.last_known_good),
                                              max(last, lsn_to_esn(lsn)))
+        for (log_id, epoch), esn in self.disk.clean_marks.items():
+            epoch_tails = tails.setdefault(log_id, {})
+            lng, last = epoch_tails.get(epoch, (0, 0))
+            epoch_tails[epoch] = (max(lng, esn), max(last, esn))
         for log_id, epoch_tails in tails.items():
-            states[log_id] = replace(states[log_id], epoch_tails=epoch_tails)
+            states[log_id] = replace(states.get(log_id, LogStorageState()),
+                                     epoch_tails=epoch_tails)
         for log_id, (sealed_epoch, sealed_by) in self.disk.seals.items():
             states[log_id] = replace(states.get(log_id, LogStorageState()),
                                      sealed_epoch=sealed_epoch, sealed_by=sealed_by)
@@ -211,9 +223,14 @@ class SimStorageNode:
         if kind is Release:
             self.handlers.on_release(message)
             return
+        if kind is ReleaseBatch:
+            self.handlers.on_release_batch(message)
+            return
         assert reply is not None, message
         if kind is Store:
             self.handlers.on_store(message, reply)
+        elif kind is StoreBatch:
+            self.handlers.on_store_batch(message, reply)
         elif kind is GetLogState:
             self.handlers.on_get_log_state(message, reply)
         elif kind is Seal:
@@ -254,9 +271,22 @@ class SimStorageNode:
         self._after_disk(write)
         return Status.OK
 
+    def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int,
+                          done: Callable[[Status], None]) -> Status:
+        def write() -> None:
+            key = (log_id, epoch)
+            self.disk.clean_marks[key] = max(self.disk.clean_marks.get(key, 0), esn)
+            done(Status.OK)
+
+        self._after_disk(write)
+        return Status.OK
+
     def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
         self.disk.release_lsn[log_id] = release_lsn
         self._on_release(f"storage {self.node_id}", log_id, release_lsn)
+
+    def durable_release_lsn(self, log_id: LogId) -> Lsn:
+        return self.disk.release_lsn.get(log_id, Lsn(0))
 
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         return [(lsn, lsn) for lsn in sorted(
@@ -303,3 +333,8 @@ class SimStorageNode:
 
     def release_lsn(self, log_id: LogId) -> Lsn:
         return self.machine.state(log_id).release_lsn
+
+    @property
+    def stores_joined_count(self) -> int:
+        """STOREs answered with a copy's write already under way (``InflightStores``)."""
+        return self.handlers.counts["stores_joined"]

@@ -11,6 +11,7 @@ from sequencer.core.sequencer import Sequencer, SequencerState
 from shared.read_merge import merge
 from shared.status import Status
 from shared.types import Lsn, NodeId, lsn_to_epoch
+from shared.wire.read import GetLogState
 from shared.wire.store import RecordFlags
 from tests.simulation.checkers import disk_answer
 from tests.simulation.runner import heal_and_check
@@ -222,15 +223,16 @@ def test_stray_copies_purged_by_a_late_clean_after_a_newer_seal(
             assert all(any(g.lo <= lsn <= g.hi and g.kind in ("HOLE", "BRIDGE")
                            for g in merged.gaps) for lsn in strays), (members, merged.gaps)
         cluster.network.heal()
-        # s2 (preempted, still alive) re-sends the CLEAN it owes n1 with its broadcasts.
+        # s1, whose earlier epochs are all clean now, purges: n1 reports epoch 1 as
+        # unsettled, and s1 derives epoch 1's outcome from n2 and n3 (sequencer.core.purge).
         wait(cluster, lambda: all(cluster.storage[N1].disk.records[(LOG, lsn)].is_hole
                                   for lsn in strays), "n1 purged its stray copies")
-        wait(cluster, lambda: not core_of(cluster, S2)._cleans_owed, "s2 owes no CLEAN")
+        wait(cluster, lambda: 1 not in {e for e, _, _ in cluster.storage[N1].machine
+                                        .on_get_log_state(GetLogState(log_id=LOG)).unclean},
+             "n1 reports epoch 1 settled")
         heal_and_check(cluster)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16 item 1: a CLEAN's purge rewrites recovery's "
-                   "own bridge with attempt 0, below an abandoned attempt's copy (recov)")
 def test_abandoned_attempts_copy_never_outranks_the_final_decision(
         request: pytest.FixtureRequest) -> None:
     """Issue 16 item 1, scripted with the simulation's faults (nodeset n1..n5 = A..E, R=3):

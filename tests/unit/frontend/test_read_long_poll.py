@@ -10,7 +10,7 @@ from typing import cast
 
 from frontend.service import FrontEnd
 from shared.config import ClusterConfig, NodeConfig, ProcessConfig
-from shared.epoch_metadata import LogMetadata
+from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.net.pool import PeerPool
 from shared.net.types import RequestCallback
 from shared.ports import EpochStore
@@ -37,9 +37,16 @@ CLUSTER = ClusterConfig(cluster_name="c", replication_factor=3, nodes=(
 
 
 class _Store:
+    lce = (Epoch(0), Lsn(0))
+    """(last clean epoch, its tail)."""
+
     async def get_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
         return Status.OK, LogMetadata(log_id=log_id, next_epoch=Epoch(2), nodeset=STORAGE,
                                       replication_factor=3, last_writer=None, version=1)
+
+    async def get_last_clean_epoch(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
+        return Status.OK, LastCleanEpoch(log_id=log_id, epoch=self.lce[0],
+                                         tail_lsn=self.lce[1], version=1)
 
 
 class _Cluster:
@@ -52,9 +59,16 @@ class _Cluster:
         self.hold = hold
         self.release = Lsn(0)
         self.sequencer_state_calls = 0
+        self.activations: list[tuple[NodeId, LogId]] = []
+        """GetSequencerState(activate=True) sent: (node, log)."""
         self.reads: list[Read] = []
         self.asked = asyncio.Event()
         self._held: list[tuple[Read, RequestCallback]] = []
+
+    def send(self, node: NodeId, message: Message) -> bool:
+        assert type(message) is GetSequencerState and message.activate
+        self.activations.append((node, message.log_id))
+        return True
 
     async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
         assert type(message) is GetSequencerState and node != ME
@@ -90,10 +104,10 @@ class _Cluster:
         self._held.extend(held[nodes_told:])
 
 
-def _front_end(cluster: _Cluster) -> tuple[FrontEnd, LogId]:
+def _front_end(cluster: _Cluster, store: _Store | None = None) -> tuple[FrontEnd, LogId]:
     config = ProcessConfig(node_id=ME, cluster=CLUSTER, data_dir="/nonexistent")
     front = FrontEnd(config=config, pool=cast(PeerPool, cluster), sequencer=None,
-                     epoch_store=cast(EpochStore, _Store()))
+                     epoch_store=cast(EpochStore, store or _Store()))
     log_id = next(LogId(i) for i in range(1, 1000) if front.owner(LogId(i)) == "seq1")
     return front, log_id
 
@@ -191,3 +205,85 @@ async def test_trim_below_the_release_succeeds_when_the_owner_view_is_stale() ->
     assert outcome.status is Status.OK and outcome.lsn == FIRST + 5
     # Beyond what any storage node reports released stays refused.
     assert (await front.trim(log_id, Lsn(FIRST + 10))).status is Status.INVALID_PARAM
+
+
+class _TailCluster(_Cluster):
+    """The owner's sequencer state and the storage nodes' pointers, for ``FrontEnd.tail``:
+    ``stored`` per storage node (None: it does not answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sequencer: SequencerState | None = None
+        self.stored: dict[NodeId, Lsn | None] = dict.fromkeys(STORAGE)
+        self.sealed: dict[NodeId, Epoch] = {}
+
+    async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
+        if type(message) is GetLogState:
+            release = self.stored[node]
+            if release is None:
+                return Status.TIMEDOUT
+            return LogState(status=Status.OK, log_id=message.log_id, release_lsn=release,
+                            sealed_epoch=self.sealed.get(node, Epoch(0)), last_lsn=release)
+        assert type(message) is GetSequencerState
+        return self.sequencer or Status.TIMEDOUT
+
+
+def _sequencer(log_id: LogId, epoch: int, release: int) -> SequencerState:
+    return SequencerState(status=Status.OK, log_id=log_id, release_lsn=Lsn(release),
+                          epoch=Epoch(epoch))
+
+
+async def test_tail_is_a_confirmed_sequencers_pointer_or_not_given() -> None:
+    # Issue 16 item 4: after a full restart the new sequencer (epoch 3) recovers with a release
+    # pointer of 0; the tail used to answer 0 after having answered e2n5.
+    cluster, store = _TailCluster(), _Store()
+    front, log_id = _front_end(cluster, store)
+    e2n5, e3n2 = compose_lsn(Epoch(2), Esn(5)), compose_lsn(Epoch(3), Esn(2))
+    cluster.sequencer = _sequencer(log_id, 3, 0)
+    store.lce = (Epoch(1), compose_lsn(Epoch(1), Esn(9)))
+    # Recovering: the storage nodes' durable pointers do not vouch for the tail either (one
+    # the old sequencer reported just before it died may be durable on none of them).
+    cluster.stored = dict.fromkeys(STORAGE, e2n5)
+    assert (await front.tail(log_id)).status is Status.NOTREADY
+    # Releasing in its epoch, and R (3) nodes asked after it answered report no newer seal.
+    cluster.sequencer = _sequencer(log_id, 3, e3n2)
+    cluster.sealed = dict.fromkeys(STORAGE, Epoch(2))  # its own recovery's seal
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.release_lsn, outcome.epoch) == (Status.OK, e3n2, 3)
+    # Fewer than R answers cannot show that no newer epoch sealed (and released) already.
+    cluster.stored = {STORAGE[0]: e2n5, STORAGE[1]: None, STORAGE[2]: None}
+    assert (await front.tail(log_id)).status is Status.NOTREADY
+    # A node sealed by a newer epoch: this sequencer is a zombie, its pointer may be stale.
+    cluster.stored = dict.fromkeys(STORAGE, e2n5)
+    cluster.sealed[STORAGE[1]] = Epoch(3)
+    outcome = await front.tail(log_id)
+    assert outcome.status is Status.NOTREADY and "sealed by a newer epoch" in outcome.message
+    assert cluster.activations == []  # a sequencer answered: nothing to activate
+
+
+async def test_tail_takes_the_last_clean_epochs_tail_and_a_clean_successors_pointer() -> None:
+    cluster, store = _TailCluster(), _Store()
+    front, log_id = _front_end(cluster, store)
+    e1n9 = compose_lsn(Epoch(1), Esn(9))
+    # Epoch 1, the latest (next_epoch 2), was drained and marked clean; the storage nodes
+    # missed the final RELEASE. No sequencer is active: nothing can be released past it.
+    store.lce = (Epoch(1), e1n9)
+    cluster.stored = dict.fromkeys(STORAGE, compose_lsn(Epoch(1), Esn(7)))
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.release_lsn) == (Status.OK, e1n9)
+    assert cluster.activations == []
+    # A sequencer of epoch 2 releases at once (epoch 1 is clean), from epoch 1's tail on.
+    cluster.sequencer = _sequencer(log_id, 2, e1n9)
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.release_lsn) == (Status.OK, e1n9)
+
+
+async def test_tail_of_an_unclean_inactive_log_activates_its_sequencer() -> None:
+    # The sequencer of epoch 1 died: only recovery can tell what it released. The tail says
+    # NOTREADY and has the owner activate the log, as an append would.
+    cluster, store = _TailCluster(), _Store()
+    front, log_id = _front_end(cluster, store)
+    cluster.stored = dict.fromkeys(STORAGE, compose_lsn(Epoch(1), Esn(7)))
+    outcome = await front.tail(log_id)
+    assert outcome.status is Status.NOTREADY
+    assert cluster.activations == [(NodeId("seq1"), log_id)]

@@ -7,6 +7,7 @@ from typing import Any
 
 from sequencer.core.effects import ActivateEpoch, AppendReply
 from sequencer.core.sequencer import Sequencer
+from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
@@ -24,11 +25,11 @@ def metadata(replication: int = 2, nodeset: tuple[NodeId, ...] = NODES) -> LogMe
 
 def active_sequencer(
     *, replication: int = 2, lce_epoch: int = 0, epoch: int = 1, esn_max: Esn = ESN_MAX,
-    **config: Any
+    store_latency: StoreLatency | None = None, **config: Any
 ) -> Sequencer:
     sequencer = Sequencer(log_id=LogId(1), node_id=NodeId("seq"),
                           config=SequencerConfig(**config), rng=random.Random(7),
-                          esn_max=esn_max)
+                          esn_max=esn_max, store_latency=store_latency)
     effects = sequencer.on_append(1, (b"first",), None, 1000, 0)
     assert effects == [ActivateEpoch(LogId(1))]
     lce = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(lce_epoch), tail_lsn=Lsn(0), version=0)

@@ -29,6 +29,7 @@ class RecordingPorts:
         self.sent: list[tuple[NodeId, Any]] = []
         self.answers: list[AppendReply] = []
         self.applied_count = 0
+        self.flushes_scheduled = 0
 
     def now_ms(self) -> int:
         return 0
@@ -38,6 +39,12 @@ class RecordingPorts:
 
     def send_store(self, node: NodeId, store: Store, callback: Callable[[Any], None]) -> None:
         self.stores.append((node, store, callback))
+
+    def send_store_batch(self, node: NodeId, batch: Any, callback: Callable[[Any], None]) -> None:
+        self.sent.append((node, batch))
+
+    def schedule_flush(self) -> None:
+        self.flushes_scheduled += 1
 
     def request(self, node: NodeId, message: Any, callback: Callable[[Any], None], *,
                 timeout_ms: int | None = None) -> None:
@@ -76,6 +83,8 @@ def test_stored_replies_reach_the_core_only_while_it_is_live(live: bool) -> None
     ports = RecordingPorts()
     driver = EffectDriver(ports, live=lambda s: live)
     driver.apply(sequencer, sequencer.on_append(9, (b"p",), None, 0, 0))
+    assert not ports.stores and ports.flushes_scheduled == 1  # staged for this moment
+    driver.flush()
     assert len(ports.stores) == 2 and ports.applied_count == 1
     for _, store, callback in ports.stores:
         callback(stored_ok(store))
@@ -90,6 +99,7 @@ def test_answers_go_straight_to_the_waiters_when_given() -> None:
     waiters: dict[int, Callable[[Any], None]] = {9: got.append}
     driver = EffectDriver(ports, waiters=waiters, deliver=lambda done, reply: done(reply))
     driver.apply(sequencer, sequencer.on_append(9, (b"p",), None, 0, 0))
+    driver.flush()
     for _, store, callback in ports.stores:
         callback(stored_ok(store))
     assert [r.request_id for r in got] == [9] and not ports.answers and not waiters
@@ -100,8 +110,10 @@ def test_failed_store_is_handed_to_the_core_as_its_status() -> None:
     ports = RecordingPorts()
     driver = EffectDriver(ports)
     driver.apply(sequencer, sequencer.on_append(9, (b"p",), None, 0, 0))
+    driver.flush()
     _, _, callback = ports.stores[0]
     callback(Status.CONNFAILED)  # the core tries another node: a new STORE goes out
+    driver.flush()
     assert len(ports.stores) >= 3 and not ports.answers
 
 

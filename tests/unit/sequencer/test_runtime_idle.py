@@ -24,6 +24,7 @@ from shared.ports import EpochStore
 from shared.status import Status
 from shared.types import Epoch, LogId, NodeId, lsn_to_epoch
 from shared.wire.release import Release
+from shared.wire.store_batch import ReleaseBatch
 from tests.unit.sequencer.storage_stack import storage_stack
 
 STORAGE = (NodeId("st1"), NodeId("st2"), NodeId("st3"))
@@ -31,7 +32,7 @@ BROADCAST_MS = 50
 
 
 class CountingTransport:
-    """The real pool; remembers the log of every RELEASE sent."""
+    """The real pool; remembers the log of every RELEASE sent (alone or in a batch)."""
 
     def __init__(self, pool: PeerPool) -> None:
         self.pool = pool
@@ -44,6 +45,8 @@ class CountingTransport:
     def send(self, node: NodeId, message: Any) -> bool:
         if type(message) is Release:
             self.released.append(message.log_id)
+        elif type(message) is ReleaseBatch:
+            self.released.extend(LogId(log_id) for log_id, _ in message.releases)
         return self.pool.send(node, message)
 
     async def call(self, node: NodeId, message: Any, timeout_ms: int) -> Any:

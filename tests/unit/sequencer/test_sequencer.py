@@ -37,7 +37,8 @@ def test_done_only_when_whole_current_wave_stored() -> None:
     lsn = first.message.lsn
     assert replies(sequencer.on_stored(first.node, lsn, 1, Status.OK, Epoch(0), None, 11)) == []
     done = replies(sequencer.on_stored(second.node, lsn, 1, Status.OK, Epoch(0), None, 12))
-    assert done == [AppendReply(5, Status.OK, lsn, lsn, 1)]
+    # (Stamped no lower than the record before it: see test_record_timestamps_never_fall.)
+    assert done == [AppendReply(5, Status.OK, lsn, lsn, first.message.timestamp_ms)]
 
 
 def test_release_follows_reaping_and_leaves_after_the_answer() -> None:
@@ -106,6 +107,21 @@ def test_timeout_doubles_and_graylists_first_outstanding() -> None:
     assert sequencer.deadline_ms() == 130  # wave 2: 20 ms
     assert second.node in sequencer.nodeset.graylisted(110)
     assert second.node not in {s.node for s in wave2}
+
+
+def test_a_quarter_of_a_four_node_nodeset_may_be_graylisted() -> None:
+    # LogDevice's limit is a fraction of the nodeset: with 4 nodes and 0.25 (the default) one
+    # node is within it. Clearing the list at the limit instead of past it meant a slow node
+    # of a 4-node nodeset was never avoided.
+    from sequencer.core.nodeset_state import NodesetState
+    nodes = tuple(NodeId(n) for n in "abcd")
+    state = NodesetState(nodes, SequencerConfig())
+    state.graylist(nodes[3], 0)
+    assert state.graylisted(1) == {nodes[3]}
+    rng = random.Random(3)
+    assert all(nodes[3] not in (state.pick_copyset(2, rng, 1) or nodes) for _ in range(50))
+    state.graylist(nodes[2], 2)  # two of four is past a quarter: the list is cleared
+    assert state.graylisted(3) == set()
 
 
 def test_no_graylist_when_every_recipient_timed_out() -> None:
@@ -192,16 +208,30 @@ def test_drained_epoch_reports_clean_tail() -> None:
     assert sequencer.drained_clean_tail() is None
 
 
+def test_only_the_final_broadcast_of_a_drained_epoch_lets_nodes_settle_it() -> None:
+    sequencer = active_sequencer(replication=1)
+    drained = [e.message for e in sequencer.release_broadcast(final=True)]
+    assert drained and all(m.drained_epoch == 1 and m.release_lsn == compose_lsn(
+        Epoch(1), Esn(1)) for m in drained)
+    assert all(e.message.drained_epoch == 0 for e in sequencer.release_broadcast())
+    stores(sequencer.on_append(2, (b"a",), None, 1, 0))  # in flight: not drained any more
+    assert all(e.message.drained_epoch == 0 for e in sequencer.release_broadcast(final=True))
+
+
 def test_late_ok_from_an_earlier_wave_counts_and_is_not_resent() -> None:
     sequencer = active_sequencer(replication=3)
     first, second, third = stores(sequencer.on_append(2, (b"a",), None, 1, 0))
     lsn = first.message.lsn
     sequencer.on_stored(first.node, lsn, 1, Status.OK, Epoch(0), None, 1)
-    wave2 = stores(sequencer.on_timer(10))
-    # Only the nodes without a copy get the payload again.
-    assert {s.node for s in wave2} == {second.node, third.node}
-    sequencer.on_stored(second.node, lsn, 1, Status.OK, Epoch(0), None, 12)  # late, wave 1
-    done = replies(sequencer.on_stored(third.node, lsn, 2, Status.OK, Epoch(0), None, 13))
+    # The other two are still working on wave 1: wave 2 waits for those answers (no
+    # payload goes again).
+    assert stores(sequencer.on_timer(10)) == []
+    wave3 = stores(sequencer.on_timer(30))
+    # Wave 2 timed out too: the nodes without a copy get the payload again.
+    assert {s.node for s in wave3} == {second.node, third.node}
+    assert {s.message.wave for s in wave3} == {3}
+    sequencer.on_stored(second.node, lsn, 1, Status.OK, Epoch(0), None, 32)  # late, wave 1
+    done = replies(sequencer.on_stored(third.node, lsn, 3, Status.OK, Epoch(0), None, 33))
     assert [r.status for r in done] == [Status.OK]
 
 
@@ -295,3 +325,29 @@ def test_compressed_batch_gets_one_lsn_per_record_in_its_own_store() -> None:
                   for r in answers) == [(7, 0, 0), (8, 1, 50), (9, 51, 51), (10, 52, 52),
                                         (11, 53, 55)]
     assert sequencer.release_lsn == first + 55
+
+
+def test_record_timestamps_never_fall_along_lsns() -> None:
+    # An append that waited (activation, a producer lookup) keeps its arrival time; a record
+    # after one stamped later must not get it, or age retention could trim the younger
+    # record below it early (issue 16 item 10).
+    sequencer = active_sequencer(replication=2)
+    first = stores(sequencer.on_append(1, (b"late",), None, 2_000, 0))
+    second = stores(sequencer.on_append(2, (b"waited",), None, 1_500, 0))
+    assert first[0].message.lsn < second[0].message.lsn
+    assert [s.message.timestamp_ms for s in first + second] == [2_000] * 4
+    third = stores(sequencer.on_append(3, (b"later",), None, 2_500, 0))
+    assert third[0].message.timestamp_ms == 2_500
+
+
+def test_a_tail_can_activate_a_log_with_no_append() -> None:
+    # A reader asked for the tail of a log whose last epoch is not clean: the sequencer
+    # activates (and recovers) with nothing queued, and only once.
+    sequencer = Sequencer(log_id=LogId(1), node_id=NodeId("seq"), config=SequencerConfig(),
+                          rng=random.Random(7))
+    assert sequencer.on_activate_request(0) == [ActivateEpoch(LogId(1))]
+    assert sequencer.on_activate_request(1) == []  # already activating
+    lce = LastCleanEpoch(log_id=LogId(1), epoch=Epoch(1), tail_lsn=Lsn(0), version=0)
+    sequencer.on_activated(Status.OK, Epoch(2), metadata(2), lce, 2)
+    assert sequencer.state is SequencerState.ACTIVE and not sequencer.appenders
+    assert sequencer.on_activate_request(3) == []

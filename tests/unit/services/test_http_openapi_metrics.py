@@ -65,7 +65,8 @@ async def test_document_is_openapi_31_with_valid_schemas(client: ApiClient) -> N
     assert doc["openapi"] == "3.1.0"
     for schema in doc["components"]["schemas"].values():
         Draft202012Validator.check_schema(schema)
-    limit = doc["components"]["schemas"]["AppendBatchRequest"]["properties"]["payloads"]
+    limit = doc["components"]["schemas"]["AppendBatchRequest"]["oneOf"][0]["properties"][
+        "payloads"]
     assert limit["maxItems"] == API.batch_records_max
     routes = {
         r.resource.canonical for r in client.app.router.routes() if r.resource is not None
@@ -105,6 +106,8 @@ async def test_real_answers_validate_against_the_document(
     assert await checker.check(client, "GET", "/v1/cluster", "/v1/cluster") == 200
     assert await checker.check(client, "GET", "/healthz", "/healthz") == 200
     assert await checker.check(client, "GET", "/readyz", "/readyz") == 200
+    assert await checker.check(client, "GET", "/v1/logs", "/v1/logs?after=0&limit=5") == 200
+    assert await checker.check(client, "GET", "/v1/logs", "/v1/logs?limit=0") == 400
 
     assert await checker.check(client, "POST", append, "/v1/logs/x/append", json={}) == 400
     big = {"json": {"payload": b64(b"x" * (API.payload_bytes_max + 1))}}

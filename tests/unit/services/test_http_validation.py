@@ -101,7 +101,7 @@ BAD_BODIES: list[tuple[str, str, tuple[bytes, str], int, str]] = [
     ("producer_seq bool", APPEND,
      _json({"payload": OK_PAYLOAD, "producer_id": "p", "producer_seq": True}), 400, "BADMSG"),
     ("producer_seq float", APPEND,
-     _json({"payload": OK_PAYLOAD, "producer_id": "p", "producer_seq": 1.0}), 400, "BADMSG"),
+     _json({"payload": OK_PAYLOAD, "producer_id": "p", "producer_seq": 1.5}), 400, "BADMSG"),
     ("producer_seq huge", APPEND,
      (b'{"payload": "eA==", "producer_id": "p", "producer_seq": 1' + b"0" * 30 + b"}",
       JSON_TYPE), 400, "BADMSG"),

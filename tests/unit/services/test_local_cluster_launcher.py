@@ -148,6 +148,7 @@ def test_cli_arguments() -> None:
 
 def test_cli_formats_records_and_gaps() -> None:
     record = Record(lsn=Lsn((1 << 32) + 3), timestamp_ms=5, key=None, payload=b"hi\xff")
-    assert cli.format_entry(record) == f"e1n3\t{(1 << 32) + 3}\t5\t-\thi\\xff"
+    assert cli.format_entry(record) == (
+        f"e1n3\t{(1 << 32) + 3}\t1970-01-01T00:00:00.005Z\t-\thi\\xff")
     gap = Gap(type="BRIDGE", lo=Lsn(1), hi=Lsn(1 << 32))
-    assert cli.format_entry(gap) == f"GAP\tBRIDGE\te0n1..e1n0\t1..{1 << 32}"
+    assert cli.format_entry(gap) == f"e0n1..e1n0\t1..{1 << 32}\t-\t-\tGAP BRIDGE"

@@ -15,6 +15,7 @@ from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.codec import Message
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Seal, Sealed
+from shared.wire.release import Release
 from shared.wire.store import Store, Stored, payloads_checksum
 from storage_node.runtime import StorageNode
 from storage_node.segment_format import scan_segment
@@ -79,7 +80,13 @@ async def store(node: StorageNode, message: Store) -> Stored:
     return answer
 
 
-async def read(node: StorageNode, message: Read) -> ReadReply:
+async def read(node: StorageNode, message: Read, *, released: bool = True) -> ReadReply:
+    """``released``: the READ's release pointer is first given to the node as a sequencer
+    would (RELEASE), since a node serves no copy above its own pointer, whatever a READ
+    carries."""
+    if released and message.release_lsn > node.log_state(message.log_id).release_lsn:
+        node.on_message(NodeId("seq"), Release(log_id=message.log_id,
+                                               release_lsn=message.release_lsn), lambda _: None)
     answer = await request(node, message)
     assert isinstance(answer, ReadReply)
     return answer

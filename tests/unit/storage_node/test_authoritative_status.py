@@ -35,7 +35,14 @@ from shared.wire.store import Store, payloads_checksum
 from storage_node.authority import FILE_NAME
 from storage_node.runtime import StorageNode
 from tests.unit.sequencer.storage_stack import StorageStack, storage_stack
-from tests.unit.storage_node.helpers import make_read, make_store, request, running_node, store
+from tests.unit.storage_node.helpers import (
+    make_read,
+    make_store,
+    read,
+    request,
+    running_node,
+    store,
+)
 
 LOG = LogId(9)
 A, B, C, D, E = (NodeId(n) for n in ("A", "B", "C", "D", "E"))
@@ -225,11 +232,10 @@ async def test_a_damaged_entry_found_by_a_read_makes_only_its_range_non_authorit
         for esn in range(1, 4):
             assert (await store(node, make_store(lsn(esn)))).status is Status.OK
         flip_a_byte(data_dir, make_store(lsn(2)).payloads[0])
-        first = await request(node, make_read(lsn(1), release_lsn=lsn(3)))
-        assert isinstance(first, ReadReply)
+        first = await read(node, make_read(lsn(1), release_lsn=lsn(3)))
         assert [r[0] for r in first.records] == [lsn(1)]  # nothing damaged is served
-        again = await request(node, make_read(lsn(1), release_lsn=lsn(3)))
-        assert isinstance(again, ReadReply) and again.non_authoritative == ((lsn(2), lsn(2)),)
+        again = await read(node, make_read(lsn(1), release_lsn=lsn(3)))
+        assert again.non_authoritative == ((lsn(2), lsn(2)),)
         sealed = await request(node, Seal(log_id=make_store(lsn(1)).log_id,
                                           seal_epoch=Epoch(1), sealed_by=SEQ,
                                           from_epoch=Epoch(1)))

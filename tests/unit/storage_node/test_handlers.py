@@ -47,8 +47,17 @@ class ScriptedPorts:
         self.writes.append((seal, done))
         return Status.OK
 
+    def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int,
+                          done: Callable[[Status], None]) -> Status:
+        self.calls.append(f"clean mark {epoch}")
+        self.writes.append(((log_id, epoch, esn), done))
+        return Status.OK
+
     def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
         self.calls.append(f"release {release_lsn}")
+
+    def durable_release_lsn(self, log_id: LogId) -> Lsn:
+        return Lsn(2**63)
 
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         self.calls.append("held")
@@ -86,6 +95,7 @@ def test_clean_reads_what_to_purge_only_once_its_seal_is_durable() -> None:
     assert ports.calls[:2] == ["seal 1", "held"]
     assert [c for c in ports.calls if c.startswith("store")]  # the bridge over its copy
     assert not replies
+    ports.complete_all()  # the bridge, then the epoch's clean mark
     ports.complete_all()
     assert [type(r) for r in replies] == [Cleaned] and replies[0].status is Status.OK
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from shared.status import Status
 from shared.types import ESN_MAX, Epoch, Esn, Lsn, NodeId
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
+from shared.wire.release import Release
 from shared.wire.store import (
     RECOVERY_BRIDGE,
     RECOVERY_HOLE,
@@ -18,16 +19,20 @@ from shared.wire.store import (
     payloads_checksum,
     recovery_wave,
 )
+from storage_node.runtime import StorageNode
 from tests.unit.storage_node.helpers import (
     LOG,
     SEQ_B,
+    log_state,
     lsn,
     make_read,
     make_store,
     read,
     request,
     running_node,
+    seal,
     store,
+    wait_until,
 )
 
 REC = int(RecordFlags.WRITTEN_BY_RECOVERY)
@@ -75,9 +80,11 @@ async def test_seal_digest_mutate_clean_and_restart(tmp_path: Path) -> None:
                          recovery_store(4, REC, (b"a4",)),
                          recovery_store(6, int(RECOVERY_BRIDGE), (b"",))):
             assert (await store(node, mutation)).status is Status.OK
-        # CLEAN rewrites whatever the node holds where recovery decided "no record".
+        # CLEAN rewrites whatever the node holds where recovery decided "no record", with the
+        # precedence of the attempt that decided (1).
         cleaned = await request(node, Clean(log_id=LOG, epoch=Epoch(1), seal_epoch=Epoch(1),
-                                            sealed_by=SEQ_B, bridge_esn=Esn(6), holes=((3, 3),)))
+                                            sealed_by=SEQ_B, bridge_esn=Esn(6), holes=((3, 3),),
+                                            attempt=1))
         assert isinstance(cleaned, Cleaned) and cleaned.status is Status.OK
         assert node.stats()["purged_records"] == 3  # e1n3 again, the bridge again, e1n8
 
@@ -86,9 +93,10 @@ async def test_seal_digest_mutate_clean_and_restart(tmp_path: Path) -> None:
         answer = await read(node, make_read(lsn(1, 1), release_lsn=lsn(1, 100)))
         assert [(r[0], r[3]) for r in answer.records] == [
             (lsn(1, 1), b"a1"), (lsn(1, 2), b"a2"), (lsn(1, 4), b"a4"), (lsn(1, 5), b"a5")]
-        # The purge rewrote e1n3 and the bridge with the node's own attempt 0: what it holds
-        # there is still recovery's decision.
-        wave, purged = recovery_wave(1, 1), recovery_wave(1, 0)
+        # The purge rewrote e1n3 and the bridge with the deciding attempt's precedence, not
+        # below it: an abandoned attempt's copy elsewhere must never outrank the decision
+        # (issue 16 item 1; tests/unit/sequencer/test_recovery_on_storage.py).
+        wave = purged = recovery_wave(1, 1)
         assert answer.markers == (
             (lsn(1, 3), lsn(1, 3), int(RECOVERY_HOLE), purged),
             (lsn(1, 4), lsn(1, 4), REC, wave),
@@ -179,3 +187,53 @@ async def test_a_read_starting_past_a_bridge_carries_the_bridge(tmp_path: Path) 
     async with running_node(data_dir) as node:
         answer = await read(node, make_read(lsn(1, 3), release_lsn=lsn(2, 1)))
         assert answer.markers == (bridge,)
+
+
+async def test_unsettled_epochs_are_reported_until_a_clean_or_a_drained_release_settles_them(
+        tmp_path: Path) -> None:
+    """GET_LOG_STATE lists the epochs with copies above the last-known-good ESN that nothing
+    settled (issue 16 item 6): a CLEAN settles one, and so does the last RELEASE of a drained
+    epoch that covers every copy; durably."""
+    data_dir = str(tmp_path)
+
+    async def unsettled(node: StorageNode) -> tuple[tuple[int, int, int], ...]:
+        return (await log_state(node)).unclean
+
+    async with running_node(data_dir) as node:
+        for epoch in (1, 2):
+            assert (await store(node, make_store(lsn(epoch, 1), (b"a",)))).status is Status.OK
+            second = dataclasses.replace(make_store(lsn(epoch, 2), (b"b",)),
+                                         last_known_good=Esn(1))
+            assert (await store(node, second)).status is Status.OK
+        assert await unsettled(node) == ((1, 1, 2), (2, 1, 2))
+        # A plain RELEASE, or a drained epoch's last one short of a copy, settles nothing.
+        node.on_message(SEQ_B, Release(log_id=LOG, release_lsn=lsn(1, 2)), lambda _: None)
+        node.on_message(SEQ_B, Release(log_id=LOG, release_lsn=lsn(2, 1),
+                                       drained_epoch=Epoch(2)), lambda _: None)
+        assert await unsettled(node) == ((1, 1, 2), (2, 1, 2))
+        node.on_message(SEQ_B, Release(log_id=LOG, release_lsn=lsn(1, 2),
+                                       drained_epoch=Epoch(1)), lambda _: None)
+        await wait_until(lambda: node.log_state(LOG).epoch_tails[Epoch(1)] == (2, 2))
+        cleaned = await request(node, Clean(log_id=LOG, epoch=Epoch(2), seal_epoch=Epoch(2),
+                                            sealed_by=SEQ_B, bridge_esn=Esn(2), holes=(),
+                                            attempt=1))
+        assert isinstance(cleaned, Cleaned) and cleaned.status is Status.OK
+        assert await unsettled(node) == ()
+    async with running_node(data_dir) as node:
+        assert await unsettled(node) == ()
+        assert node.log_state(LOG).epoch_tails == {1: (2, 2), 2: (2, 2)}
+
+
+async def test_a_late_store_of_an_abandoned_attempt_never_overwrites_a_newer_one(
+        tmp_path: Path) -> None:
+    async with running_node(str(tmp_path)) as node:
+        assert await seal(node, 1, SEQ_B) is Status.OK
+        newer = dataclasses.replace(recovery_store(2, int(RECOVERY_BRIDGE), (b"",)),
+                                    wave=recovery_wave(1, 2))
+        assert (await store(node, newer)).status is Status.OK
+        late = recovery_store(2, REC, (b"attempt 1",))  # attempt 1 of the same recovery
+        assert (await store(node, late)).status is Status.PREEMPTED
+        answer = await read(node, make_read(lsn(1, 1), release_lsn=lsn(2, 0)))
+        assert answer.records == ()
+        assert answer.markers == ((lsn(1, 2), lsn(1, 2), int(RECOVERY_BRIDGE),
+                                   recovery_wave(1, 2)),)

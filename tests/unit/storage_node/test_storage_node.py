@@ -71,7 +71,7 @@ async def test_reads_return_released_records_only(tmp_path: Path) -> None:
         assert reply.records[0][3] == payload_for(lsn(1, 1))
         assert reply.next_lsn == lsn(1, 5) and reply.release_lsn == lsn(1, 4)
 
-        # The reader may know a newer release from the sequencer, the authority.
+        # Once the sequencer's RELEASE arrives (the helper sends it first) the rest follows.
         newer = await read(node, make_read(lsn(1, 5), release_lsn=lsn(1, 7)))
         assert [r[0] for r in newer.records] == [lsn(1, 5), lsn(1, 6), lsn(1, 7)]
         # A release piggybacked on a STORE counts as well.

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.read import GetLogState
 from shared.wire.release import Release
-from storage_node.core.store_machine import LogStorageState, StoreMachine
+from storage_node.core.store_machine import (
+    UNCLEAN_EPOCHS_REPORTED_MAX,
+    LogStorageState,
+    StoreMachine,
+    unsettled_epochs,
+)
 from tests.unit.storage_node.helpers import LOG, SEQ_A, SEQ_B, lsn, make_read, make_store
 
 
@@ -95,10 +101,26 @@ def test_release_never_decreases_and_rides_on_stores() -> None:
 def test_readable_until_is_bounded_by_release_and_range() -> None:
     core = machine()
     core.on_release(Release(log_id=LOG, release_lsn=lsn(1, 5)))
-    assert core.readable_until(make_read(1)) == lsn(1, 5)
-    assert core.readable_until(make_read(1, release_lsn=lsn(1, 8))) == lsn(1, 8)
-    assert core.readable_until(make_read(1, until_lsn=lsn(1, 2))) == lsn(1, 2)
-    assert core.readable_until(make_read(1, release_lsn=2**64 - 1)) == 2**64 - 2
+
+    def holds(*lsns: int) -> Callable[[LogId, Lsn, Lsn], Lsn | None]:
+        def first_copy(log_id: LogId, lo: Lsn, hi: Lsn) -> Lsn | None:
+            assert log_id == LOG
+            return next((Lsn(x) for x in sorted(lsns) if lo <= x <= hi), None)
+        return first_copy
+
+    assert core.readable_until(make_read(1), holds()) == lsn(1, 5)
+    assert core.readable_until(make_read(1, until_lsn=lsn(1, 2)), holds()) == lsn(1, 2)
+    # A READ's pointer never makes a copy above the node's own pointer readable (issue 16
+    # item 7): it only says the node holds nothing up to there.
+    assert core.readable_until(make_read(1, release_lsn=lsn(1, 8)), holds(lsn(1, 6))) == (
+        lsn(1, 5))
+    assert core.readable_until(make_read(1, release_lsn=lsn(1, 8)), holds(lsn(1, 7))) == (
+        lsn(1, 6))
+    assert core.readable_until(make_read(1, release_lsn=lsn(1, 8)), holds(lsn(1, 9))) == (
+        lsn(1, 8))
+    assert core.readable_until(make_read(1, release_lsn=2**64 - 1), holds()) == 2**64 - 2
+    assert core.readable_until(make_read(1, release_lsn=2**64 - 1), holds(lsn(2, 1))) == (
+        lsn(2, 1) - 1)
 
 
 def test_restore_loads_recovered_state() -> None:
@@ -108,3 +130,12 @@ def test_restore_loads_recovered_state() -> None:
     core.restore(LOG, state)
     assert core.state(LOG) == state
     assert core.log_ids() == [LOG]
+
+
+def test_unsettled_epochs_skip_settled_and_trimmed_ones_and_are_bounded() -> None:
+    tails = {Epoch(e): (1, 3) for e in range(1, 200)}
+    tails[Epoch(2)] = (3, 3)  # settled
+    state = LogStorageState(epoch_tails=tails, trim_lsn=compose_lsn(Epoch(3), Esn(3)))
+    reported = unsettled_epochs(state)
+    assert len(reported) == UNCLEAN_EPOCHS_REPORTED_MAX
+    assert reported[:2] == ((4, 1, 3), (5, 1, 3))  # 1 and 3 trimmed, 2 settled
