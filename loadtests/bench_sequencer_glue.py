@@ -1,6 +1,7 @@
 """CPU per append of ``SequencerRuntime`` alone (not a test): the driver, its effect glue
-(``sequencer/handlers.py``) and the cores, with a transport that answers every STORE with
-STORED OK on the next loop turn (no network, no storage node, no codec).
+(``sequencer/handlers.py``) and the cores, with a transport that answers every STORE (and
+STORE_BATCH, where the tree has it) with OK on the next loop turn (no network, no storage
+node, no decoding).
 
 ``--inflight`` appends are kept outstanding over 4 logs; prints one JSON line with this
 process's CPU time per append. For a same-run A/B of two source trees, interleave runs:
@@ -44,6 +45,10 @@ class InstantTransport:
             self._loop.call_soon(callback, Stored(
                 log_id=message.log_id, lsn=message.lsn, wave=message.wave, status=Status.OK,
                 sealed_epoch=Epoch(0), sealed_by=None))
+        elif type(message).__name__ == "StoreBatch":
+            from shared.wire.store_batch import StoredBatch  # trees before batching lack it
+            self._loop.call_soon(callback, StoredBatch(
+                statuses=(int(Status.OK),) * len(message.stores)))
         else:
             self._loop.call_soon(callback, Status.CONNFAILED)
 
