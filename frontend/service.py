@@ -462,7 +462,8 @@ class FrontEnd:
           latest epoch (a drained or idle-deactivated log): nothing can be released past it
           without a new epoch, and a new epoch would show in the epoch store.
 
-        Otherwise it answers NOTREADY, and asks the log's sequencer node to activate (an
+        Otherwise it answers NOTREADY, and, when neither the owner in this node's view nor the
+        node that took the latest epoch runs the log, asks the owner to activate it (an
         unclean epoch needs recovery before anyone can tell what it released). Storage
         nodes' durable pointers and what this node reported before only raise the answer."""
         status, metadata = await self._log_metadata(log_id)
@@ -523,15 +524,28 @@ class FrontEnd:
                            epoch=epoch, sequencer_node=owner)
 
     async def _sequencer_view(self, log_id: LogId) -> tuple[Lsn, Epoch, bool]:
-        """The release pointer and epoch of the log's active sequencer (this node's, or the
-        owner's through one GetSequencerState), and whether one answered."""
+        """The release pointer and epoch of the log's active sequencer, and whether one
+        answered: the owner in this node's view (itself, or one GetSequencerState), else the
+        node that took the log's latest epoch (views disagree for a while after nodes come
+        and go: the log may still be active where this node does not expect it)."""
         owner = self.owner(log_id)
+        view = await self._ask_sequencer(log_id, owner)
+        if view[2]:
+            return view
+        _, fresh = await self.epoch_store.get_metadata(log_id)
+        writer = fresh.last_writer if fresh is not None else None
+        if writer is not None and writer != owner and self.config.cluster.node(writer):
+            return await self._ask_sequencer(log_id, writer)
+        return view
+
+    async def _ask_sequencer(self, log_id: LogId,
+                             node: NodeId | None) -> tuple[Lsn, Epoch, bool]:
         sequencer = self.sequencer
-        if owner is None or owner == self.node_id:
+        if node is None or node == self.node_id:
             if sequencer is not None and sequencer.is_active(log_id):
                 return sequencer.release_lsn(log_id), sequencer.epoch(log_id), True
             return Lsn(0), Epoch(0), False
-        reply = await self.pool.call(owner, GetSequencerState(log_id=log_id),
+        reply = await self.pool.call(node, GetSequencerState(log_id=log_id),
                                      SEQUENCER_STATE_TIMEOUT_MS)
         if type(reply) is SequencerState and reply.status is Status.OK:
             return reply.release_lsn, reply.epoch, True

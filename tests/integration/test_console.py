@@ -91,6 +91,8 @@ class Console:
         self.page: Page = browser.new_page(viewport={"width": 1280, "height": 800})
         self.page.set_default_timeout(PAGE_TIMEOUT_MS)
         self.errors: list[str] = []
+        self.allowed_errors: tuple[str, ...] = ()
+        """Console errors a test expects (the browser logs every non-2xx fetch as one)."""
         self.foreign: list[str] = []
         self.page.on("console", lambda m: self.errors.append(m.text)
                      if m.type == "error" else None)
@@ -110,7 +112,8 @@ class Console:
 
     def close(self) -> None:
         self.page.close()
-        assert self.errors == [], self.errors
+        errors = [e for e in self.errors if not any(a in e for a in self.allowed_errors)]
+        assert errors == [], errors
         assert self.foreign == [], self.foreign
 
 
@@ -214,7 +217,10 @@ def test_a_killed_node_shows_as_dead_within_the_threshold(console: Console,
     assert time.monotonic() - killed_s <= DEAD_THRESHOLD_S + 2 * REFRESH_S + 5
     assert "st3 DEAD" in console.page.inner_text("#banner")
     assert console.page.inner_text("#count-DEAD .value") == "1"
-    # The rest of the console still works with the node gone.
+    # The rest of the console still works with the node gone. A log's tail may be 503
+    # NOTREADY meanwhile (with R=3 of 3 storage nodes, no R nodes can confirm its
+    # sequencer), which the browser logs as a failed load: expected, the page shows "?".
+    console.allowed_errors = ("status of 503 (Service Unavailable)",)
     console.open("#/logs")
     assert console.cells("logs")
 

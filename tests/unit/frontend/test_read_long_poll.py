@@ -33,16 +33,19 @@ def _node(node_id: str, role: str, port: int) -> NodeConfig:
 
 CLUSTER = ClusterConfig(cluster_name="c", replication_factor=3, nodes=(
     _node("seq1", "sequencer", 9000), _node("seq2", "sequencer", 9002),
+    _node("seq3", "sequencer", 9020),
     *(_node(n, "storage", 9004 + 2 * i) for i, n in enumerate(STORAGE))))
 
 
 class _Store:
     lce = (Epoch(0), Lsn(0))
     """(last clean epoch, its tail)."""
+    last_writer: NodeId | None = None
 
     async def get_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
         return Status.OK, LogMetadata(log_id=log_id, next_epoch=Epoch(2), nodeset=STORAGE,
-                                      replication_factor=3, last_writer=None, version=1)
+                                      replication_factor=3, last_writer=self.last_writer,
+                                      version=1)
 
     async def get_last_clean_epoch(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:
         return Status.OK, LastCleanEpoch(log_id=log_id, epoch=self.lce[0],
@@ -216,6 +219,8 @@ class _TailCluster(_Cluster):
         self.sequencer: SequencerState | None = None
         self.stored: dict[NodeId, Lsn | None] = dict.fromkeys(STORAGE)
         self.sealed: dict[NodeId, Epoch] = {}
+        self.sequencers: dict[NodeId, SequencerState] = {}
+        """Per node, where it differs from ``sequencer``."""
 
     async def call(self, node: NodeId, message: Message, timeout_ms: int) -> Message | Status:
         if type(message) is GetLogState:
@@ -225,6 +230,8 @@ class _TailCluster(_Cluster):
             return LogState(status=Status.OK, log_id=message.log_id, release_lsn=release,
                             sealed_epoch=self.sealed.get(node, Epoch(0)), last_lsn=release)
         assert type(message) is GetSequencerState
+        if node in self.sequencers:
+            return self.sequencers[node]
         return self.sequencer or Status.TIMEDOUT
 
 
@@ -287,3 +294,20 @@ async def test_tail_of_an_unclean_inactive_log_activates_its_sequencer() -> None
     outcome = await front.tail(log_id)
     assert outcome.status is Status.NOTREADY
     assert cluster.activations == [(NodeId("seq1"), log_id)]
+
+
+async def test_tail_asks_the_latest_epochs_writer_when_the_owner_does_not_run_the_log() -> None:
+    # Views disagree after a restart: this node takes seq1 for the owner, but seq3 took the
+    # latest epoch and runs the log. The tail is seq3's, and nothing is activated (an
+    # activation at seq1 would take the log from seq3 for nothing).
+    cluster, store = _TailCluster(), _Store()
+    front, log_id = _front_end(cluster, store)
+    e1n9 = compose_lsn(Epoch(1), Esn(9))
+    store.last_writer = NodeId("seq3")
+    cluster.sequencers = {NodeId("seq1"): SequencerState(
+        status=Status.NOSEQUENCER, log_id=log_id, release_lsn=Lsn(0), epoch=Epoch(0)),
+        NodeId("seq3"): _sequencer(log_id, 1, e1n9)}
+    cluster.stored = dict.fromkeys(STORAGE, compose_lsn(Epoch(1), Esn(7)))
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.release_lsn, outcome.epoch) == (Status.OK, e1n9, 1)
+    assert cluster.activations == []
