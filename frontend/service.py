@@ -471,27 +471,27 @@ class FrontEnd:
             return TailOutcome(status=status, message=f"log {log_id}: {status.description}")
         owner = self.owner(log_id)
         seq_release, seq_epoch, answered = await self._sequencer_view(log_id)
-        replies: list[Any] = await asyncio.gather(*(
-            self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
-            for node in metadata.nodeset))
+        states = await self._log_states(log_id, metadata.nodeset)
         trim_lsn = Lsn(0)
         stored = Lsn(0)
         sealed = Epoch(0)
-        storage_answers = 0
+        storage_answers = len(states)
         trims: dict[NodeId, Lsn] = {}
-        for node, reply in zip(metadata.nodeset, replies, strict=True):
-            if type(reply) is LogState and reply.status is Status.OK:
-                stored = max(stored, reply.release_lsn)
-                trim_lsn = max(trim_lsn, reply.trim_lsn)
-                sealed = max(sealed, reply.sealed_epoch)
-                trims[node] = reply.trim_lsn
-                storage_answers += 1
+        for node, state in states.items():
+            stored = max(stored, state.release_lsn)
+            trim_lsn = max(trim_lsn, state.trim_lsn)
+            sealed = max(sealed, state.sealed_epoch)
+            trims[node] = state.trim_lsn
         # A node behind the trim point the others wrote durably missed a trim: it is sent it
         # again, so the trim reaches every node however long it was away.
         self._trims.owe(log_id, trim_lsn, {n for n, t in trims.items() if t < trim_lsn})
-        lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
-        if lce_status is not Status.OK:
-            lce = None
+        # The epoch store only when the answer needs it: not for a sequencer that already
+        # releases in its own epoch (the common case of a tail poll).
+        lce = None
+        if not answered or lsn_to_epoch(seq_release) != seq_epoch:
+            lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+            if lce_status is not Status.OK:
+                lce = None
         vouched: Lsn | None = None
         epoch = Epoch(0)
         releasing = False
@@ -522,6 +522,15 @@ class FrontEnd:
         release = self._note_release(log_id, Lsn(max(vouched, stored)))
         return TailOutcome(status=Status.OK, release_lsn=release, trim_lsn=trim_lsn,
                            epoch=epoch, sequencer_node=owner)
+
+    async def _log_states(self, log_id: LogId,
+                          nodeset: tuple[NodeId, ...]) -> dict[NodeId, LogState]:
+        """GET_LOG_STATE to every node of ``nodeset`` at once: the OK answers, per node."""
+        replies: list[Any] = await asyncio.gather(*(
+            self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
+            for node in nodeset))
+        return {node: reply for node, reply in zip(nodeset, replies, strict=True)
+                if type(reply) is LogState and reply.status is Status.OK}
 
     async def _sequencer_view(self, log_id: LogId) -> tuple[Lsn, Epoch, bool]:
         """The release pointer and epoch of the log's active sequencer, and whether one
@@ -608,11 +617,8 @@ class FrontEnd:
             # the owner it asked is not active): the storage nodes' pointers, which only ever
             # come from a sequencer's release, settle it before the trim is refused.
             # (A tail may say NOTREADY while any durable pointer is a safe bound here.)
-            replies: list[Any] = await asyncio.gather(*(
-                self.pool.call(node, GetLogState(log_id=log_id), STORAGE_CALL_TIMEOUT_MS)
-                for node in metadata.nodeset))
-            release = max([release, *(r.release_lsn for r in replies
-                                      if type(r) is LogState and r.status is Status.OK)])
+            states = await self._log_states(log_id, metadata.nodeset)
+            release = max([release, *(state.release_lsn for state in states.values())])
         if trim_lsn > release:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
