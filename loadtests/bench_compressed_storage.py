@@ -31,6 +31,7 @@ from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire import codec as wire
 from shared.wire.framing import FrameDecoder
 from shared.wire.read import Read, ReadReply
+from shared.wire.release import Release
 from shared.wire.store import Store, Stored, payloads_checksum
 from storage_node.runtime import StorageNode
 
@@ -126,6 +127,10 @@ async def run(kind: str, compression: Codec, args: argparse.Namespace) -> dict[s
             store_cpu = time.process_time() - start
             bad = [r for r in replies if type(r) is not Stored or r.status.name != "OK"]
             assert not bad, bad[:2]
+            # A storage node serves reads only up to the release pointer a sequencer gave it.
+            released = compose_lsn(Epoch(1), Esn(records_total))
+            node.on_message(NodeId("seq"), Release(log_id=LOG, release_lsn=released),
+                            lambda _answer: None)
             disk = node.store.stats()["disk_bytes"]
 
             start = time.process_time()
@@ -135,8 +140,8 @@ async def run(kind: str, compression: Codec, args: argparse.Namespace) -> dict[s
             while got < records_total:
                 future = loop.create_future()
                 node.on_message(NodeId("reader"), Read(
-                    log_id=LOG, from_lsn=Lsn(cursor), until_lsn=Lsn(2**63),
-                    release_lsn=Lsn(2**63), records_max=args.read_records,
+                    log_id=LOG, from_lsn=Lsn(cursor), until_lsn=released,
+                    release_lsn=released, records_max=args.read_records,
                     bytes_max=1 << 26), future.set_result)
                 reply = await future
                 assert type(reply) is ReadReply and reply.status.name == "OK", reply
@@ -151,6 +156,7 @@ async def run(kind: str, compression: Codec, args: argparse.Namespace) -> dict[s
                 assert records is not None
                 read_cpu_reader += time.process_time() - reader_start
                 got += len(records)
+                assert records or reply.next_lsn > cursor, "read made no progress"
                 cursor = reply.next_lsn
             read_cpu = time.process_time() - start - read_cpu_reader
         finally:

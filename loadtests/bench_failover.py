@@ -69,7 +69,6 @@ from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
 from shared.types import (
     ESN_MAX,
-    LSN_MAX,
     Epoch,
     Esn,
     LogId,
@@ -447,8 +446,10 @@ def lost_of(acked: dict[int, bytes], back: ReadBack) -> list[str]:
 
 
 async def scan_epoch_copies(bench: Bench, log: LogId, epoch: Epoch) -> dict[str, Any]:
-    """Every storage node's copies of ``log``'s ``epoch`` (released or not, over the
-    node-to-node protocol): copies per LSN, and the markers epoch recovery wrote."""
+    """Every storage node's copies of ``log``'s ``epoch`` up to that node's release pointer
+    (storage nodes cap every READ there; once the next epoch's recovery released, that is all
+    of ``epoch``), over the node-to-node protocol: copies per LSN, and the markers epoch
+    recovery wrote."""
     config = process_from_dict(json.loads(
         (bench.root / bench.sequencers[0] / "config.json").read_text()))
     nodes = {n.node_id: (n.host, n.data_port) for n in config.cluster.nodes}
@@ -467,7 +468,7 @@ async def scan_epoch_copies(bench: Bench, log: LogId, epoch: Epoch) -> dict[str,
             while cursor <= last:
                 reply = await pool.call(node, Read(
                     log_id=log, from_lsn=Lsn(cursor), until_lsn=Lsn(last),
-                    release_lsn=Lsn(LSN_MAX - 1), records_max=1000, bytes_max=1 << 24),
+                    release_lsn=Lsn(last), records_max=1000, bytes_max=1 << 24),
                     STORAGE_READ_TIMEOUT_MS)
                 if type(reply) is not ReadReply or reply.status is not Status.OK:
                     errors.append(f"{node}: {reply!r}"[:200])
