@@ -237,6 +237,12 @@ class FramedProtocol(asyncio.Protocol):
             return None
         return self._transport.get_extra_info("peername")
 
+    def transport_extra(self, name: str) -> object:
+        """``get_extra_info(name)`` of the transport (``peercert`` over TLS), or None."""
+        if self._transport is None:
+            return None
+        return self._transport.get_extra_info(name)
+
     async def wait_lost(self) -> None:
         """Wait until the socket is really gone (``connection_lost`` ran)."""
         await asyncio.shield(self._lost)
