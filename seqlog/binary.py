@@ -19,6 +19,7 @@ import collections
 import logging
 import os
 from collections.abc import Callable
+from ssl import SSLContext
 
 from shared.net.connection import OUTPUT_BUFFER_BYTES_MAX, FramedProtocol, wait_lost
 from shared.net.types import Counters
@@ -153,8 +154,10 @@ class Connections:
     """One ``BinaryConnection`` per data address, opened on first use."""
 
     def __init__(self, *, cluster_fingerprint: str, connect_timeout_ms: int,
-                 timeout_ms: int) -> None:
+                 timeout_ms: int, ssl: SSLContext | None = None) -> None:
         self.cluster_fingerprint = cluster_fingerprint
+        self._ssl = ssl
+        """TLS to the data ports (the nodes' certificates checked against the client's CA)."""
         self._connect_timeout_s = connect_timeout_ms / 1000
         self._timeout_ms = timeout_ms
         self._node_id = client_id()
@@ -213,7 +216,7 @@ class Connections:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
                     lambda: BinaryConnection(self.counters, self._timeout_ms), host,
-                    int(port_text))
+                    int(port_text), ssl=self._ssl)
                 conn.send(encode(Hello(node_id=self._node_id, protocol_version=PROTOCOL_VERSION,
                                        cluster_fingerprint=self.cluster_fingerprint)))
                 reply = await conn.hello_reply
