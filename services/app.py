@@ -135,7 +135,8 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     me = config.me
     cluster = config.cluster
     fingerprint = cluster.fingerprint()
-    epoch_store = open_epoch_store(_epoch_store_url(config))
+    epoch_store = open_epoch_store(_epoch_store_url(config),
+                                   zk_tls=config.tls if config.tls.zookeeper else None)
 
     membership = Membership(config)
     security = node_security(config.tls)

@@ -50,6 +50,7 @@ class FramedProtocol(asyncio.Protocol):
         "_out_bytes",
         "_out_bytes_last",
         "_out_frames",
+        "_tls",
         "_transport",
         "_write_paused",
     )
@@ -67,6 +68,7 @@ class FramedProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self._write_paused = False
         self._closed = False
+        self._tls = False
         self._lost: asyncio.Future[None] = self._loop.create_future()
 
     # ----- subclass hooks
@@ -82,6 +84,7 @@ class FramedProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport but implement its interface.
         self._transport = cast(asyncio.Transport, transport)
+        self._tls = transport.get_extra_info("sslcontext") is not None
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -186,9 +189,10 @@ class FramedProtocol(asyncio.Protocol):
         self._out_frames = 0
         if len(out) == 1:
             transport.write(out[0])
-        elif self._out_bytes_last < JOIN_BYTES_MAX:
+        elif self._out_bytes_last < JOIN_BYTES_MAX or self._tls:
             # One write call: uvloop's writelines issues a send per part, and every extra
             # segment costs the receiver a wake-up; copying small frames is far cheaper.
+            # Over TLS always: every part written is encrypted as a TLS record of its own.
             transport.write(b"".join(out))
         else:
             # Big batches: skip the copy of their payload parts.
