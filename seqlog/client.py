@@ -170,6 +170,11 @@ class Client:
         return "http" if self._binary_off else "binary"
 
     @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """How this client verifies nodes over TLS (``ca``, or https:// URLs); None: plain."""
+        return self._ssl
+
+    @property
     def urls(self) -> list[str]:
         """Known node URLs, the ones to try first first."""
         return self._router.urls

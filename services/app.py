@@ -24,7 +24,7 @@ from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.console_api import add_console
 from services.http_api import create_api_app
-from services.http_edge import EdgeRunner
+from services.http_edge import HTTPS_KEY, EdgeRunner
 from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
 from services.node_security import NodeSecurityCollector, node_security
@@ -186,6 +186,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
                          logs=logs_source(sequencer, SystemClock(), config.node_id))
     app[MEMBERSHIP_KEY] = membership
     app[SECURITY_KEY] = security
+    app[HTTPS_KEY] = security.tls is not None
     tls = security.tls
     add_console(app, service, registry,
                 peer_ssl=None if tls is None else lambda: tls.node_client)
