@@ -1,10 +1,11 @@
 """Same-run A/B of the cost of TLS and node authentication on the write path (issue 18,
-docs/BENCHMARKS.md): two local clusters (1 sequencer, 3 storage nodes, R=3), one open and one
-``--secure`` (TLS on every listener and link, mutual TLS between nodes, the cluster secret),
-driven in turns by ``bench_append`` (``seqlog.Client`` over the binary protocol, 256 appends in
-flight by default). For each run: records/s, and CPU per record of the sequencer, of the
+docs/BENCHMARKS.md): three local clusters (1 sequencer, 3 storage nodes, R=3): one open, one
+with node authentication by the cluster secret only (``secret``), one ``--secure`` (TLS on
+every listener and link, mutual TLS between nodes, the cluster secret), driven in turns by
+``bench_append`` (``seqlog.Client`` over the binary protocol, 256 appends in flight by
+default). For each run: records/s, and CPU per record of the sequencer, of the
 storage nodes (summed) and of the client, from ``/proc/<pid>/stat``. Prints one JSON line per
-run and a summary line with the secure/open ratios of the medians. Linux only.
+run and a summary line with the ratios of the medians to the open cluster's. Linux only.
 
 Run from the repo root: ``.venv/bin/python -m loadtests.bench_tls --rounds 3``.
 """
@@ -22,6 +23,8 @@ import tempfile
 from pathlib import Path
 
 from services import local_cluster as lc
+from services.certs import make_secret
+from shared.config import TlsConfig
 
 
 def _cpu_s(pid: int) -> float:
@@ -64,12 +67,16 @@ def main() -> None:
     parser.add_argument("--fsync", default="never", choices=("always", "never"))
     args = parser.parse_args()
     roots = {name: Path(tempfile.mkdtemp(prefix=f"bench-tls-{name}-"))
-             for name in ("open", "secure")}
+             for name in ("open", "secret", "secure")}
     try:
         for name, root in roots.items():
+            tls = None
+            if name == "secret":
+                tls = TlsConfig(cluster_secret_file=str(make_secret(root / "cluster-secret")))
             lc.up(lc.LocalClusterSpec(dir=root, storage_nodes=3, sequencers=1, replication=3,
                                       base_port=lc.free_base_port(4), fsync=args.fsync,
-                                      secure=name == "secure"), ready_timeout_ms=60_000)
+                                      secure=name == "secure", tls=tls),
+                  ready_timeout_ms=60_000)
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in roots}
         for _ in range(args.rounds):
             for name, root in roots.items():
@@ -80,8 +87,9 @@ def main() -> None:
                 "client_cpu_us_per_record")
         medians = {name: {k: statistics.median(float(r[k]) for r in rs)  # type: ignore[arg-type]
                           for k in keys} for name, rs in runs.items()}
-        ratios = {k: round(medians["secure"][k] / medians["open"][k], 3) for k in keys}
-        print(json.dumps({"summary": "secure/open", "inflight": args.inflight,
+        ratios = {name: {k: round(medians[name][k] / medians["open"][k], 3) for k in keys}
+                  for name in ("secret", "secure")}
+        print(json.dumps({"summary": "ratios to open", "inflight": args.inflight,
                           "fsync": args.fsync, "medians": medians, "ratios": ratios}),
               flush=True)
     finally:
