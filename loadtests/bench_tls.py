@@ -65,9 +65,12 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=256)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--fsync", default="never", choices=("always", "never"))
+    parser.add_argument("--arms", default="open,secret,secure",
+                        help="clusters, comma-separated: open* (no security; open2 etc. are "
+                             "A/A controls), secret, secure; the first is the baseline")
     args = parser.parse_args()
-    roots = {name: Path(tempfile.mkdtemp(prefix=f"bench-tls-{name}-"))
-             for name in ("open", "secret", "secure")}
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    roots = {name: Path(tempfile.mkdtemp(prefix=f"bench-tls-{name}-")) for name in arms}
     try:
         for name, root in roots.items():
             tls = None
@@ -78,18 +81,21 @@ def main() -> None:
                                       secure=name == "secure", tls=tls),
                   ready_timeout_ms=60_000)
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in roots}
-        for _ in range(args.rounds):
-            for name, root in roots.items():
-                result = _bench(root, args, name)
+        for round_index in range(args.rounds):
+            # Each round starts with another arm, so no arm always runs right after another.
+            shift = round_index % len(arms)
+            for name in arms[shift:] + arms[:shift]:
+                result = _bench(roots[name], args, name)
                 runs[name].append(result)
                 print(json.dumps(result), flush=True)
         keys = ("records_per_s", "sequencer_cpu_us_per_record", "storage_cpu_us_per_record",
                 "client_cpu_us_per_record")
         medians = {name: {k: statistics.median(float(r[k]) for r in rs)  # type: ignore[arg-type]
                           for k in keys} for name, rs in runs.items()}
-        ratios = {name: {k: round(medians[name][k] / medians["open"][k], 3) for k in keys}
-                  for name in ("secret", "secure")}
-        print(json.dumps({"summary": "ratios to open", "inflight": args.inflight,
+        base = arms[0]
+        ratios = {name: {k: round(medians[name][k] / medians[base][k], 3) for k in keys}
+                  for name in arms[1:]}
+        print(json.dumps({"summary": f"ratios to {base}", "inflight": args.inflight,
                           "fsync": args.fsync, "medians": medians, "ratios": ratios}),
               flush=True)
     finally:
