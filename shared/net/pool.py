@@ -25,7 +25,12 @@ import ssl
 from collections.abc import Callable
 
 from shared.config import TransportConfig
-from shared.net.connection import OUTPUT_BUFFER_BYTES_MAX, FramedProtocol, wait_lost
+from shared.net.connection import (
+    OUTPUT_BUFFER_BYTES_MAX,
+    FramedProtocol,
+    TlsReads,
+    wait_lost,
+)
 from shared.net.node_auth import Exchange, NodeSecurity, new_nonce
 from shared.net.types import Counters, RequestCallback
 from shared.status import Status
@@ -79,6 +84,10 @@ class _ClientProtocol(FramedProtocol):
             self.hello_reply.set_result(status)
         else:
             self._peer.on_connection_closed(self, status)
+
+
+class _TlsClientProtocol(_ClientProtocol, TlsReads):
+    __slots__ = ()
 
 
 class _Peer:
@@ -238,8 +247,9 @@ class _Peer:
         context = pool.ssl_context()
         try:
             async with asyncio.timeout(pool.config.connect_timeout_ms / 1000):
+                kind = _ClientProtocol if context is None else _TlsClientProtocol
                 _, conn = await self._loop.create_connection(
-                    lambda: _ClientProtocol(self, pool.counters), host, port, ssl=context)
+                    lambda: kind(self, pool.counters), host, port, ssl=context)
                 conn.send(encode(hello))
                 result = await conn.hello_reply
         except (OSError, TimeoutError) as error:

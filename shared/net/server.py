@@ -28,7 +28,7 @@ import asyncio
 import logging
 
 from shared.config import TransportConfig
-from shared.net.connection import FramedProtocol, wait_lost
+from shared.net.connection import FramedProtocol, TlsReads, wait_lost
 from shared.net.node_auth import NONCE_BYTES, Exchange, NodeSecurity, new_nonce
 from shared.net.tls_listener import TlsListener, start_tls_listener
 from shared.net.types import Counters, MessageHandler, ReplyFn
@@ -296,6 +296,10 @@ class _ServerProtocol(FramedProtocol):
             self._transport.resume_reading()
 
 
+class _TlsServerProtocol(_ServerProtocol, TlsReads):
+    __slots__ = ()
+
+
 class Server:
     """A listening node-to-node endpoint; ``close()`` stops accepting and closes every
     connection."""
@@ -335,8 +339,10 @@ async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerp
     connections: set[_ServerProtocol] = set()
     guard = security if security is not None else NodeSecurity.open()
 
+    kind = _ServerProtocol if guard.tls is None else _TlsServerProtocol
+
     def make_protocol() -> _ServerProtocol:
-        return _ServerProtocol(node_id=node_id, cluster_fingerprint=cluster_fingerprint,
+        return kind(node_id=node_id, cluster_fingerprint=cluster_fingerprint,
                                handler=handler, config=config, counters=counters,
                                connections=connections, security=guard)
 
