@@ -21,7 +21,12 @@ import os
 from collections.abc import Callable
 from ssl import SSLContext
 
-from shared.net.connection import OUTPUT_BUFFER_BYTES_MAX, FramedProtocol, wait_lost
+from shared.net.connection import (
+    OUTPUT_BUFFER_BYTES_MAX,
+    FramedProtocol,
+    TlsReads,
+    wait_lost,
+)
 from shared.net.types import Counters
 from shared.status import LogError, Status
 from shared.types import CLIENT_ID_PREFIX, NodeId
@@ -150,6 +155,12 @@ class BinaryConnection(FramedProtocol):
             _invoke(callback, Status.PEER_CLOSED)
 
 
+class _TlsBinaryConnection(BinaryConnection, TlsReads):
+    """Over TLS: decrypted straight into the shared read buffer (``TlsReads``)."""
+
+    __slots__ = ()
+
+
 class Connections:
     """One ``BinaryConnection`` per data address, opened on first use."""
 
@@ -212,10 +223,11 @@ class Connections:
             return LogError(Status.CONNFAILED, f"bad data address {address!r}")
         loop = asyncio.get_running_loop()
         conn: BinaryConnection | None = None
+        kind = BinaryConnection if self._ssl is None else _TlsBinaryConnection
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: BinaryConnection(self.counters, self._timeout_ms), host,
+                    lambda: kind(self.counters, self._timeout_ms), host,
                     int(port_text), ssl=self._ssl)
                 conn.send(encode(Hello(node_id=self._node_id, protocol_version=PROTOCOL_VERSION,
                                        cluster_fingerprint=self.cluster_fingerprint)))
