@@ -19,6 +19,8 @@ import shutil
 import signal
 import socket
 import ssl
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -378,3 +380,21 @@ async def test_cluster_secret_without_tls(tmp_path: Path) -> None:
             Path(node.data_dir) / "node.log").read_text()
     finally:
         lc.down(root)
+
+
+def test_the_cli_reaches_a_secure_cluster_with_its_ca(secure: lc.ClusterState) -> None:
+    """``--dir`` finds the cluster's CA; ``--url https://...`` needs ``--ca`` or SEQLOG_CA."""
+    cli = [sys.executable, "-m", "services.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "SEQLOG_CA"}
+    by_dir = subprocess.run([*cli, "demo", "--dir", str(_root(secure)), "--logs", "1"],
+                            capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert by_dir.returncode == 0, by_dir.stdout + by_dir.stderr
+    url = secure.sequencer_urls[0]
+    assert url.startswith("https://")
+    with_ca = subprocess.run([*cli, "cluster", "--url", url], capture_output=True, text=True,
+                             timeout=60, env={**env, "SEQLOG_CA": secure.ca_file},
+                             check=False)
+    assert with_ca.returncode == 0, with_ca.stdout + with_ca.stderr
+    without = subprocess.run([*cli, "cluster", "--url", url], capture_output=True, text=True,
+                             timeout=60, env=env, check=False)
+    assert without.returncode != 0  # the system's CAs do not know the local CA
