@@ -16,6 +16,7 @@ from epoch_store.backends.memory import MemoryEpochStore
 from epoch_store.backends.zookeeper import ZooKeeperEpochStore, parse_zk_url
 from epoch_store.backends.zookeeper_tool import read_znodes
 from epoch_store.core import metadata as core
+from shared.config import TlsConfig
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.ports import EpochStore
 from shared.status import Status
@@ -35,13 +36,14 @@ def _file_root(url: str) -> str | None:
     return path.rstrip("/")
 
 
-def open_epoch_store(url: str) -> EpochStore:
+def open_epoch_store(url: str, *, zk_tls: TlsConfig | None = None) -> EpochStore:
     """The store named by ``url``; raises ValueError for an unknown or malformed URL. Does no
-    I/O: the file backend creates its directories on first write."""
+    I/O: the file backend creates its directories on first write. ``zk_tls``: TLS to
+    ZooKeeper (docs/SECURITY.md)."""
     if url == "memory:":
         return MemoryEpochStore()
     if url.startswith("zk://"):
-        return ZooKeeperEpochStore.from_url(url)
+        return ZooKeeperEpochStore.from_url(url, tls=zk_tls)
     root = _file_root(url)
     if root is None:
         raise ValueError(f"unknown epoch store URL {url!r} (want file:///dir, zk://... or memory:)")

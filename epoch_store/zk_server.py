@@ -122,6 +122,34 @@ def write_config(
     return path
 
 
+NETTY_JARS_DIR = Path("/usr/share/java")
+"""Netty (the Debian package's jars): ZooKeeper serves TLS only with its Netty connection
+factory, which the plain classpath leaves out."""
+
+
+def enable_tls(directory: Path, secure_port: int, *, key_and_cert_pem: Path, ca_pem: Path,
+               client_auth: str = "need") -> None:
+    """Add a TLS client port to ``directory``'s ``zoo.cfg`` (from ``write_config``): PEM key
+    and certificate in one file, the CA that clients' certificates must chain to; start the
+    server with ``launch(..., tls=True)``. The plain port stays, on loopback, for the
+    readiness probe."""
+    path = directory / CONFIG_FILE
+    lines = [
+        *path.read_text().splitlines(),
+        f"secureClientPort={secure_port}", f"secureClientPortAddress={HOST}",
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+        f"ssl.keyStore.location={key_and_cert_pem}", "ssl.keyStore.type=PEM",
+        f"ssl.trustStore.location={ca_pem}", "ssl.trustStore.type=PEM",
+        f"ssl.clientAuth={client_auth}",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _netty_classpath() -> str:
+    return ":".join(str(p) for p in sorted(NETTY_JARS_DIR.glob("netty-*.jar"))
+                    if "Final" not in p.name)
+
+
 def configured_port(directory: Path) -> int | None:
     """The client port in ``directory/zoo.cfg``, if there is one."""
     try:
@@ -135,12 +163,15 @@ def configured_port(directory: Path) -> int | None:
     return None
 
 
-def launch(directory: Path, client_port: int, *, quorum: bool = False) -> ServerHandle:
-    """Start the server configured in ``directory`` (see ``write_config``); returns at once."""
+def launch(directory: Path, client_port: int, *, quorum: bool = False,
+           tls: bool = False) -> ServerHandle:
+    """Start the server configured in ``directory`` (see ``write_config``; ``tls``: with
+    ``enable_tls``'s port); returns at once."""
     check_installed()
     main_class = QUORUM_MAIN if quorum else STANDALONE_MAIN
     heap_mb = int(os.environ.get(HEAP_ENV_VAR, "") or HEAP_MB_DEFAULT)
-    command = ["java", f"-Xmx{heap_mb}m", "-XX:+UseSerialGC", "-cp", f"{ZOOKEEPER_JAR}:{SLF4J_JAR}",
+    classpath = f"{ZOOKEEPER_JAR}:{SLF4J_JAR}" + (f":{_netty_classpath()}" if tls else "")
+    command = ["java", f"-Xmx{heap_mb}m", "-XX:+UseSerialGC", "-cp", classpath,
                main_class, str(directory.resolve() / CONFIG_FILE)]
     with open(directory / LOG_FILE, "ab") as log:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,

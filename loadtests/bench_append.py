@@ -186,6 +186,15 @@ def sequencer_pids(args: argparse.Namespace) -> dict[str, int]:
     return {n.node_id: n.pid for n in state.nodes if "sequencer" in n.roles}
 
 
+def cluster_ca(args: argparse.Namespace) -> str | None:
+    """The CA of a secure local cluster (``local up --secure``), else SEQLOG_CA, else none."""
+    if args.dir is not None:
+        state = load_state(args.dir.resolve())
+        if state is not None and state.ca_file:
+            return state.ca_file
+    return os.environ.get("SEQLOG_CA") or None
+
+
 def resolve_urls(args: argparse.Namespace) -> list[str]:
     if args.dir is not None:
         state = load_state(args.dir.resolve())
@@ -205,7 +214,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     protocol: Literal["binary", "http"] = "http" if args.client == "seqlog-http" else "binary"
     async with Client(
         urls, connections_max=args.inflight, retries_max=args.retries, timeout_ms=args.timeout_ms,
-        protocol=protocol,
+        protocol=protocol, ca=cluster_ca(args),
     ) as client:
 
         async def one(i: int) -> int:

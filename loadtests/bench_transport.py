@@ -5,6 +5,9 @@ A server process answers every STORE with STORED at once; this process keeps ``-
 and prints one JSON line with the request rate. Run:
 
     .venv/bin/python loadtests/bench_transport.py [--inflight 256] [--duration-s 5] [--asyncio]
+        [--tls]
+
+``--tls``: mutual TLS between the two ends with node certificates (docs/SECURITY.md).
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import asyncio
 import json
 import multiprocessing
 import os
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import uvloop
 
-from shared.config import TransportConfig
+from shared.config import TlsConfig, TransportConfig
 from shared.net import PeerPool, ReplyFn, start_server
+from shared.net.node_auth import NodeSecurity
 from shared.status import Status
+from shared.tls import NodeTls
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId
 from shared.wire.codec import Message
 from shared.wire.store import Store, Stored, payloads_checksum
@@ -39,11 +46,20 @@ class EchoStored:
                          status=Status.OK, sealed_epoch=Epoch(0), sealed_by=None))
 
 
-def run_server(port_out: multiprocessing.SimpleQueue[int], use_uvloop: bool) -> None:
+def _security(tls_dir: str | None) -> NodeSecurity | None:
+    if tls_dir is None:
+        return None
+    return NodeSecurity(tls=NodeTls(TlsConfig(
+        cert_file=f"{tls_dir}/node.pem", key_file=f"{tls_dir}/node-key.pem",
+        ca_file=f"{tls_dir}/ca.pem")))
+
+
+def run_server(port_out: multiprocessing.SimpleQueue[int], use_uvloop: bool,
+               tls_dir: str | None = None) -> None:
     async def main() -> None:
         server = await start_server("127.0.0.1", 0, node_id=SERVER_ID,
                                     cluster_fingerprint=FINGERPRINT, handler=EchoStored(),
-                                    config=CONFIG)
+                                    config=CONFIG, security=_security(tls_dir))
         port_out.put(server.port)
         await asyncio.Event().wait()  # runs until the parent terminates this process
 
@@ -70,9 +86,9 @@ def make_store(payload_bytes: int) -> Store:
 
 
 async def drive(port: int, server_pid: int, inflight: int, duration_s: float,
-                payload_bytes: int) -> dict[str, object]:
+                payload_bytes: int, tls_dir: str | None = None) -> dict[str, object]:
     pool = PeerPool(node_id=NodeId("client"), cluster_fingerprint=FINGERPRINT, config=CONFIG,
-                    addresses=lambda node: ("127.0.0.1", port))
+                    addresses=lambda node: ("127.0.0.1", port), security=_security(tls_dir))
     message = make_store(payload_bytes)
     assert isinstance(await pool.call(SERVER_ID, message, timeout_ms=5_000), Stored)
     loop = asyncio.get_running_loop()
@@ -133,19 +149,28 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--payload-bytes", type=int, default=1024)
     parser.add_argument("--asyncio", action="store_true", help="plain asyncio instead of uvloop")
+    parser.add_argument("--tls", action="store_true", help="mutual TLS between the ends")
     args = parser.parse_args()
+    tls_dir: str | None = None
+    if args.tls:
+        from services.certs import make_secure_dir
+        tls_dir = tempfile.mkdtemp(prefix="bench-transport-tls-")
+        make_secure_dir(Path(tls_dir))
     use_uvloop = not args.asyncio
     context = multiprocessing.get_context("spawn")
     port_out: multiprocessing.SimpleQueue[int] = context.SimpleQueue()
-    server = context.Process(target=run_server, args=(port_out, use_uvloop), daemon=True)
+    server = context.Process(target=run_server, args=(port_out, use_uvloop, tls_dir),
+                             daemon=True)
     server.start()
     try:
         port = port_out.get()
         runner = uvloop.run if use_uvloop else asyncio.run
         started = time.monotonic()
         assert server.pid is not None
-        result = runner(drive(port, server.pid, args.inflight, args.duration_s, args.payload_bytes))
+        result = runner(drive(port, server.pid, args.inflight, args.duration_s, args.payload_bytes,
+                              tls_dir))
         result["loop"] = "uvloop" if use_uvloop else "asyncio"
+        result["tls"] = args.tls
         result["wall_s"] = round(time.monotonic() - started, 3)
         print(json.dumps(result))
     finally:

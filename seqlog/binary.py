@@ -19,8 +19,14 @@ import collections
 import logging
 import os
 from collections.abc import Callable
+from ssl import SSLContext
 
-from shared.net.connection import OUTPUT_BUFFER_BYTES_MAX, FramedProtocol, wait_lost
+from shared.net.connection import (
+    OUTPUT_BUFFER_BYTES_MAX,
+    FramedProtocol,
+    TlsReads,
+    wait_lost,
+)
 from shared.net.types import Counters
 from shared.status import LogError, Status
 from shared.types import CLIENT_ID_PREFIX, NodeId
@@ -149,12 +155,20 @@ class BinaryConnection(FramedProtocol):
             _invoke(callback, Status.PEER_CLOSED)
 
 
+class _TlsBinaryConnection(BinaryConnection, TlsReads):
+    """Over TLS: decrypted straight into the shared read buffer (``TlsReads``)."""
+
+    __slots__ = ()
+
+
 class Connections:
     """One ``BinaryConnection`` per data address, opened on first use."""
 
     def __init__(self, *, cluster_fingerprint: str, connect_timeout_ms: int,
-                 timeout_ms: int) -> None:
+                 timeout_ms: int, ssl: SSLContext | None = None) -> None:
         self.cluster_fingerprint = cluster_fingerprint
+        self._ssl = ssl
+        """TLS to the data ports (the nodes' certificates checked against the client's CA)."""
         self._connect_timeout_s = connect_timeout_ms / 1000
         self._timeout_ms = timeout_ms
         self._node_id = client_id()
@@ -209,11 +223,12 @@ class Connections:
             return LogError(Status.CONNFAILED, f"bad data address {address!r}")
         loop = asyncio.get_running_loop()
         conn: BinaryConnection | None = None
+        kind = BinaryConnection if self._ssl is None else _TlsBinaryConnection
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: BinaryConnection(self.counters, self._timeout_ms), host,
-                    int(port_text))
+                    lambda: kind(self.counters, self._timeout_ms), host,
+                    int(port_text), ssl=self._ssl)
                 conn.send(encode(Hello(node_id=self._node_id, protocol_version=PROTOCOL_VERSION,
                                        cluster_fingerprint=self.cluster_fingerprint)))
                 reply = await conn.hello_reply

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import replace
@@ -61,6 +62,7 @@ from shared.http_contract import (
 )
 from shared.limits import FRAME_BYTES_MAX
 from shared.status import LogError, Status
+from shared.tls import client_context
 from shared.types import LSN_OLDEST, LogId, Lsn, log_id_valid, lsn_valid
 from shared.wire.append import Append, Appended
 
@@ -100,6 +102,7 @@ class Client:
         follow_idle_ms: int = 100,
         redirects_max: int = 3,
         protocol: Literal["binary", "http"] = "binary",
+        ca: str | None = None,
     ) -> None:
         seeds = [urls] if isinstance(urls, str) else list(urls)
         if not seeds:
@@ -110,7 +113,10 @@ class Client:
             raise ValueError("retries_max must be >= 0 and backoff min <= max")
         if protocol not in ("binary", "http"):
             raise ValueError(f"protocol must be 'binary' or 'http', not {protocol!r}")
-        self._router = Router(seeds, routes_max=routes_max)
+        # TLS (docs/SECURITY.md): with a CA file, or https:// seeds (the system's CAs).
+        tls = ca is not None or any(s.strip().startswith("https://") for s in seeds)
+        self._ssl: ssl.SSLContext | None = client_context(ca) if tls else None
+        self._router = Router(seeds, routes_max=routes_max, scheme="https" if tls else "http")
         self._timeout_ms = timeout_ms
         self._connect_timeout_ms = connect_timeout_ms
         self._retries_max = retries_max
@@ -162,6 +168,11 @@ class Client:
     def protocol(self) -> Literal["binary", "http"]:
         """What appends use now: "binary" until the cluster turned out not to offer it."""
         return "http" if self._binary_off else "binary"
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """How this client verifies nodes over TLS (``ca``, or https:// URLs); None: plain."""
+        return self._ssl
 
     @property
     def urls(self) -> list[str]:
@@ -302,7 +313,7 @@ class Client:
             router=self._router,
             connections=Connections(cluster_fingerprint=info.cluster_fingerprint,
                                     connect_timeout_ms=self._connect_timeout_ms,
-                                    timeout_ms=self._timeout_ms),
+                                    timeout_ms=self._timeout_ms, ssl=self._ssl),
             retries_max=self._retries_max, redirects_max=self._redirects_max,
             backoff_ms=self._backoff_after_ms,
             refresh_cluster=self._refresh_cluster, http_fallback=self._http_fallback,
@@ -376,7 +387,8 @@ class Client:
             until_lsn=None if until_lsn is None else Lsn(until_lsn),
             read_ahead_records_max=read_ahead_records_max,
             read_ahead_bytes_max=read_ahead_bytes_max, wait_ms=wait_ms,
-            speculative_delay_ms=speculative_delay_ms, stall_timeout_ms=stall_timeout_ms)
+            speculative_delay_ms=speculative_delay_ms, stall_timeout_ms=stall_timeout_ms,
+            ssl=self._ssl)
 
     async def tail(self, log_id: int) -> TailResult:
         log = _check_log(log_id)
@@ -428,7 +440,8 @@ class Client:
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._connections_max, limit_per_host=0)
+            connector = aiohttp.TCPConnector(limit=self._connections_max, limit_per_host=0,
+                                             ssl=self._ssl if self._ssl is not None else True)
             # The API sets no cookies: skip the cookie jar's work on every request.
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=self._default_timeout,
@@ -547,15 +560,14 @@ class Client:
             url = self._urls[text] = URL(text)
         return url
 
-    @staticmethod
-    def _redirect_target(headers: Mapping[str, str], raw: bytes, content_type: str
+    def _redirect_target(self, headers: Mapping[str, str], raw: bytes, content_type: str
                          ) -> str | None:
         """The owner's base URL from a redirect: the body's ``sequencer_http``, else the
         ``Location`` header's scheme and host."""
         with contextlib.suppress(LogError):
             http = wire.decode(raw, content_type).data.get("sequencer_http")
             if isinstance(http, str) and http:
-                return normalize_url(http)
+                return normalize_url(http, self._router.scheme)
         location = headers.get("Location", "")
         if "://" in location:
             scheme, rest = location.split("://", 1)

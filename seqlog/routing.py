@@ -17,19 +17,22 @@ from shared.routing import routable_sequencers, sequencer_for
 from shared.types import LogId, NodeId
 
 
-def normalize_url(url: str) -> str:
-    """``host:port`` or ``http://host:port/`` -> ``http://host:port``."""
+def normalize_url(url: str, scheme: str = "http") -> str:
+    """``host:port`` or ``http://host:port/`` -> ``http://host:port`` (``scheme``: https for
+    a cluster with TLS)."""
     url = url.strip().rstrip("/")
     if "://" not in url:
-        url = "http://" + url
+        url = f"{scheme}://{url}"
     return url
 
 
 class Router:
-    def __init__(self, seed_urls: list[str], *, routes_max: int) -> None:
+    def __init__(self, seed_urls: list[str], *, routes_max: int, scheme: str = "http") -> None:
         assert seed_urls, "at least one URL is required"
         assert routes_max >= 1
-        self._urls: list[str] = list(dict.fromkeys(normalize_url(u) for u in seed_urls))
+        self.scheme = scheme
+        """How node addresses (``host:port`` in the cluster view) become URLs."""
+        self._urls: list[str] = list(dict.fromkeys(normalize_url(u, scheme) for u in seed_urls))
         """Every URL that can serve appends and reads, healthiest first."""
         self._node_urls: dict[NodeId, str] = {}
         self._node_data: dict[NodeId, str] = {}
@@ -58,7 +61,7 @@ class Router:
         for node in info.nodes:
             if "sequencer" not in node.roles:
                 continue
-            url = normalize_url(node.http)
+            url = normalize_url(node.http, self.scheme)
             node_urls[node.node_id] = url
             if node.data:
                 node_data[node.node_id] = node.data
@@ -87,7 +90,7 @@ class Router:
 
     def learn_node_url(self, node_id: str, url: str) -> None:
         """A redirect named ``node_id`` at ``url``."""
-        self._node_urls.setdefault(NodeId(node_id), normalize_url(url))
+        self._node_urls.setdefault(NodeId(node_id), normalize_url(url, self.scheme))
 
     def learn_node_data(self, node_id: str, data: str) -> None:
         """A binary redirect named ``node_id`` with its data port at ``data``."""

@@ -24,12 +24,14 @@ from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.console_api import add_console
 from services.http_api import create_api_app
-from services.http_edge import EdgeRunner
+from services.http_edge import HTTPS_KEY, EdgeRunner
 from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
+from services.node_security import NodeSecurityCollector, node_security
 from services.ops_metrics import OpsCollector
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
+from shared.net.node_auth import NodeSecurity
 from shared.net.pool import PeerPool
 from shared.net.server import start_server
 from shared.net.types import ReplyFn
@@ -43,6 +45,8 @@ from storage_node.runtime import StorageNode
 log = logging.getLogger(__name__)
 MEMBERSHIP_KEY = web.AppKey("membership", Membership)
 """The node's live cluster configuration; ``services.node`` reloads it on SIGHUP."""
+SECURITY_KEY = web.AppKey("security", NodeSecurity)
+"""The node's TLS contexts and cluster secrets; ``services.node`` reloads them on SIGHUP."""
 
 DRAIN_TIMEOUT_S = 5.0
 
@@ -131,9 +135,11 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     me = config.me
     cluster = config.cluster
     fingerprint = cluster.fingerprint()
-    epoch_store = open_epoch_store(_epoch_store_url(config))
+    epoch_store = open_epoch_store(_epoch_store_url(config),
+                                   zk_tls=config.tls if config.tls.zookeeper else None)
 
     membership = Membership(config)
+    security = node_security(config.tls)
 
     def address(node_id: NodeId) -> tuple[str, int] | None:
         node = membership.cluster.node(node_id)
@@ -143,7 +149,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         return config.transport.peer_address(node_id) or (node.host, node.data_port)
 
     pool = PeerPool(node_id=config.node_id, cluster_fingerprint=fingerprint,
-                    config=config.transport, addresses=address)
+                    config=config.transport, addresses=address, security=security)
     storage = None
     if "storage" in me.roles:
         storage = StorageNode(node_id=config.node_id, data_dir=config.data_dir,
@@ -173,12 +179,17 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
     registry.register(_RoleCollector(storage, sequencer, pool, gossip))
+    registry.register(NodeSecurityCollector(security))
     registry.register(OpsCollector(epoch_store, sequencer,
                                    str(config.data_dir) if storage is not None else None))
     app = create_api_app(service, config.api, registry,
                          logs=logs_source(sequencer, SystemClock(), config.node_id))
     app[MEMBERSHIP_KEY] = membership
-    add_console(app, service, registry)
+    app[SECURITY_KEY] = security
+    app[HTTPS_KEY] = security.tls is not None
+    tls = security.tls
+    add_console(app, service, registry,
+                peer_ssl=None if tls is None else lambda: tls.node_client)
 
     # One cleanup step per resource (aiohttp runs them in reverse order and runs every one
     # even when an earlier one raised): an exception in the sequencer's drain or the gossip
@@ -203,7 +214,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         server = await start_server(listen_host or me.host, me.data_port, node_id=config.node_id,
                                     cluster_fingerprint=fingerprint,
                                     handler=_Dispatcher(service, storage, gossip),
-                                    config=config.transport)
+                                    config=config.transport, security=security)
         yield
         await server.close()
 

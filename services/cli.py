@@ -110,6 +110,10 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--url", action="append", help="node URL (repeatable or comma-separated)")
     group.add_argument("--dir", type=Path, help="local cluster directory (reads cluster.json)")
+    parser.add_argument("--ca", default=None,
+                        help="CA file to verify the nodes' TLS certificates with (https and "
+                             "the binary protocol; default: SEQLOG_CA, or the CA of a secure "
+                             "--dir cluster)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="retention of every log: storage nodes trim and delete records older "
                          "than this (0: keep forever)")
     up.add_argument("--ready-timeout-ms", type=_positive, default=30_000)
+    up.add_argument("--secure", action="store_true",
+                    help="generate a CA, node certificates and a cluster secret in DIR/secure "
+                         "and turn on TLS and node authentication everywhere "
+                         "(docs/SECURITY.md)")
     down = actions.add_parser("down", help="stop a local cluster")
     down.add_argument("--dir", type=Path, required=True)
     restart = actions.add_parser("restart", help="restart one node on its data")
@@ -227,6 +235,15 @@ def target_urls(args: argparse.Namespace) -> list[str]:
     if getattr(args, "url", None):
         return [u for item in args.url for u in item.split(",") if u.strip()]
     return [os.environ.get("SEQLOG_URL", DEFAULT_URL)]
+
+
+def target_ca(args: argparse.Namespace) -> str | None:
+    """The CA to verify nodes with: ``--ca``, else SEQLOG_CA, else a secure ``--dir``'s."""
+    ca = getattr(args, "ca", None) or os.environ.get("SEQLOG_CA") or None
+    if ca is None and getattr(args, "dir", None) is not None:
+        state = lc.load_state(args.dir.resolve())
+        ca = state.ca_file or None if state is not None else None
+    return ca
 
 
 def _print(*parts: object) -> None:
@@ -450,7 +467,7 @@ Handler = Callable[[Client, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 async def _with_client(urls: list[str], handler: Handler, args: argparse.Namespace) -> int:
-    async with Client(urls) as client:
+    async with Client(urls, ca=target_ca(args)) as client:
         return await handler(client, args)
 
 
@@ -460,7 +477,7 @@ def _local(args: argparse.Namespace) -> int:
             dir=args.dir, storage_nodes=args.storage_nodes, sequencers=args.sequencers,
             replication=args.replication, base_port=args.base_port,
             epoch_store=args.epoch_store, fsync=args.fsync, with_zookeeper=args.with_zookeeper,
-            log_backlog_ms=args.log_backlog_ms,
+            log_backlog_ms=args.log_backlog_ms, secure=args.secure,
         )
         started_s = time.monotonic()
         state = lc.up(spec, ready_timeout_ms=args.ready_timeout_ms)

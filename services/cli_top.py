@@ -46,11 +46,12 @@ class Look:
     nodes: int
 
 
-async def _node_logs(session: aiohttp.ClientSession, http: str) -> list[dict[str, Any]]:
+async def _node_logs(session: aiohttp.ClientSession, http: str, scheme: str = "http"
+                     ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     after = 0
     for _ in range(PAGES_MAX):
-        async with session.get(f"http://{http}/v1/logs",
+        async with session.get(f"{scheme}://{http}/v1/logs",
                                params={"after": str(after), "limit": str(PAGE_LIMIT)},
                                headers={"Accept": "application/json"}) as response:
             response.raise_for_status()
@@ -66,7 +67,8 @@ async def look(client: Client, session: aiohttp.ClientSession) -> Look:
     """One look at every sequencer node of the cluster."""
     info = await client.cluster()
     nodes = [n for n in info.nodes if "sequencer" in n.roles and n.state != "DEAD"]
-    answers = await asyncio.gather(*(_node_logs(session, n.http) for n in nodes),
+    scheme = "http" if client.ssl_context is None else "https"
+    answers = await asyncio.gather(*(_node_logs(session, n.http, scheme) for n in nodes),
                                    return_exceptions=True)
     logs: dict[int, LogSample] = {}
     failed: list[str] = []
@@ -144,7 +146,10 @@ async def run_top(client: Client, *, interval_ms: int, iterations: int | None, r
     previous: Look | None = None
     done = 0
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # The client's TLS (docs/SECURITY.md) for the nodes' own pages too.
+    context = client.ssl_context
+    connector = aiohttp.TCPConnector(ssl=context if context is not None else True)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         live = Live(console=console, auto_refresh=False) if console.is_terminal else None
         if live is not None:
             live.start()

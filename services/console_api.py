@@ -19,8 +19,9 @@ A node that is down degrades the answers instead of failing them: each node gets
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,11 @@ def filter_logs(rows: list[dict[str, Any]], query: str, page: int, page_size: in
 class _Peers:
     """Asks other nodes over HTTP; one client session per app."""
 
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application,
+                 peer_ssl: Callable[[], ssl.SSLContext] | None = None) -> None:
         self.app = app
+        self.peer_ssl = peer_ssl
+        """With TLS on: the node's (current) context for other nodes' HTTPS API."""
 
     def session(self) -> aiohttp.ClientSession:
         holder = self.app[SESSION_KEY]
@@ -130,7 +134,8 @@ class _Peers:
         return session
 
     async def get(self, node: NodeOut, path: str) -> Any:
-        async with self.session().get(f"http://{node.http}{path}",
+        scheme, context = ("http", None) if self.peer_ssl is None else ("https", self.peer_ssl())
+        async with self.session().get(f"{scheme}://{node.http}{path}", ssl=context or True,
                                       headers={"Accept": "application/json"}) as answer:
             answer.raise_for_status()
             return await answer.json()
@@ -154,10 +159,12 @@ def _int_query(request: web.Request, name: str, default: int, high: int) -> int:
     return min(int(text), high) if text.isdigit() and len(text) < 10 else default
 
 
-def add_console(app: web.Application, service: LogService, registry: CollectorRegistry) -> None:
-    """Serves the console and its JSON endpoints on ``app``."""
+def add_console(app: web.Application, service: LogService, registry: CollectorRegistry, *,
+                peer_ssl: Callable[[], ssl.SSLContext] | None = None) -> None:
+    """Serves the console and its JSON endpoints on ``app``; ``peer_ssl``: how to reach the
+    other nodes' API over TLS."""
     app[SESSION_KEY] = {}
-    peers = _Peers(app)
+    peers = _Peers(app, peer_ssl)
 
     async def close_session(_: web.Application) -> None:
         session = app[SESSION_KEY].get("session")

@@ -32,6 +32,13 @@ Variables (``SEQLOG_`` prefix):
                           running without cluster DNS; empty in Kubernetes)
 ``SHUTDOWN_TIMEOUT_MS``   bound on the graceful shutdown after SIGTERM (default 20000; keep
                           it below the pod's ``terminationGracePeriodSeconds``)
+``TLS_CERT_FILE``         the node's PEM certificate (a mounted Secret); with ``TLS_KEY_FILE``
+                          and ``TLS_CA_FILE`` turns TLS on (``tls`` settings,
+                          docs/SECURITY.md)
+``TLS_KEY_FILE``          its private key
+``TLS_CA_FILE``           the cluster CA
+``CLUSTER_SECRET_FILE``   the cluster secret file (node authentication without TLS)
+``ZK_TLS``                ``true``: TLS to ZooKeeper too (``tls.zookeeper``)
 ========================  ==============================================================
 
 Every problem is a ``EnvConfigError`` naming the variable, never a traceback.
@@ -55,7 +62,9 @@ SHUTDOWN_TIMEOUT_MS_MIN = 1_000
 SHUTDOWN_TIMEOUT_MS_MAX = 600_000
 REPLICAS_MAX = 1_000
 SETTINGS_FILE_BYTES_MAX = 1024 * 1024
-SETTINGS_SECTIONS = ("cluster", "sequencer", "storage", "api", "transport", "gossip")
+SETTINGS_SECTIONS = ("cluster", "sequencer", "storage", "api", "transport", "gossip", "tls")
+TLS_VARIABLES = {"TLS_CERT_FILE": "cert_file", "TLS_KEY_FILE": "key_file",
+                 "TLS_CA_FILE": "ca_file", "CLUSTER_SECRET_FILE": "cluster_secret_file"}
 # Set by the node's environment, never by the shared settings file: one file serves all nodes.
 _PER_NODE_KEYS = ("node_id", "data_dir", "epoch_store", "epoch_store_dir")
 
@@ -120,6 +129,7 @@ def config_from_env(env: Mapping[str, str]) -> EnvNodeConfig:
         "epoch_store_dir": env.get(PREFIX + "EPOCH_STORE_DIR", "").strip(),
         "cluster": {**settings.get("cluster", {}), "nodes": nodes},
         "transport": transport,
+        "tls": _tls(env, settings.get("tls", {})),
     }
     try:
         config = process_from_dict(data)
@@ -130,6 +140,21 @@ def config_from_env(env: Mapping[str, str]) -> EnvNodeConfig:
                                SHUTDOWN_TIMEOUT_MS_MIN, SHUTDOWN_TIMEOUT_MS_MAX)
     return EnvNodeConfig(config=config, listen_host=listen_host,
                          shutdown_timeout_ms=shutdown_timeout_ms)
+
+
+def _tls(env: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``tls`` section: the settings file's, with the ``TLS_*`` variables over it."""
+    tls = dict(settings)
+    for name, key in TLS_VARIABLES.items():
+        value = env.get(PREFIX + name, "").strip()
+        if value:
+            tls[key] = value
+    zk = env.get(PREFIX + "ZK_TLS", "").strip().lower()
+    if zk:
+        if zk not in ("true", "false", "1", "0"):
+            raise EnvConfigError(f"{PREFIX}ZK_TLS={zk!r} is not true or false")
+        tls["zookeeper"] = zk in ("true", "1")
+    return tls
 
 
 def _members(env: Mapping[str, str]) -> list[tuple[str, str]]:

@@ -237,7 +237,8 @@ def _append_failed(request: web.Request, outcome: AppendOutcome) -> web.Response
         doc = {"status": outcome.status.name, "message": outcome.message,
                "sequencer_node": outcome.sequencer_node, "sequencer_http": outcome.redirect_http}
         response = _answer(request, doc, code=307, sequencer=outcome.sequencer_node)
-        response.headers["Location"] = f"http://{outcome.redirect_http}{request.path_qs}"
+        response.headers["Location"] = (f"{request.scheme}://{outcome.redirect_http}"
+                                        f"{request.path_qs}")
         return response
     return _error(request, outcome.status, outcome.message, sequencer=outcome.sequencer_node)
 

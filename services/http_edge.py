@@ -382,8 +382,9 @@ class _Request:
             doc = {"status": outcome.status.name, "message": outcome.message,
                    "sequencer_node": outcome.sequencer_node,
                    "sequencer_http": outcome.redirect_http}
-            location = b"Location: http://%s%s\r\n" % (
-                outcome.redirect_http.encode("latin-1", "replace"), self.url)
+            location = b"Location: %s://%s%s\r\n" % (
+                self.conn.edge.scheme, outcome.redirect_http.encode("latin-1", "replace"),
+                self.url)
             self.answer(307, doc, sequencer + location)
             return
         self.error(outcome.status, outcome.message, headers=sequencer)
@@ -925,6 +926,10 @@ def _task_append(service: LogService) -> AppendNowait:
     return append_nowait
 
 
+HTTPS_KEY = web.AppKey("https", bool)
+"""Set by the composition root when the API is served over TLS (docs/SECURITY.md)."""
+
+
 class EdgeServer(web.Server):
     """The protocol factory of the API port: lean connections first, aiohttp's
     ``RequestHandler`` (``inner``) for connections handed over."""
@@ -947,6 +952,8 @@ class EdgeServer(web.Server):
                 nowait).parameters else None)
         self.node_id = self.service.node_id
         self.node_header = _sequencer_header(self.node_id)
+        self.scheme = b"https" if app.get(HTTPS_KEY) else b"http"
+        """Of the redirects' ``Location``: https when the node serves TLS."""
         self.packer = msgpack.Packer(use_bin_type=True)
         """Answers' msgpack encoder (one loop, one thread: ``pack`` is not re-entered)."""
         self.lean_connections: set[_Connection] = set()

@@ -9,6 +9,10 @@ signalled after its command line was checked to be that node's, so a reused pid 
 A local ZooKeeper is started before the nodes and stopped after them; its data survives
 ``down``, so a later ``up`` on the same directory continues the epochs.
 
+``secure`` (``local up --secure``) generates a CA, a node certificate and a cluster secret in
+``DIR/secure`` (kept across ``down``/``up``) and turns on TLS and node authentication on every
+node; ``cluster.json`` then names the CA, and the CLI's ``--dir`` uses it (docs/SECURITY.md).
+
 Everything here blocks (subprocess, files, urllib polling): it is meant for the CLI and for
 test fixtures; async callers must use ``asyncio.to_thread``.
 """
@@ -19,6 +23,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -41,10 +46,12 @@ from shared.config import (
     Role,
     SequencerConfig,
     StorageConfig,
+    TlsConfig,
     TransportConfig,
     to_dict,
 )
 from shared.net.local_ports import busy_ports, free_port_block
+from shared.tls import client_context
 from shared.types import NodeId
 
 DEFAULT_BASE_PORT = 7400
@@ -55,6 +62,8 @@ _LOG_TAIL_LINES = 30
 _POLL_S = 0.05
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 ZOOKEEPER_DIR = "zookeeper"
+SECURE_DIR = "secure"
+"""Under the cluster directory: the CA, node certificate and cluster secret of ``--secure``."""
 ZOOKEEPER_ROOT = "/seqlog"
 NODE_MODULE = "services.node"
 """What ``python -m`` runs for each node; tests point it at a stand-in."""
@@ -94,6 +103,11 @@ class LocalClusterSpec:
     peer_addresses: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per node id, its ``transport.peer_addresses``: where it connects to some peers instead
     of their data ports (the chaos tests put a proxy on every link this way)."""
+    secure: bool = False
+    """TLS everywhere and node authentication, with files made in ``DIR/secure``."""
+    tls: TlsConfig | None = None
+    """``tls`` settings for every node instead of ``secure``'s (tests: a cluster secret
+    without TLS)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,10 +125,16 @@ class ClusterState:
     epoch_store: str
     zookeeper: ServerHandle | None = None
     """The local ZooKeeper server started with the cluster, if any."""
+    ca_file: str = ""
+    """The CA of a secure cluster (its nodes serve https); empty: plain http."""
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ca_file else "http"
 
     @property
     def sequencer_urls(self) -> list[str]:
-        return [f"http://{n.http}" for n in self.nodes if "sequencer" in n.roles]
+        return [f"{self.scheme}://{n.http}" for n in self.nodes if "sequencer" in n.roles]
 
     def to_json(self) -> dict[str, Any]:
         nodes = [
@@ -124,7 +144,8 @@ class ClusterState:
         ]
         zk = self.zookeeper
         return {"nodes": nodes, "epoch_store": self.epoch_store, "zookeeper": None if zk is None
-                else {"pid": zk.pid, "client_port": zk.client_port, "dir": str(zk.dir)}}
+                else {"pid": zk.pid, "client_port": zk.client_port, "dir": str(zk.dir)},
+                "ca_file": self.ca_file}
 
 
 # -- plan -------------------------------------------------------------------------------
@@ -156,6 +177,7 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
             log_backlog_ms=spec.log_backlog_ms, log_backlogs=spec.log_backlogs,
         )
         file_store = spec.epoch_store == "file"
+        tls = _tls_of(spec)
         return [
             ProcessConfig(
                 node_id=node.node_id,
@@ -168,11 +190,43 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
                 gossip=spec.gossip,
                 transport=TransportConfig(
                     peer_addresses=dict(spec.peer_addresses.get(node.node_id, {}))),
+                tls=tls,
             )
             for node in nodes
         ]
     except ValueError as exc:
         raise LocalClusterError(str(exc)) from None
+
+
+def secure_tls(root: Path) -> TlsConfig:
+    """The ``tls`` settings of every node of a secure local cluster in ``root``."""
+    secure = root / SECURE_DIR
+    return TlsConfig(cert_file=str(secure / "node.pem"), key_file=str(secure / "node-key.pem"),
+                     ca_file=str(secure / "ca.pem"),
+                     cluster_secret_file=str(secure / "cluster-secret"))
+
+
+def make_secure_files(root: Path) -> None:
+    """The CA, node certificate and secret of ``secure_tls(root)``, made once: a later ``up``
+    keeps them, so clients that trust the CA keep working."""
+    tls = secure_tls(root)
+    if all(Path(f).exists() for f in (tls.cert_file, tls.key_file, tls.ca_file,
+                                      tls.cluster_secret_file)):
+        return
+    from services.certs import make_secure_dir  # cryptography only when asked for
+    make_secure_dir(root / SECURE_DIR)
+
+
+def local_ssl(root: Path) -> ssl.SSLContext | None:
+    """How tooling reaches the nodes of the cluster in ``root``: its CA if it has TLS."""
+    state = load_state(root.resolve())
+    if state is None or not state.ca_file:
+        return None
+    return client_context(state.ca_file)
+
+
+def _tls_of(spec: LocalClusterSpec) -> TlsConfig:
+    return spec.tls or (secure_tls(spec.dir.resolve()) if spec.secure else TlsConfig())
 
 
 def epoch_store_url(spec: LocalClusterSpec) -> str:
@@ -225,7 +279,8 @@ def _state_from_json(data: dict[str, Any]) -> ClusterState:
     zk = data.get("zookeeper")
     zookeeper = None if zk is None else ServerHandle(
         dir=Path(str(zk["dir"])), client_port=int(zk["client_port"]), pid=int(zk["pid"]))
-    return ClusterState(nodes=nodes, epoch_store=str(data["epoch_store"]), zookeeper=zookeeper)
+    return ClusterState(nodes=nodes, epoch_store=str(data["epoch_store"]), zookeeper=zookeeper,
+                        ca_file=str(data.get("ca_file") or ""))
 
 
 def save_state(root: Path, state: ClusterState, name: str = STATE_FILE) -> None:
@@ -300,9 +355,11 @@ def stop_nodes(root: Path, nodes: list[NodeEntry], *, stop_timeout_ms: int = 10_
         raise LocalClusterError(f"could not stop {[n.node_id for n in left]}")
 
 
-def _ready(http: str) -> bool:
+def _ready(http: str, context: ssl.SSLContext | None = None) -> bool:
+    scheme = "http" if context is None else "https"
     try:
-        with urllib.request.urlopen(f"http://{http}/readyz", timeout=1.0) as resp:
+        with urllib.request.urlopen(f"{scheme}://{http}/readyz", timeout=1.0,
+                                    context=context) as resp:
             return int(resp.status) == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -313,11 +370,12 @@ def wait_ready(root: Path, nodes: list[NodeEntry], *, ready_timeout_ms: int) -> 
     early exit."""
     deadline_s = time.monotonic() + ready_timeout_ms / 1000
     pending = list(nodes)
+    context = local_ssl(root)
     while pending:
         for node in list(pending):
             if not node_alive(root, node):
                 raise LocalClusterError(f"{node.node_id} exited\n{log_tail(root, node.node_id)}")
-            if _ready(node.http):
+            if _ready(node.http, context):
                 pending.remove(node)
         if pending and time.monotonic() >= deadline_s:
             first = pending[0].node_id
@@ -372,6 +430,8 @@ def up(spec: LocalClusterSpec, *, ready_timeout_ms: int = 30_000) -> ClusterStat
                                 f"{recorded.zookeeper.pid}); run `seqlog local down` first")
     if spec.with_zookeeper and spec.epoch_store != "file":
         raise LocalClusterError("use either a local ZooKeeper or --epoch-store, not both")
+    if spec.secure:
+        make_secure_files(root)
     configs = plan(spec)
     ports = [p for c in configs for p in (c.me.http_port, c.me.data_port)]
     busy = busy_ports(spec.host, ports)
@@ -477,7 +537,8 @@ def _state(
     spec: LocalClusterSpec, nodes: list[NodeEntry], zookeeper: ServerHandle | None
 ) -> ClusterState:
     return ClusterState(nodes=tuple(nodes), epoch_store=epoch_store_url(spec),
-                        zookeeper=zookeeper)
+                        zookeeper=zookeeper,
+                        ca_file=_tls_of(spec).ca_file)
 
 
 # -- local ZooKeeper --------------------------------------------------------------------
@@ -536,6 +597,8 @@ def format_table(state: ClusterState, root: Path) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in rows]
     footer = [f"epoch store: {state.epoch_store}"]
+    if state.ca_file:
+        footer.append(f"secure: TLS and node authentication on; CA {state.ca_file}")
     if state.zookeeper is not None:
         running = "running" if zk_server.alive(state.zookeeper) else "stopped"
         footer.append(f"zookeeper: pid {state.zookeeper.pid}, {running}, "

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ from services.local_cluster import (
     NodeEntry,
     config_path,
     load_state,
+    local_ssl,
     log_tail,
     node_alive,
     save_state,
@@ -61,9 +63,11 @@ def _next_id(existing: list[str], role: Role) -> NodeId:
     return NodeId(f"{prefix}{max(taken, default=0) + 1}")
 
 
-def _listed(http: str, node_id: str) -> bool:
+def _listed(http: str, node_id: str, context: ssl.SSLContext | None = None) -> bool:
+    scheme = "http" if context is None else "https"
     try:
-        with urllib.request.urlopen(f"http://{http}/v1/cluster", timeout=2.0) as resp:
+        with urllib.request.urlopen(f"{scheme}://{http}/v1/cluster", timeout=2.0,
+                                    context=context) as resp:
             nodes = json.loads(resp.read())["nodes"]
     except (urllib.error.URLError, OSError, ValueError, KeyError):
         return False
@@ -101,8 +105,9 @@ def add_node(root: Path, role: Role, *, ready_timeout_ms: int = 30_000) -> NodeE
         with contextlib.suppress(ProcessLookupError):  # it died meanwhile: it reads the file
             os.kill(other.pid, signal.SIGHUP)          # when it starts again
     deadline_s = time.monotonic() + ready_timeout_ms / 1000
+    context = local_ssl(root)
     for other in running:
-        while not _listed(other.http, node_id):
+        while not _listed(other.http, node_id, context):
             if time.monotonic() > deadline_s:
                 raise LocalClusterError(f"{other.node_id} did not take {node_id} into its "
                                         f"membership\n{log_tail(root, other.node_id)}")

@@ -10,7 +10,9 @@ drains its sequencers (in-flight appends finish, drained epochs are marked clean
 its stores. A shutdown
 that overruns the bound is cut short and the process exits with status 1, so that it never
 outlives a pod's ``terminationGracePeriodSeconds`` into a SIGKILL.
-SIGHUP re-reads the config file and applies membership changes (services.membership).
+SIGHUP re-reads the config file and applies membership changes (services.membership), and
+re-reads the TLS certificates and cluster secrets (docs/SECURITY.md), also when configured from
+the environment.
 ``--log-format json`` (or ``SEQLOG_LOG_FORMAT=json``) writes JSON lines (services.log_format).
 """
 
@@ -27,11 +29,18 @@ import sys
 
 from aiohttp import web
 
-from services.app import DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app, create_runner
+from services.app import (
+    DRAIN_TIMEOUT_S,
+    MEMBERSHIP_KEY,
+    SECURITY_KEY,
+    create_app,
+    create_runner,
+)
 from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, config_from_env
 from services.log_format import LOG_FORMATS
 from services.log_format import configure as configure_logging
 from services.membership import Membership
+from services.node_security import SecurityConfigError, node_security
 from shared import malloc_tuning
 from shared.config import ProcessConfig, process_from_dict
 
@@ -63,6 +72,7 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
     bound_s = shutdown_timeout_ms / 1000
     app = create_app(config, listen_host=listen_host,
                      drain_timeout_s=min(DRAIN_TIMEOUT_S, bound_s * SHUTDOWN_SHARE_DRAIN))
+    security = app[SECURITY_KEY]
     runner = create_runner(
         app, shutdown_timeout=min(HTTP_SHUTDOWN_TIMEOUT_S, bound_s * SHUTDOWN_SHARE_HTTP),
         access_log=None, handle_signals=False)
@@ -71,7 +81,8 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
     gc.freeze()
     gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
     me = config.me
-    site = web.TCPSite(runner, listen_host or me.host, me.http_port, reuse_address=True)
+    site = web.TCPSite(runner, listen_host or me.host, me.http_port, reuse_address=True,
+                       ssl_context=None if security.tls is None else security.tls.http_listener)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -80,12 +91,21 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
         # Membership changes (added nodes, weights) apply without a restart; the file is read
         # off the loop (aiofiles), one reload at a time.
         reloads = ConfigReloads(app[MEMBERSHIP_KEY], config_path)
-        loop.add_signal_handler(signal.SIGHUP, reloads.request)
+
+        def on_sighup() -> None:
+            reloads.request()
+            security.reload()
+
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
     else:
-        # Configured from the environment: nothing to re-read, and SIGHUP must not kill.
-        loop.add_signal_handler(signal.SIGHUP, log.warning,
-                                "SIGHUP ignored: a node configured from the environment "
-                                "changes membership by a restart")
+        # Configured from the environment: only certificates and secrets to re-read, and
+        # SIGHUP must not kill.
+        def on_sighup_env() -> None:
+            log.warning("SIGHUP: a node configured from the environment changes membership "
+                        "by a restart; re-reading certificates and secrets only")
+            security.reload()
+
+        loop.add_signal_handler(signal.SIGHUP, on_sighup_env)
     status = 1
     try:
         await site.start()
@@ -175,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bad config {args.config}: {exc}", file=sys.stderr)
             return 2
     configure_logging(args.log_format, args.log_level, config.node_id)
+    try:
+        node_security(config.tls)  # unreadable certificates or secrets: refuse to start
+    except SecurityConfigError as exc:
+        print(f"bad tls settings: {exc}", file=sys.stderr)
+        return 2
     if args.shutdown_timeout_ms is not None:
         if not 1_000 <= args.shutdown_timeout_ms <= 600_000:
             print("--shutdown-timeout-ms must be in [1000, 600000]", file=sys.stderr)

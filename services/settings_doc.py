@@ -22,6 +22,7 @@ SECTIONS = (
     ("api", config.ApiConfig, "Limits of the HTTP API."),
     ("transport", config.TransportConfig, "Node-to-node connections."),
     ("gossip", config.GossipConfig, "The gossip failure detector."),
+    ("tls", config.TlsConfig, "TLS and node authentication (docs/SECURITY.md)."),
 )
 
 

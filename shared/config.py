@@ -418,6 +418,41 @@ def _parse_host_port(name: str, address: object) -> tuple[str, int]:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TlsConfig:
+    """TLS on every listener and node authentication (docs/SECURITY.md). Empty files: off,
+    and the node is open to anyone who reaches its ports (``seqlog local up`` on loopback).
+    Files are re-read on SIGHUP; new connections use them, open ones keep theirs."""
+
+    cert_file: str = ""
+    """PEM certificate chain of this node: served on the HTTP API and the data port, and
+    shown to peers on node-to-node links. A node certificate has the subject OU
+    ``seqlog-node``; that is what lets a peer send node-only messages."""
+    key_file: str = ""
+    """PEM private key of `cert_file`."""
+    ca_file: str = ""
+    """PEM bundle of the cluster CA: verifies peers' node certificates (mutual TLS)."""
+    cluster_secret_file: str = ""
+    """File of cluster secrets, one per line (at least 16 bytes each): without TLS a peer
+    claiming to be a node must answer an HMAC challenge over one of them; it proves itself
+    with the first line (rotation: add a line, SIGHUP everywhere, move it first, SIGHUP,
+    drop the old one)."""
+    zookeeper: bool = False
+    """Talk TLS to ZooKeeper (its secure client port), verifying it with `ca_file` and
+    showing `cert_file` as the client certificate."""
+
+    def __post_init__(self) -> None:
+        files = (self.cert_file, self.key_file, self.ca_file)
+        if any(files) and not all(files):
+            raise ValueError("tls: cert_file, key_file and ca_file go together")
+        if self.zookeeper and not self.ca_file:
+            raise ValueError("tls.zookeeper needs ca_file")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GossipConfig:
     """The gossip failure detector (LogDevice's defaults; tests shorten them)."""
 
@@ -467,6 +502,7 @@ class ProcessConfig:
     api: ApiConfig = field(default_factory=ApiConfig)
     transport: TransportConfig = field(default_factory=TransportConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     def __post_init__(self) -> None:
         if self.cluster.node(self.node_id) is None:
@@ -513,6 +549,7 @@ def process_from_dict(data: dict[str, Any]) -> ProcessConfig:
         "api": ApiConfig,
         "transport": TransportConfig,
         "gossip": GossipConfig,
+        "tls": TlsConfig,
     }
     built: dict[str, Any] = {k: v for k, v in data.items() if k not in sections and k != "cluster"}
     built["cluster"] = cluster_from_dict(data.get("cluster", {}))

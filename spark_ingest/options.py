@@ -10,6 +10,7 @@ per-log values, where ``-2`` means earliest and ``-1`` latest for that log.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -47,6 +48,9 @@ class SourceOptions:
     records_per_read: int
     timeout_ms: int
     stall_timeout_ms: int
+    ca: str | None = None
+    """CA file to verify the nodes' TLS certificates with (option ``ca``, default
+    ``SEQLOG_CA``; docs/SECURITY.md)."""
 
 
 def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -98,6 +102,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
                              RECORDS_PER_READ_MAX),
         timeout_ms=get.positive("timeoutMs", 30_000) or 30_000,
         stall_timeout_ms=get.positive("stallTimeoutMs", 60_000) or 60_000,
+        ca=get.text("ca") or os.environ.get("SEQLOG_CA") or None,
     )
 
 

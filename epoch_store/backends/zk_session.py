@@ -55,6 +55,12 @@ class ZkOptions:
     """Cap of kazoo's reconnect backoff, so service resumes soon after the ensemble does."""
     requests_inflight_max: int = 1024
     """Requests handed to kazoo and not yet answered; further callers wait."""
+    tls_ca_file: str = ""
+    """TLS to ZooKeeper's secure client port when set: the CA that signed its certificate
+    (the node's ``tls.zookeeper``; kazoo reads the files at every connect)."""
+    tls_cert_file: str = ""
+    """Our client certificate for ZooKeeper (optional), with ``tls_key_file``."""
+    tls_key_file: str = ""
 
     def __post_init__(self) -> None:
         # Settings may come from a URL typed by an operator: ValueError, not assert.
@@ -136,9 +142,15 @@ class ZkSession:
         self._loop = asyncio.get_running_loop()
         retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_jitter=0.2,
                            max_delay=self.options.reconnect_delay_ms_max / 1000)
-        client = KazooClient(hosts=self.hosts, timeout=self.options.session_timeout_ms / 1000,
+        options = self.options
+        tls: dict[str, object] = {}
+        if options.tls_ca_file:
+            tls = {"use_ssl": True, "verify_certs": True, "ca": options.tls_ca_file,
+                   "certfile": options.tls_cert_file or None,
+                   "keyfile": options.tls_key_file or None}
+        client = KazooClient(hosts=self.hosts, timeout=options.session_timeout_ms / 1000,
                              connection_retry=retry,
-                             command_retry=KazooRetry(max_tries=0), logger=KAZOO_LOGGER)
+                             command_retry=KazooRetry(max_tries=0), logger=KAZOO_LOGGER, **tls)
         client.add_listener(self._on_state_thread)
         # Set before the first await so that concurrent callers do not start a second client.
         self._client = client

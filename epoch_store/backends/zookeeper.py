@@ -53,6 +53,7 @@ from epoch_store.backends.cas import CasEpochStore, CasRetry
 from epoch_store.backends.zk_session import CONNECTION_ERRORS, ZkOptions, ZkSession
 from epoch_store.core import metadata as core
 from epoch_store.core import records
+from shared.config import TlsConfig
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.status import Status
 from shared.types import LogId
@@ -86,7 +87,7 @@ def parse_zk_url(url: str) -> tuple[str, str, ZkOptions]:
         names[0] == "zookeeper"
     ):
         raise ValueError(f"zk URL needs a root path such as /seqlog, got {parts.path!r}")
-    settings: dict[str, int] = {}
+    settings: dict[str, Any] = {}  # ints only (checked below); Any for ZkOptions' str fields
     for key, value in parse_qsl(parts.query, strict_parsing=bool(parts.query)):
         if key not in ("session_timeout_ms", "op_timeout_ms") or not value.isdigit():
             raise ValueError(f"unknown or bad zk URL setting {key}={value!r}")
@@ -438,6 +439,10 @@ class ZooKeeperEpochStore(CasEpochStore):
         super().__init__(self.zk, retry=retry, rng=rng)
 
     @classmethod
-    def from_url(cls, url: str) -> ZooKeeperEpochStore:
+    def from_url(cls, url: str, *, tls: TlsConfig | None = None) -> ZooKeeperEpochStore:
+        """``tls``: talk TLS to ZooKeeper with its CA and certificate (``tls.zookeeper``)."""
         hosts, root, options = parse_zk_url(url)
+        if tls is not None:
+            options = replace(options, tls_ca_file=tls.ca_file, tls_cert_file=tls.cert_file,
+                              tls_key_file=tls.key_file)
         return cls(hosts, root, options=options)

@@ -9,18 +9,32 @@ fail at once, so that a dead node never stalls its callers. A lost connection fa
 pending on it; the next request reconnects.
 
 Per peer: IDLE -> CONNECTING -> CONNECTED -> IDLE, or CONNECTING -> BACKOFF -> IDLE.
+
+A node's pool (``security`` given) proves itself to its peers and checks that they are nodes
+too (``shared.net.node_auth``): over TLS with its node certificate, and with the cluster secret
+when it has one (the AUTH frame goes out right behind the HELLO_REPLY, ahead of the queued
+requests, so the challenge costs no extra round trip). A client's pool (``client_ssl``) only
+verifies the nodes' certificates and host names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable
 
 from shared.config import TransportConfig
-from shared.net.connection import OUTPUT_BUFFER_BYTES_MAX, FramedProtocol, wait_lost
+from shared.net.connection import (
+    OUTPUT_BUFFER_BYTES_MAX,
+    FramedProtocol,
+    TlsReads,
+    wait_lost,
+)
+from shared.net.node_auth import Exchange, NodeSecurity, new_nonce
 from shared.net.types import Counters, RequestCallback
 from shared.status import Status
+from shared.tls import is_node_cert
 from shared.types import NodeId
 from shared.wire.codec import (
     Message,
@@ -29,7 +43,7 @@ from shared.wire.codec import (
     encode_parts,
     encode_store_batch_parts,
 )
-from shared.wire.hello import NODE_PROTOCOL_VERSION, Hello, HelloReply
+from shared.wire.hello import NODE_PROTOCOL_VERSION, Auth, Hello, HelloReply
 from shared.wire.store_batch import StoreBatch
 
 log = logging.getLogger(__name__)
@@ -70,6 +84,10 @@ class _ClientProtocol(FramedProtocol):
             self.hello_reply.set_result(status)
         else:
             self._peer.on_connection_closed(self, status)
+
+
+class _TlsClientProtocol(_ClientProtocol, TlsReads):
+    __slots__ = ()
 
 
 class _Peer:
@@ -222,12 +240,16 @@ class _Peer:
         pool = self._pool
         conn: _ClientProtocol | None = None
         result: HelloReply | Status = Status.CONNFAILED
+        security = pool.security
+        nonce = new_nonce() if security.secrets else b""
         hello = Hello(node_id=pool.node_id, protocol_version=NODE_PROTOCOL_VERSION,
-                      cluster_fingerprint=pool.cluster_fingerprint)
+                      cluster_fingerprint=pool.cluster_fingerprint, auth_nonce=nonce)
+        context = pool.ssl_context()
         try:
             async with asyncio.timeout(pool.config.connect_timeout_ms / 1000):
+                kind = _ClientProtocol if context is None else _TlsClientProtocol
                 _, conn = await self._loop.create_connection(
-                    lambda: _ClientProtocol(self, pool.counters), host, port)
+                    lambda: kind(self, pool.counters), host, port, ssl=context)
                 conn.send(encode(hello))
                 result = await conn.hello_reply
         except (OSError, TimeoutError) as error:
@@ -242,23 +264,58 @@ class _Peer:
         self.connect_task = None
         if (conn is not None and isinstance(result, HelloReply) and result.status == Status.OK
                 and result.node_id == self.node and not conn.closed):
-            self._on_connected(conn)
-            return
+            auth = self._authenticate(conn, result, nonce, f"{host}:{port}")
+            if auth is not None:
+                self._on_connected(conn, auth)
+                return
+            result = Status.PROTONOSUPPORT
         if conn is not None:
             conn.abort(Status.CONNFAILED)
         self._on_connect_failed(result, host, port)
 
-    def _on_connected(self, conn: _ClientProtocol) -> None:
+    def _authenticate(self, conn: _ClientProtocol, reply: HelloReply, nonce: bytes,
+                      address: str) -> list[tuple[bytes, ...]] | None:
+        """Check that the peer is a cluster node, when we are one that must; the frames that
+        prove us in turn (AUTH, or nothing); None if the peer did not prove itself."""
+        security = self._pool.security
+        if not security.required:
+            return []
+        if security.tls is not None and is_node_cert(
+                conn.transport_extra("peercert")):
+            proven = True
+        else:
+            exchange = Exchange(fingerprint=self._pool.cluster_fingerprint,
+                                client_id=self._pool.node_id, server_id=self.node,
+                                client_nonce=nonce, server_nonce=reply.auth_nonce)
+            proven = bool(nonce) and security.check(reply.auth_proof, exchange, server_side=True)
+            if not proven:
+                reason = "not_node_cert" if security.tls is not None else "bad_server_proof"
+                security.failures.add(reason, address,
+                                      f"{self.node} did not prove it is a cluster node")
+                return None
+        if not reply.auth_nonce:
+            return []
+        exchange = Exchange(fingerprint=self._pool.cluster_fingerprint,
+                            client_id=self._pool.node_id, server_id=self.node,
+                            client_nonce=nonce, server_nonce=reply.auth_nonce)
+        proof = security.prove(exchange, server_side=False)
+        if not proof:
+            log.warning("%s at %s wants the cluster secret, which we do not have", self.node,
+                        address)
+            return None
+        return [(encode(Auth(proof=proof)),)]
+
+    def _on_connected(self, conn: _ClientProtocol, first: list[tuple[bytes, ...]]) -> None:
         self.conn = conn
         self._backoff_ms = 0
         self._retry_at_s = 0.0
         self._pool.counters.connects += 1
         outbox = self._outbox
         self._outbox = []
-        conn.send_many(outbox)
+        conn.send_many(first + outbox if first else outbox)
 
     def _on_connect_failed(self, result: HelloReply | Status, host: str, port: int) -> None:
-        status = Status.CONNFAILED
+        status = Status.PROTONOSUPPORT if result is Status.PROTONOSUPPORT else Status.CONNFAILED
         if isinstance(result, HelloReply) and result.status != Status.OK:
             status = result.status
             log.warning("%s at %s:%d refused our HELLO: %s", self.node, host, port,
@@ -280,15 +337,25 @@ class PeerPool:
     capped backoff."""
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, config: TransportConfig,
-                 addresses: AddressFn) -> None:
+                 addresses: AddressFn, security: NodeSecurity | None = None,
+                 client_ssl: ssl.SSLContext | None = None) -> None:
         self.node_id = node_id
         self.cluster_fingerprint = cluster_fingerprint
         self.config = config
         self.addresses = addresses
+        self.security = security if security is not None else NodeSecurity.open()
+        self._client_ssl = client_ssl
         self.counters = Counters()
         self._peers: dict[NodeId, _Peer] = {}
         self._closed = False
         self._last_fields: tuple[Message | None, bytes] = (None, b"")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The context of the next connection: the node's current one (reloadable), or the
+        client's, or None for plain TCP."""
+        if self.security.tls is not None:
+            return self.security.tls.node_client
+        return self._client_ssl
 
     def fields_of(self, message: Message) -> bytes:
         """The packed fields of ``message``, packed once when it goes to several peers in a row

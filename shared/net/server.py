@@ -14,6 +14,12 @@ Clients (``client.*`` peers) may send only ``CLIENT_MESSAGES``, and APPEND when 
 forwarding hops) closes the connection before a handler sees it. A client connection holds at
 most ``client_appends_inflight_max`` appends unanswered; one more is answered OVERLOADED at
 once and never reaches the handler, so nothing is written (docs/PROTOCOL.md).
+
+A peer naming itself a node must prove it belongs to the cluster when the node has a CA or a
+cluster secret (``shared.net.node_auth``): with a node certificate (mutual TLS), or by
+answering the HELLO_REPLY's challenge with AUTH before anything else. Until then it is not a
+peer: its frames reach no handler. With ``NodeSecurity.tls`` every connection starts with a TLS
+handshake with the certificates current at accept time (``shared.tls``).
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ import asyncio
 import logging
 
 from shared.config import TransportConfig
-from shared.net.connection import FramedProtocol, wait_lost
+from shared.net.connection import FramedProtocol, TlsReads, wait_lost
+from shared.net.node_auth import NONCE_BYTES, Exchange, NodeSecurity, new_nonce
+from shared.net.tls_listener import TlsListener, start_tls_listener
 from shared.net.types import Counters, MessageHandler, ReplyFn
 from shared.status import Status
+from shared.tls import is_node_cert
 from shared.types import Lsn, NodeId, is_client_id, node_id_valid
 from shared.wire.append import Append, Appended
 from shared.wire.codec import Message, encode
@@ -32,6 +41,7 @@ from shared.wire.hello import (
     CLIENT_APPEND_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
+    Auth,
     Hello,
     HelloReply,
 )
@@ -99,15 +109,23 @@ class _ServerProtocol(FramedProtocol):
         "_handler",
         "_hello_timeout_s",
         "_hello_timer",
+        "_node_cert",
         "_node_id",
         "_peer",
+        "_pending_auth",
+        "_security",
         "appends_inflight",
     )
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, handler: MessageHandler,
                  config: TransportConfig, counters: Counters,
-                 connections: set[_ServerProtocol]) -> None:
+                 connections: set[_ServerProtocol], security: NodeSecurity) -> None:
         super().__init__(counters)
+        self._security = security
+        self._node_cert = False
+        """Whether the peer showed a node certificate signed by the cluster CA."""
+        self._pending_auth: tuple[NodeId, Exchange] | None = None
+        """A node peer that must send AUTH next: its id, the exchange its proof covers."""
         self._node_id = node_id
         self._fingerprint = cluster_fingerprint
         self._handler = handler
@@ -123,6 +141,8 @@ class _ServerProtocol(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self._security.tls is not None:
+            self._node_cert = is_node_cert(transport.get_extra_info("peercert"))
         self._connections.add(self)
         self._hello_timer = self._loop.call_later(self._hello_timeout_s, self._on_hello_timeout)
 
@@ -140,6 +160,8 @@ class _ServerProtocol(FramedProtocol):
             reply = _Reply(self, correlation_id) if correlation_id else _no_reply
         elif type(message) not in allowed:
             # A client reads and appends: it must not store, seal or gossip.
+            self._security.failures.add("client_sent_node_message", self.peer_address(),
+                                        f"client {peer} sent {type(message).__name__}")
             self.desync(f"client {peer} sent {type(message).__name__}")
             return
         elif type(message) is Append:
@@ -166,6 +188,9 @@ class _ServerProtocol(FramedProtocol):
             self.abort(Status.INTERNAL)
 
     def _on_hello(self, message: Message) -> None:
+        if self._pending_auth is not None:
+            self._on_auth(message)
+            return
         self._cancel_hello_timer()
         if type(message) is not Hello:
             self.desync(f"expected HELLO, got {type(message).__name__}")
@@ -176,22 +201,78 @@ class _ServerProtocol(FramedProtocol):
             and message.cluster_fingerprint == self._fingerprint
             and node_id_valid(message.node_id)
         )
-        status = Status.OK if accepted else Status.PROTONOSUPPORT
-        self.send(encode(HelloReply(status=status, node_id=self._node_id)))
         if not accepted:
+            self.send(encode(HelloReply(status=Status.PROTONOSUPPORT, node_id=self._node_id)))
             log.warning("refusing peer %r at %s: protocol %d, fingerprint %r", message.node_id,
                         self.peer_address(), message.protocol_version,
                         message.cluster_fingerprint)
             self.close(Status.PROTONOSUPPORT)
             return
-        self._peer = message.node_id
+        allowed: frozenset[type] | None = None
         if is_client_id(message.node_id):
-            self._allowed = (CLIENT_APPEND_MESSAGES
-                             if message.protocol_version >= CLIENT_APPEND_VERSION
-                             else CLIENT_MESSAGES)
+            allowed = (CLIENT_APPEND_MESSAGES if message.protocol_version >= CLIENT_APPEND_VERSION
+                       else CLIENT_MESSAGES)
+        security = self._security
+        if allowed is not None or not security.required:
+            self.send(encode(HelloReply(status=Status.OK, node_id=self._node_id)))
+            self._accept(message.node_id, allowed)
+            return
+        # A node: it proves itself with its certificate, or with the cluster secret.
+        nonce = message.auth_nonce
+        exchange = Exchange(fingerprint=self._fingerprint, client_id=message.node_id,
+                            server_id=self._node_id, client_nonce=nonce,
+                            server_nonce=b"" if self._node_cert else new_nonce())
+        server_proof = (security.prove(exchange, server_side=True)
+                        if len(nonce) == NONCE_BYTES else b"")
+        if self._node_cert:
+            self.send(encode(HelloReply(status=Status.OK, node_id=self._node_id,
+                                        auth_proof=server_proof)))
+            self._accept(message.node_id, None)
+            return
+        if not server_proof:
+            reason = "not_node_cert" if security.tls is not None else "no_proof"
+            security.failures.add(reason, self.peer_address(),
+                                  f"{message.node_id!r} claims to be a node without a node "
+                                  "certificate or a cluster secret challenge")
+            self.send(encode(HelloReply(status=Status.PROTONOSUPPORT, node_id=self._node_id)))
+            self.close(Status.PROTONOSUPPORT)
+            return
+        self.send(encode(HelloReply(status=Status.OK, node_id=self._node_id,
+                                    auth_nonce=exchange.server_nonce, auth_proof=server_proof)))
+        self._pending_auth = (message.node_id, exchange)
+        self._hello_timer = self._loop.call_later(self._hello_timeout_s,
+                                                  self._on_hello_timeout)
+
+    def _on_auth(self, message: Message) -> None:
+        """The frame after a challenge: must be AUTH with a good proof, else the peer goes."""
+        pending = self._pending_auth
+        assert pending is not None
+        self._pending_auth = None
+        self._cancel_hello_timer()
+        node_id, exchange = pending
+        if type(message) is not Auth:
+            self._security.failures.add("no_proof", self.peer_address(),
+                                        f"{node_id!r} sent {type(message).__name__} "
+                                        "instead of AUTH")
+            self.abort(Status.PROTONOSUPPORT)
+            return
+        assert isinstance(message, Auth)
+        if not self._security.check(message.proof, exchange, server_side=False):
+            self._security.failures.add("bad_proof", self.peer_address(),
+                                        f"{node_id!r} does not know the cluster secret")
+            self.abort(Status.PROTONOSUPPORT)
+            return
+        self._accept(node_id, None)
+
+    def _accept(self, node_id: NodeId, allowed: frozenset[type] | None) -> None:
+        self._peer = node_id
+        self._allowed = allowed
 
     def _on_hello_timeout(self) -> None:
         self._hello_timer = None
+        if self._pending_auth is not None:
+            self._security.failures.add("no_proof", self.peer_address(),
+                                        f"{self._pending_auth[0]!r} sent no AUTH in time")
         log.warning("no HELLO from %s in time; closing", self.peer_address())
         self.abort(Status.TIMEDOUT)
 
@@ -215,15 +296,20 @@ class _ServerProtocol(FramedProtocol):
             self._transport.resume_reading()
 
 
+class _TlsServerProtocol(_ServerProtocol, TlsReads):
+    __slots__ = ()
+
+
 class Server:
     """A listening node-to-node endpoint; ``close()`` stops accepting and closes every
     connection."""
 
-    def __init__(self, server: asyncio.Server, connections: set[_ServerProtocol],
-                 counters: Counters) -> None:
+    def __init__(self, server: asyncio.Server | TlsListener, connections: set[_ServerProtocol],
+                 counters: Counters, security: NodeSecurity) -> None:
         self._server = server
         self._connections = connections
         self.counters = counters
+        self.security = security
 
     @property
     def port(self) -> int:
@@ -244,16 +330,29 @@ class Server:
 
 
 async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerprint: str,
-                       handler: MessageHandler, config: TransportConfig) -> Server:
-    """Listen on ``host:port`` (0 picks a free port, see ``Server.port``)."""
+                       handler: MessageHandler, config: TransportConfig,
+                       security: NodeSecurity | None = None) -> Server:
+    """Listen on ``host:port`` (0 picks a free port, see ``Server.port``). Without
+    ``security`` the port is open: any peer may claim to be a node."""
     loop = asyncio.get_running_loop()
     counters = Counters()
     connections: set[_ServerProtocol] = set()
+    guard = security if security is not None else NodeSecurity.open()
+
+    kind = _ServerProtocol if guard.tls is None else _TlsServerProtocol
 
     def make_protocol() -> _ServerProtocol:
-        return _ServerProtocol(node_id=node_id, cluster_fingerprint=cluster_fingerprint,
+        return kind(node_id=node_id, cluster_fingerprint=cluster_fingerprint,
                                handler=handler, config=config, counters=counters,
-                               connections=connections)
+                               connections=connections, security=guard)
 
-    server = await loop.create_server(make_protocol, host, port)
-    return Server(server, connections, counters)
+    tls = guard.tls
+    server: asyncio.Server | TlsListener
+    if tls is None:
+        server = await loop.create_server(make_protocol, host, port)
+    else:
+        server = await start_tls_listener(
+            host, port, make_protocol, lambda: tls.data_server,
+            handshake_timeout_s=config.connect_timeout_ms / 1000,
+            on_failure=lambda peer, exc: guard.failures.add("tls_handshake", peer, repr(exc)))
+    return Server(server, connections, counters, guard)

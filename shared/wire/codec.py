@@ -30,7 +30,7 @@ from shared.status import Status
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.framing import LENGTH as _LENGTH
 from shared.wire.gossip import Gossip
-from shared.wire.hello import Hello, HelloReply
+from shared.wire.hello import Auth, Hello, HelloReply
 from shared.wire.message_type import RETIRED, MessageType
 from shared.wire.producer import GetProducer, ProducerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
@@ -50,7 +50,7 @@ Message: TypeAlias = (
     | Append | Appended | GetSequencerState | SequencerState | Gossip | Seal | Sealed
     | GetDigest | Digest | Clean | Cleaned | Trim | Trimmed | FindTime | FoundTime
     | GetProducer | ProducerState | StoreBatch | StoredBatch
-    | ReleaseBatch
+    | ReleaseBatch | Auth
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -83,6 +83,7 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.STORE_BATCH: StoreBatch,
     MessageType.STORED_BATCH: StoredBatch,
     MessageType.RELEASE_BATCH: ReleaseBatch,
+    MessageType.AUTH: Auth,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 

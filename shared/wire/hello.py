@@ -1,12 +1,14 @@
 """HELLO: the first frame on every connection to a data port (identity, protocol version, cluster
-config), from nodes and from clients alike."""
+config), from nodes and from clients alike; and AUTH, a node's answer to the cluster-secret
+challenge of a HELLO_REPLY (``shared.net.node_auth``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.status import Status
 from shared.types import NodeId
+from shared.wire.extension import EXTENSION
 
 PROTOCOL_VERSION = 2
 """The newest protocol version this build speaks. 2: clients may send APPEND (with
@@ -27,9 +29,24 @@ class Hello:
     node_id: NodeId
     protocol_version: int
     cluster_fingerprint: str
+    auth_nonce: bytes = field(default=b"", metadata=EXTENSION)
+    """A node's challenge to the node it connects to, when it has a cluster secret: the
+    HELLO_REPLY proves the answering node knows the secret too."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HelloReply:
     status: Status
     node_id: NodeId
+    auth_nonce: bytes = field(default=b"", metadata=EXTENSION)
+    """The answering node's challenge: a peer that claims to be a node and has no node
+    certificate must send AUTH with its proof before anything else."""
+    auth_proof: bytes = field(default=b"", metadata=EXTENSION)
+    """The answering node's proof over both challenges (when the HELLO carried one)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Auth:
+    """A node's proof over both challenges (one-way, correlation id 0)."""
+
+    proof: bytes

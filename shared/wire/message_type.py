@@ -35,6 +35,7 @@ class MessageType(IntEnum):
     STORE_BATCH = 27
     STORED_BATCH = 28
     RELEASE_BATCH = 29
+    AUTH = 30
 
 
 RETIRED: frozenset[MessageType] = frozenset()

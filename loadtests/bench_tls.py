@@ -1,0 +1,108 @@
+"""Same-run A/B of the cost of TLS and node authentication on the write path (issue 18,
+docs/BENCHMARKS.md): three local clusters (1 sequencer, 3 storage nodes, R=3): one open, one
+with node authentication by the cluster secret only (``secret``), one ``--secure`` (TLS on
+every listener and link, mutual TLS between nodes, the cluster secret), driven in turns by
+``bench_append`` (``seqlog.Client`` over the binary protocol, 256 appends in flight by
+default). For each run: records/s, and CPU per record of the sequencer, of the
+storage nodes (summed) and of the client, from ``/proc/<pid>/stat``. Prints one JSON line per
+run and a summary line with the ratios of the medians to the open cluster's. Linux only.
+
+Run from the repo root: ``.venv/bin/python -m loadtests.bench_tls --rounds 3``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from services import local_cluster as lc
+from services.certs import make_secret
+from shared.config import TlsConfig
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bench(root: Path, args: argparse.Namespace, label: str) -> dict[str, object]:
+    state = lc.load_state(root)
+    assert state is not None
+    pids = {n.node_id: (n.pid, n.roles[0]) for n in state.nodes}
+    before = {node: _cpu_s(pid) for node, (pid, _) in pids.items()}
+    run = subprocess.run(
+        [sys.executable, "-m", "loadtests.bench_append", "--dir", str(root), "--inflight",
+         str(args.inflight), "--records", str(args.records), "--warmup", str(args.warmup),
+         "--size", str(args.size), "--loop", "uvloop", "--label", label],
+        capture_output=True, text=True, check=True)
+    after = {node: _cpu_s(pid) for node, (pid, _) in pids.items()}
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    measured = args.records + args.warmup  # node CPU covers the warmup too
+    cpu = {role: sum(after[n] - before[n] for n, (_, r) in pids.items() if r == role)
+           for role in ("sequencer", "storage")}
+    return {"label": label, "records_per_s": out["records_per_s"],
+            "p50_ms": out["p50_ms"], "p99_ms": out["p99_ms"],
+            # The bench's own reading covers the measured phase only; the storage nodes'
+            # covers the warmup too (the same share in both arms).
+            "sequencer_cpu_us_per_record": out["sequencer_cpu_us_per_record"]
+            or round(cpu["sequencer"] / measured * 1e6, 2),
+            "storage_cpu_us_per_record": round(cpu["storage"] / measured * 1e6, 2),
+            "client_cpu_us_per_record": out.get("client_cpu_us_per_record")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=30_000)
+    parser.add_argument("--warmup", type=int, default=2_000)
+    parser.add_argument("--inflight", type=int, default=256)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--fsync", default="never", choices=("always", "never"))
+    parser.add_argument("--arms", default="open,secret,secure",
+                        help="clusters, comma-separated: open* (no security; open2 etc. are "
+                             "A/A controls), secret, secure; the first is the baseline")
+    args = parser.parse_args()
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    roots = {name: Path(tempfile.mkdtemp(prefix=f"bench-tls-{name}-")) for name in arms}
+    try:
+        for name, root in roots.items():
+            tls = None
+            if name == "secret":
+                tls = TlsConfig(cluster_secret_file=str(make_secret(root / "cluster-secret")))
+            lc.up(lc.LocalClusterSpec(dir=root, storage_nodes=3, sequencers=1, replication=3,
+                                      base_port=lc.free_base_port(4), fsync=args.fsync,
+                                      secure=name == "secure", tls=tls),
+                  ready_timeout_ms=60_000)
+        runs: dict[str, list[dict[str, object]]] = {name: [] for name in roots}
+        for round_index in range(args.rounds):
+            # Each round starts with another arm, so no arm always runs right after another.
+            shift = round_index % len(arms)
+            for name in arms[shift:] + arms[:shift]:
+                result = _bench(roots[name], args, name)
+                runs[name].append(result)
+                print(json.dumps(result), flush=True)
+        keys = ("records_per_s", "sequencer_cpu_us_per_record", "storage_cpu_us_per_record",
+                "client_cpu_us_per_record")
+        medians = {name: {k: statistics.median(float(r[k]) for r in rs)  # type: ignore[arg-type]
+                          for k in keys} for name, rs in runs.items()}
+        base = arms[0]
+        ratios = {name: {k: round(medians[name][k] / medians[base][k], 3) for k in keys}
+                  for name in arms[1:]}
+        print(json.dumps({"summary": f"ratios to {base}", "inflight": args.inflight,
+                          "fsync": args.fsync, "medians": medians, "ratios": ratios}),
+              flush=True)
+    finally:
+        for root in roots.values():
+            lc.down(root)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
