@@ -25,7 +25,12 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import Sequencer
-from sequencer.core.store_batcher import StoreBatcher, chunk_answers
+from sequencer.core.store_batcher import (
+    StoreBatcher,
+    all_ok,
+    chunk_answers,
+    sample_store_latency,
+)
 from shared import failpoints
 from shared.effects import Send
 from shared.status import Status
@@ -34,7 +39,7 @@ from shared.wire.codec import encode_fields
 from shared.wire.read import GetLogState, LogState
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
-from shared.wire.store_batch import StoreBatch
+from shared.wire.store_batch import StoreBatch, StoredBatch
 
 Callback = Callable[[Any], None]
 """Gets the reply message, or the ``Status`` that ended the request (CONNFAILED, TIMEDOUT)."""
@@ -205,6 +210,7 @@ class EffectDriver:
         for node, release in batcher.take_releases():
             self._ports.send(node, release)
         packed: dict[int, bytes] = {}
+        sent_ms = self._now_ms()
         for node, chunk in batcher.take():
             if len(chunk) == 1:
                 sequencer, store = chunk[0]
@@ -218,15 +224,30 @@ class EffectDriver:
                 parts.append(fields)
             batch = StoreBatch(stores=tuple(store for _, store in chunk)).with_packed(
                 tuple(parts))
-            self._ports.send_store_batch(node, batch, self._batch_reply(node, chunk))
+            self._ports.send_store_batch(node, batch, self._batch_reply(node, chunk, sent_ms))
 
     def _batch_reply(self, node: NodeId,
-                     chunk: list[tuple[Sequencer, Store]]) -> Callback:
+                     chunk: list[tuple[Sequencer, Store]], sent_ms: int) -> Callback:
         def on_reply(reply: Any) -> None:
             # One callback per STORE_BATCH: each STORE's answer goes to its log's core.
             now_ms = self._now_ms()
             live = self._live
             answered: list[Sequencer] = []
+            if type(reply) is StoredBatch and all_ok(reply, len(chunk)):
+                # The common case, kept lean: every STORE went out and came back together,
+                # so one round-trip sample per size class stands for all of them.
+                sample_store_latency(node, chunk, now_ms - sent_ms)
+                hit = failpoints.hit
+                for sequencer, store in chunk:
+                    if live is not None and not live(sequencer):
+                        continue
+                    hit("appender.after_k_stores")
+                    effects = sequencer.on_stored_ok(node, store.lsn, store.wave, now_ms)
+                    if effects:
+                        self.apply(sequencer, effects)
+                        answered.append(sequencer)
+                self._release_owed_now(answered)
+                return
             for (sequencer, store), (status, sealed_epoch, sealed_by) in zip(
                     chunk, chunk_answers(reply, len(chunk)), strict=True):
                 if live is not None and not live(sequencer):
@@ -240,15 +261,19 @@ class EffectDriver:
                     # apply looks at, no deadline or appender came or went.
                     self.apply(sequencer, effects)
                     answered.append(sequencer)
-            # Many logs are busy: the RELEASEs their completed appends owe leave now, all in
-            # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
-            # later. Earlier is always allowed.
-            for sequencer in answered:
-                if live is None or live(sequencer):
-                    for effect in sequencer.release_owed_now():
-                        self.send(sequencer, effect)
+            self._release_owed_now(answered)
 
         return on_reply
+
+    def _release_owed_now(self, answered: list[Sequencer]) -> None:
+        # Many logs are busy: the RELEASEs their completed appends owe leave now, all in
+        # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
+        # later. Earlier is always allowed.
+        live = self._live
+        for sequencer in answered:
+            if live is None or live(sequencer):
+                for effect in sequencer.release_owed_now():
+                    self.send(sequencer, effect)
 
     def send_store(self, sequencer: Sequencer, node: NodeId, message: Store) -> None:
         """One STORE on its own."""

@@ -359,7 +359,7 @@ class Sequencer:
             release_lsn=self.release_lsn, now_ms=now_ms,
             latency=self.store_latency,
         )
-        if appender.recipients and all(s is Status.OK for s in appender.recipients.values()):
+        if appender.recipients and not appender.missing:
             # Every node of the new copyset already holds a copy from an earlier wave.
             return self._complete(appender, now_ms)
         if self._release_owed:
@@ -516,6 +516,17 @@ class Sequencer:
         if resend:
             return self._send_wave(appender, now_ms)
         return []
+
+    def on_stored_ok(self, node: NodeId, lsn: Lsn, wave: int, now_ms: int) -> list[Effect]:
+        """A STORED OK out of a STORED_BATCH whose answers were all OK: what ``on_stored``
+        does with it, but for the round-trip sample, which the caller takes once per batch
+        (every STORE of a batch went out and came back together)."""
+        if lsn >> 32 != self.epoch or self.state is not SequencerState.ACTIVE:
+            return []
+        appender = self.appenders.get(Esn(lsn & 0xFFFFFFFF))
+        if appender is None or wave > appender.wave or not appender.on_stored_ok(node):
+            return []
+        return self._complete(appender, now_ms)
 
     def _complete(self, appender: Appender, now_ms: int) -> list[Effect]:
         assert self.window is not None
