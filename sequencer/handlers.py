@@ -29,7 +29,6 @@ from sequencer.core.store_batcher import (
     StoreBatcher,
     all_ok,
     chunk_answers,
-    sample_store_latency,
 )
 from shared import failpoints
 from shared.effects import Send
@@ -210,7 +209,6 @@ class EffectDriver:
         for node, release in batcher.take_releases():
             self._ports.send(node, release)
         packed: dict[int, bytes] = {}
-        sent_ms = self._now_ms()
         for node, chunk in batcher.take():
             if len(chunk) == 1:
                 sequencer, store = chunk[0]
@@ -224,19 +222,17 @@ class EffectDriver:
                 parts.append(fields)
             batch = StoreBatch(stores=tuple(store for _, store in chunk)).with_packed(
                 tuple(parts))
-            self._ports.send_store_batch(node, batch, self._batch_reply(node, chunk, sent_ms))
+            self._ports.send_store_batch(node, batch, self._batch_reply(node, chunk))
 
     def _batch_reply(self, node: NodeId,
-                     chunk: list[tuple[Sequencer, Store]], sent_ms: int) -> Callback:
+                     chunk: list[tuple[Sequencer, Store]]) -> Callback:
         def on_reply(reply: Any) -> None:
             # One callback per STORE_BATCH: each STORE's answer goes to its log's core.
             now_ms = self._now_ms()
             live = self._live
             answered: list[Sequencer] = []
             if type(reply) is StoredBatch and all_ok(reply, len(chunk)):
-                # The common case, kept lean: every STORE went out and came back together,
-                # so one round-trip sample per size class stands for all of them.
-                sample_store_latency(node, chunk, now_ms - sent_ms)
+                # The common case, kept lean (no per-STORE status, seal or tuple).
                 hit = failpoints.hit
                 for sequencer, store in chunk:
                     if live is not None and not live(sequencer):
@@ -270,10 +266,18 @@ class EffectDriver:
         # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
         # later. Earlier is always allowed.
         live = self._live
+        batcher = self._batcher
+        scheduled = self.flushing
         for sequencer in answered:
             if live is None or live(sequencer):
-                for effect in sequencer.release_owed_now():
-                    self.send(sequencer, effect)
+                owed = sequencer.take_release_owed()
+                if owed is not None:
+                    release, nodes = owed
+                    for node in nodes:
+                        # (What send does with a RELEASE that settles nothing.)
+                        if batcher.add_release(node, release) and not scheduled:
+                            self._ports.schedule_flush()
+                            scheduled = True
 
     def send_store(self, sequencer: Sequencer, node: NodeId, message: Store) -> None:
         """One STORE on its own."""

@@ -30,7 +30,7 @@ from enum import Enum
 from sequencer.core.nodeset_state import NodesetState
 from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
-from shared.effects import Send
+from shared.effects import Send, send_of
 from shared.ports import Rng
 from shared.status import Status
 from shared.types import Esn, LogId, Lsn, NodeId
@@ -81,7 +81,8 @@ class Appender:
         """A compressed batch (``shared.wire.store``): ``payloads`` is its one blob of
         ``records`` records, stored as is; it never shares an appender."""
         self.records = records if compression else len(payloads)
-        assert sum(count for _, count in requests) == self.records
+        assert (len(requests) == 1 and requests[0][1] == self.records) or sum(
+            count for _, count in requests) == self.records
         assert not compression or (len(payloads) == 1 and len(requests) == 1)
         self.producers = producers
         """Producer tags of the idempotent appends among ``requests``: every copy carries
@@ -168,7 +169,7 @@ class Appender:
             self.log_id, self.lsn, self.wave, sequencer_node, copyset, self.timestamp_ms,
             last_known_good, release_lsn, timeout_ms, self.key, self.payloads, self.checksum,
             self.producers, self.compression, self.records if self.compression else 0)
-        return [Send(node, store) for node in sends]
+        return [send_of(node, store) for node in sends]
 
     def awaited_sent_ms(self, node: NodeId) -> int:
         """When the STORE whose answer ``node`` owes the current wave went out."""

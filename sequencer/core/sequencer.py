@@ -43,7 +43,7 @@ from sequencer.core.recovery import LogRecovery, Phase
 from sequencer.core.sliding_window import SlidingWindow
 from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
-from shared.effects import Send
+from shared.effects import Send, send_of
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.limits import PRODUCER_SEQS_KEPT
 from shared.ports import Rng
@@ -366,7 +366,7 @@ class Sequencer:
             # These STOREs carry the release pointer.
             self._release_owed.difference_update(send.node for send in sends)
         heapq.heappush(self._timers, (appender.deadline_ms, appender.first_esn, appender.wave))
-        return list(sends)
+        return sends
 
     # ---- activation ---------------------------------------------------------------------
 
@@ -519,12 +519,20 @@ class Sequencer:
 
     def on_stored_ok(self, node: NodeId, lsn: Lsn, wave: int, now_ms: int) -> list[Effect]:
         """A STORED OK out of a STORED_BATCH whose answers were all OK: what ``on_stored``
-        does with it, but for the round-trip sample, which the caller takes once per batch
-        (every STORE of a batch went out and came back together)."""
+        does with it, in fewer steps (one per record and copy with many logs)."""
         if lsn >> 32 != self.epoch or self.state is not SequencerState.ACTIVE:
             return []
         appender = self.appenders.get(Esn(lsn & 0xFFFFFFFF))
-        if appender is None or wave > appender.wave or not appender.on_stored_ok(node):
+        if appender is None:
+            return []
+        if wave == appender.wave:
+            self.store_latency.on_sample(node, appender.payload_bytes, now_ms - appender.sent_ms)
+        elif wave == appender.wave - 1:
+            self.store_latency.on_sample(node, appender.payload_bytes,
+                                         now_ms - appender.previous_sent_ms)
+        elif wave > appender.wave:
+            return []
+        if not appender.on_stored_ok(node):
             return []
         return self._complete(appender, now_ms)
 
@@ -681,14 +689,22 @@ class Sequencer:
         due; nothing is owed afterwards. A driver that sends this loop iteration's frames to
         those nodes anyway (a cross-log STORE_BATCH) sends them along: earlier is always
         allowed, and no timer then fires per log to send them on their own."""
+        owed = self.take_release_owed()
+        if owed is None:
+            return []
+        release, nodes = owed
+        return [send_of(node, release) for node in nodes]
+
+    def take_release_owed(self) -> tuple[Release, list[NodeId]] | None:
+        """``release_owed_now`` as the RELEASE and the nodes it is owed to (in node order),
+        for a driver that stages it for those nodes itself; nothing is owed afterwards."""
         owed = self._release_owed
         self._release_due_ms = None
         if not owed:
-            return []
-        release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-        effects: list[Effect] = [Send(node, release) for node in sorted(owed)]
+            return None
+        nodes = sorted(owed)
         owed.clear()
-        return effects
+        return Release(log_id=self.log_id, release_lsn=self.release_lsn), nodes
 
     # ---- release broadcast and draining -------------------------------------------------
 

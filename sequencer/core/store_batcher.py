@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from sequencer.core.store_timeout import size_class
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.release import Release
@@ -140,20 +139,6 @@ def all_ok(reply: StoredBatch, count: int) -> bool:
     statuses = reply.statuses
     return (not reply.seals and len(statuses) == count
             and statuses.count(_OK) == count)
-
-
-def sample_store_latency(node: NodeId, chunk: Chunk[Any], rtt_ms: int) -> None:
-    """One round-trip sample of ``node`` per size class of the STOREs of an all-OK
-    STORE_BATCH (they went out and came back together: one sample stands for all of them),
-    into each log's ``store_latency`` (``sequencer.core.store_timeout``; one per process)."""
-    sampled: set[int] = set()
-    for sequencer, store in chunk:
-        payloads = store.payloads
-        size = len(payloads[0]) if len(payloads) == 1 else sum(map(len, payloads))
-        size_class_ = 0 if size <= 1024 else size_class(size)
-        if size_class_ not in sampled:
-            sampled.add(size_class_)
-            sequencer.store_latency.on_sample(node, size, rtt_ms)
 
 
 _BADMSG: StoredResult = (Status.BADMSG, Epoch(0), None)

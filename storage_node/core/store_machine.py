@@ -271,6 +271,11 @@ class StoreMachine:
 
     def on_persisted(self, store: Store) -> Stored:
         """The STORE is durable (per the fsync mode): note it and build the reply."""
+        self.note_persisted(store)
+        return stored_reply(store, Status.OK)
+
+    def note_persisted(self, store: Store) -> None:
+        """``on_persisted`` but for the reply (a STORED_BATCH answers with a status)."""
         log = self._log(store.log_id)
         last_lsn = store.last_lsn
         if last_lsn > log.last_lsn:
@@ -281,7 +286,6 @@ class StoreMachine:
         if tail is None or store.last_known_good > tail[0] or last_esn > tail[1]:
             log.epoch_tails[epoch] = (max(tail[0] if tail else 0, store.last_known_good),
                                       max(tail[1] if tail else 0, last_esn))
-        return stored_reply(store, Status.OK)
 
     def on_release(self, release: Release) -> Lsn | None:
         """The new release pointer to persist, or None when the RELEASE is stale or invalid."""
