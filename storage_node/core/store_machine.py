@@ -26,7 +26,11 @@ from shared.limits import (
 from shared.status import Status
 from shared.types import (
     EPOCH_INVALID,
+    EPOCH_MAX,
+    EPOCH_MIN,
     ESN_MAX,
+    LOG_ID_MAX,
+    LOG_ID_MIN,
     LSN_INVALID,
     LSN_MAX,
     Epoch,
@@ -111,29 +115,42 @@ class StoreDecision:
     release_lsn: Lsn | None
 
 
+_ESN_MASK = 0xFFFFFFFF
+"""The ESN bits of an LSN (``shared.types.lsn_to_esn``)."""
+
+
 def store_fields_status(store: Store, node_id_ok: Callable[[str], bool] = node_id_valid) -> Status:
     """BADMSG when a STORE's fields are out of range. The codec checks the top-level types but
-    not the elements of tuples, so those are checked here before anything hashes them."""
-    first_esn = lsn_to_esn(store.lsn)
-    records_count = store.records_count
-    if not log_id_valid(store.log_id) or not lsn_valid(store.release_lsn):
+    not the elements of tuples, so those are checked here before anything hashes them.
+    (``log_id_valid``, ``lsn_valid``, ``epoch_valid`` and ``records_count`` inlined: this runs
+    for every STORE, one per record with many logs.)"""
+    lsn = store.lsn
+    first_esn = lsn & _ESN_MASK
+    payloads = store.payloads
+    records_count = store.records if store.compression else len(payloads)
+    log_id = store.log_id
+    release_lsn = store.release_lsn
+    if not (type(log_id) is int and LOG_ID_MIN <= log_id <= LOG_ID_MAX) or not (
+            type(release_lsn) is int and 0 <= release_lsn <= LSN_MAX):
         return Status.BADMSG
-    if not epoch_valid(lsn_to_epoch(store.lsn)) or first_esn < 1:
+    if not EPOCH_MIN <= lsn >> 32 <= EPOCH_MAX or first_esn < 1:
         return Status.BADMSG
     # A batch lives in one epoch: its last ESN must still be a valid ESN.
     if not 1 <= records_count <= BATCH_RECORDS_MAX or first_esn + records_count - 1 > ESN_MAX:
         return Status.BADMSG
     if not 0 <= store.last_known_good <= ESN_MAX or store.timestamp_ms < 0:
         return Status.BADMSG
-    if not node_id_ok(store.sequencer_node) or len(store.copyset) > COPYSET_SIZE_MAX:
+    copyset = store.copyset
+    if not node_id_ok(store.sequencer_node) or len(copyset) > COPYSET_SIZE_MAX:
         return Status.BADMSG
-    for payload in store.payloads:
+    for payload in payloads:
         if type(payload) is not bytes:
             return Status.BADMSG
-    for node in store.copyset:
+    for node in copyset:
         if not node_id_ok(node):
             return Status.BADMSG
-    if store.key is not None and len(store.key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
+    key = store.key
+    if key is not None and len(key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
         return Status.BADMSG
     return store.validate()
 
