@@ -12,7 +12,7 @@ waiters, checkers).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from sequencer.core.effects import (
@@ -240,9 +240,10 @@ class EffectDriver:
                     hit("appender.after_k_stores")
                     effects = sequencer.on_stored_ok(node, store.lsn, store.wave, now_ms)
                     if effects:
+                        # The owed RELEASE is staged first (see _release_owed_now): then the
+                        # log's timer is not re-armed for it, only to find nothing due.
+                        self._release_owed_now((sequencer,))
                         self.apply(sequencer, effects)
-                        answered.append(sequencer)
-                self._release_owed_now(answered)
                 return
             for (sequencer, store), (status, sealed_epoch, sealed_by) in zip(
                     chunk, chunk_answers(reply, len(chunk)), strict=True):
@@ -261,7 +262,7 @@ class EffectDriver:
 
         return on_reply
 
-    def _release_owed_now(self, answered: list[Sequencer]) -> None:
+    def _release_owed_now(self, answered: Iterable[Sequencer]) -> None:
         # Many logs are busy: the RELEASEs their completed appends owe leave now, all in
         # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
         # later. Earlier is always allowed.

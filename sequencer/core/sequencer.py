@@ -34,7 +34,8 @@ from sequencer.core.effects import (
     AppendReply,
     FetchLogState,
     FetchProducer,
-    ReleaseAdvanced,
+    append_ok,
+    release_advanced,
 )
 from sequencer.core.nodeset_state import NodesetState
 from sequencer.core.producers import ProducerTable, Verdict
@@ -544,7 +545,7 @@ class Sequencer:
         producer_of = self._producer_of
         for request_id, count in appender.requests:
             last = Lsn(lsn + count - 1)
-            effects.append(AppendReply(request_id, Status.OK, lsn, last, appender.timestamp_ms))
+            effects.append(append_ok(request_id, lsn, last, appender.timestamp_ms))
             if producer_of and (pair := producer_of.pop(request_id, None)) is not None:
                 for joined in self.producers.completed(*pair, lsn, last,
                                                        appender.timestamp_ms):
@@ -590,7 +591,7 @@ class Sequencer:
         if release_lsn > self.release_lsn:
             self.release_lsn = release_lsn
             self._release_broadcasts_owed = RELEASE_BROADCASTS_PER_MOVE
-            effects.append(ReleaseAdvanced(self.log_id, release_lsn))
+            effects.append(release_advanced(self.log_id, release_lsn))
 
     def _on_preempted(self, sealed_epoch: Epoch, sealed_by: NodeId | None) -> list[Effect]:
         if sealed_epoch > self.sealed_epoch:
