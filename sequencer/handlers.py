@@ -233,11 +233,12 @@ class EffectDriver:
             answered: list[Sequencer] = []
             if type(reply) is StoredBatch and all_ok(reply, len(chunk)):
                 # The common case, kept lean (no per-STORE status, seal or tuple).
-                hit = failpoints.hit
+                armed = failpoints.armed("appender.after_k_stores")
                 for sequencer, store in chunk:
                     if live is not None and not live(sequencer):
                         continue
-                    hit("appender.after_k_stores")
+                    if armed:
+                        failpoints.hit("appender.after_k_stores")
                     effects = sequencer.on_stored_ok(node, store.lsn, store.wave, now_ms)
                     if effects:
                         # The owed RELEASE is staged first (see _release_owed_now): then the

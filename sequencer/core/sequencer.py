@@ -61,7 +61,7 @@ from shared.types import (
     lsn_to_esn,
 )
 from shared.wire.recovery import Clean
-from shared.wire.release import Release
+from shared.wire.release import Release, release_of
 from shared.wire.store import ProducerTag
 
 Effect = Any
@@ -705,7 +705,7 @@ class Sequencer:
             return None
         nodes = sorted(owed)
         owed.clear()
-        return Release(log_id=self.log_id, release_lsn=self.release_lsn), nodes
+        return release_of(self.log_id, self.release_lsn), nodes
 
     # ---- release broadcast and draining -------------------------------------------------
 
@@ -731,9 +731,8 @@ class Sequencer:
         if final and lsn_to_epoch(self.release_lsn) == self.epoch and (
                 self.drained_clean_tail() == self.release_lsn):
             drained = self.epoch
-        release = Release(log_id=self.log_id, release_lsn=self.release_lsn,
-                          drained_epoch=drained)
-        return [Send(node, release) for node in self.metadata.nodeset]
+        release = release_of(self.log_id, self.release_lsn, drained)
+        return [send_of(node, release) for node in self.metadata.nodeset]
 
     def idle_deadline_ms(self) -> int | None:
         """While ACTIVE, when the sequencer has been without appends for
