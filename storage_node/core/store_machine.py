@@ -195,6 +195,10 @@ class _LogState:
         return self.sealed_epoch, self.sealed_by
 
 
+_ACCEPT = StoreDecision(status=Status.OK, reply=None, release_lsn=None)
+"""The decision to write a STORE that moved no release pointer (shared: never changed)."""
+
+
 class StoreMachine:
     """Per-log seals and release pointers; decides the fate of STOREs."""
 
@@ -244,6 +248,8 @@ class StoreMachine:
             status = Status.DISABLED
         elif disk_low:
             status = Status.NOSPC
+        if status is Status.OK and release_lsn is None:
+            return _ACCEPT  # the common case: nothing to build per STORE
         refusal = stored_reply(store, status) if status != Status.OK else None
         return StoreDecision(status=status, reply=refusal, release_lsn=release_lsn)
 
