@@ -33,7 +33,7 @@ from shared.wire.read import GetLogState, LogState
 from shared.wire.recovery import Clean, Digest, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import Store
-from shared.wire.store_batch import ReleaseBatch, StoreBatch, release_batch_entries
+from shared.wire.store_batch import ReleaseBatch, StoreBatch, release_batch_pairs
 from storage_node.core.inflight_stores import InflightStores
 from storage_node.core.store_batch import StoredBatchAnswers
 from storage_node.core.store_machine import (
@@ -234,16 +234,15 @@ class StorageHandlers:
     def on_release_batch(self, batch: ReleaseBatch, reply: ReplyFn | None = None) -> None:
         """The release pointers of many logs: each as a RELEASE of its own (a batch never
         carries a drained epoch), with the per-frame checks made once."""
-        releases = release_batch_entries(batch)
+        releases = release_batch_pairs(batch)
         self.counts["release_messages"] += len(releases)
         if self.ports.not_serving() is not None:
             return
-        on_release = self.machine.on_release
+        on_release = self.machine.on_release_pointer
         note_release = self.ports.note_release
-        for release in releases:
-            release_lsn = on_release(release)
-            if release_lsn is not None:
-                note_release(release.log_id, release_lsn)
+        for log_id, release_lsn in releases:
+            if on_release(log_id, release_lsn) is not None:
+                note_release(log_id, release_lsn)
 
     def on_get_log_state(self, message: GetLogState, reply: ReplyFn) -> None:
         status = self.ports.not_serving()

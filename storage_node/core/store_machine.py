@@ -314,11 +314,15 @@ class StoreMachine:
         """The new release pointer to persist, or None when the RELEASE is stale or invalid."""
         if not log_id_valid(release.log_id) or not lsn_valid(release.release_lsn):
             return None
-        log = self._log(release.log_id)
-        if release.release_lsn <= log.release_lsn:
+        return self.on_release_pointer(release.log_id, release.release_lsn)
+
+    def on_release_pointer(self, log_id: LogId, release_lsn: Lsn) -> Lsn | None:
+        """``on_release`` of a pointer already checked (a RELEASE_BATCH's pairs)."""
+        log = self._log(log_id)
+        if release_lsn <= log.release_lsn:
             return None
-        log.release_lsn = release.release_lsn
-        return release.release_lsn
+        log.release_lsn = release_lsn
+        return release_lsn
 
     def drained_mark(self, release: Release) -> int | None:
         """For the last RELEASE of a drained epoch (``Release.drained_epoch``): the ESN to
