@@ -3,7 +3,8 @@
 STORE_BATCH, where the tree has it) with OK on the next loop turn (no network, no storage
 node, no decoding).
 
-``--inflight`` appends are kept outstanding over 4 logs; prints one JSON line with this
+``--inflight`` appends are kept outstanding over ``--logs`` logs (4 by default;
+round-robin, each log activated before the measured phase); prints one JSON line with this
 process's CPU time per append. For a same-run A/B of two source trees, interleave runs:
 
     for i in 1 2 3; do for t in /path/before /path/after; do
@@ -59,7 +60,7 @@ class InstantTransport:
         return Status.CONNFAILED
 
 
-async def run(appends: int, inflight: int) -> float:
+async def run(appends: int, inflight: int, logs: int = LOGS) -> float:
     cluster = ClusterConfig(
         nodes=(NodeConfig(node_id=NodeId("seq"), roles=("sequencer",)),
                *(NodeConfig(node_id=n, roles=("storage",), data_port=1) for n in STORAGE)),
@@ -70,8 +71,9 @@ async def run(appends: int, inflight: int) -> float:
         transport=InstantTransport(asyncio.get_running_loop()), epoch_store=store,
         clock=SystemClock(), rng=random.Random(1))
     await runtime.start()
-    for log in range(1, LOGS + 1):
-        await runtime.append(LogId(log), (b"warm",), None)
+    for first in range(1, logs + 1, 256):
+        await asyncio.gather(*(runtime.append(LogId(log), (b"warm",), None)
+                               for log in range(first, min(first + 256, logs + 1))))
     done = asyncio.Event()
     issued = answered = 0
     payload = (b"p" * 100,)
@@ -79,7 +81,7 @@ async def run(appends: int, inflight: int) -> float:
     def issue() -> None:
         nonlocal issued
         issued += 1
-        runtime.append_nowait(LogId(1 + issued % LOGS), payload, None, None, on_answer)
+        runtime.append_nowait(LogId(1 + issued % logs), payload, None, None, on_answer)
 
     def on_answer(result: Any) -> None:
         nonlocal answered
@@ -103,10 +105,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--appends", type=int, default=60_000)
     parser.add_argument("--inflight", type=int, default=64)
+    parser.add_argument("--logs", type=int, default=LOGS)
     args = parser.parse_args()
-    cpu_s = asyncio.run(run(args.appends, args.inflight))
+    cpu_s = asyncio.run(run(args.appends, args.inflight, args.logs))
     print(json.dumps({"bench": "sequencer_glue", "appends": args.appends,
-                      "inflight": args.inflight, "cpu_us_per_append": round(cpu_s * 1e6, 2)}))
+                      "inflight": args.inflight, "logs": args.logs,
+                      "cpu_us_per_append": round(cpu_s * 1e6, 2)}))
 
 
 if __name__ == "__main__":

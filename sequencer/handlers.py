@@ -12,7 +12,7 @@ waiters, checkers).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from sequencer.core.effects import (
@@ -25,7 +25,11 @@ from sequencer.core.effects import (
     WriteLastCleanEpoch,
 )
 from sequencer.core.sequencer import Sequencer
-from sequencer.core.store_batcher import StoreBatcher, chunk_answers
+from sequencer.core.store_batcher import (
+    StoreBatcher,
+    all_ok,
+    chunk_answers,
+)
 from shared import failpoints
 from shared.effects import Send
 from shared.status import Status
@@ -34,7 +38,7 @@ from shared.wire.codec import encode_fields
 from shared.wire.read import GetLogState, LogState
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
-from shared.wire.store_batch import StoreBatch
+from shared.wire.store_batch import StoreBatch, StoredBatch
 
 Callback = Callable[[Any], None]
 """Gets the reply message, or the ``Status`` that ended the request (CONNFAILED, TIMEDOUT)."""
@@ -227,6 +231,21 @@ class EffectDriver:
             now_ms = self._now_ms()
             live = self._live
             answered: list[Sequencer] = []
+            if type(reply) is StoredBatch and all_ok(reply, len(chunk)):
+                # The common case, kept lean (no per-STORE status, seal or tuple).
+                armed = failpoints.armed("appender.after_k_stores")
+                for sequencer, store in chunk:
+                    if live is not None and not live(sequencer):
+                        continue
+                    if armed:
+                        failpoints.hit("appender.after_k_stores")
+                    effects = sequencer.on_stored_ok(node, store.lsn, store.wave, now_ms)
+                    if effects:
+                        # The owed RELEASE is staged first (see _release_owed_now): then the
+                        # log's timer is not re-armed for it, only to find nothing due.
+                        self._release_owed_now((sequencer,))
+                        self.apply(sequencer, effects)
+                return
             for (sequencer, store), (status, sealed_epoch, sealed_by) in zip(
                     chunk, chunk_answers(reply, len(chunk)), strict=True):
                 if live is not None and not live(sequencer):
@@ -240,15 +259,27 @@ class EffectDriver:
                     # apply looks at, no deadline or appender came or went.
                     self.apply(sequencer, effects)
                     answered.append(sequencer)
-            # Many logs are busy: the RELEASEs their completed appends owe leave now, all in
-            # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
-            # later. Earlier is always allowed.
-            for sequencer in answered:
-                if live is None or live(sequencer):
-                    for effect in sequencer.release_owed_now():
-                        self.send(sequencer, effect)
+            self._release_owed_now(answered)
 
         return on_reply
+
+    def _release_owed_now(self, answered: Iterable[Sequencer]) -> None:
+        # Many logs are busy: the RELEASEs their completed appends owe leave now, all in
+        # one RELEASE_BATCH per node, rather than each log's timer sending its own 2 ms
+        # later. Earlier is always allowed.
+        live = self._live
+        batcher = self._batcher
+        scheduled = self.flushing
+        for sequencer in answered:
+            if live is None or live(sequencer):
+                owed = sequencer.take_release_owed()
+                if owed is not None:
+                    release, nodes = owed
+                    for node in nodes:
+                        # (What send does with a RELEASE that settles nothing.)
+                        if batcher.add_release(node, release) and not scheduled:
+                            self._ports.schedule_flush()
+                            scheduled = True
 
     def send_store(self, sequencer: Sequencer, node: NodeId, message: Store) -> None:
         """One STORE on its own."""

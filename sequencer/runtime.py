@@ -557,9 +557,13 @@ class SequencerRuntime:
 
     def _rearm(self, sequencer: Sequencer) -> None:
         deadline_ms = sequencer.deadline_ms()
-        if deadline_ms is None:
-            return
         log_id = sequencer.log_id
+        if deadline_ms is None:
+            # Nothing due: the log's heap entry, if any, is stale now (skipped when it fires;
+            # with many logs most appends leave one behind).
+            if self._timer_due:
+                self._timer_due.pop(log_id, None)
+            return
         due_ms = self._timer_due.get(log_id)
         if due_ms is not None and due_ms <= deadline_ms:
             return  # that entry fires first; on_timer then finds the log's next deadline
@@ -581,9 +585,12 @@ class SequencerRuntime:
         due: set[LogId] = set()
         timer_due = self._timer_due
         while self._timers and self._timers[0][0] <= now_ms:
-            log_id = heapq.heappop(self._timers)[1]
-            due.add(log_id)
-            timer_due.pop(log_id, None)
+            entry_ms, log_id = heapq.heappop(self._timers)
+            if timer_due.get(log_id) == entry_ms:
+                # The log's earliest entry (any other is stale: its deadline passed, or it was
+                # superseded by an earlier one, whose handling re-arms the log).
+                del timer_due[log_id]
+                due.add(log_id)
         for log_id in due:
             sequencer = self.sequencers.get(log_id)
             if sequencer is None:

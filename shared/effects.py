@@ -15,3 +15,18 @@ class Send:
 
     node: NodeId
     message: Any
+
+
+_new_object = object.__new__
+_set_node = Send.__dict__["node"].__set__
+_set_message = Send.__dict__["message"].__set__
+assert len(Send.__dataclass_fields__) == 2 and not hasattr(Send, "__post_init__")
+
+
+def send_of(node: NodeId, message: Any) -> Send:
+    """``Send(node, message)`` set through the slots' descriptors: a quarter of the frozen
+    dataclass ``__init__``'s cost (a sequencer builds R per record, with many logs)."""
+    send = _new_object(Send)
+    _set_node(send, node)
+    _set_message(send, message)
+    return send

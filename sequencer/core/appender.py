@@ -30,7 +30,7 @@ from enum import Enum
 from sequencer.core.nodeset_state import NodesetState
 from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
-from shared.effects import Send
+from shared.effects import Send, send_of
 from shared.ports import Rng
 from shared.status import Status
 from shared.types import Esn, LogId, Lsn, NodeId
@@ -48,8 +48,8 @@ class AppenderResult(Enum):
 class Appender:
     __slots__ = (
         "checksum", "compression", "deadline_ms", "deferred", "first_esn", "key",
-        "log_id", "lsn", "payload_bytes", "payloads", "previous_sent_ms", "producers",
-        "recipients", "records", "replication", "requests", "sent_ms", "stored_nodes",
+        "log_id", "lsn", "missing", "payload_bytes", "payloads", "previous_sent_ms",
+        "producers", "recipients", "records", "replication", "requests", "sent_ms", "stored_nodes",
         "timestamp_ms", "waited", "wave",
     )
 
@@ -81,7 +81,8 @@ class Appender:
         """A compressed batch (``shared.wire.store``): ``payloads`` is its one blob of
         ``records`` records, stored as is; it never shares an appender."""
         self.records = records if compression else len(payloads)
-        assert sum(count for _, count in requests) == self.records
+        assert (len(requests) == 1 and requests[0][1] == self.records) or sum(
+            count for _, count in requests) == self.records
         assert not compression or (len(payloads) == 1 and len(requests) == 1)
         self.producers = producers
         """Producer tags of the idempotent appends among ``requests``: every copy carries
@@ -102,6 +103,8 @@ class Appender:
         (a node that hangs would otherwise be picked again every other wave, for ever)."""
         self.recipients: dict[NodeId, Status | None] = {}
         """Current wave's recipients and their answers (None while outstanding)."""
+        self.missing = 0
+        """Current recipients whose answer is not OK (yet): the wave is done at 0."""
         self.stored_nodes: frozenset[NodeId] = frozenset()
         """Nodes that answered STORED OK in any wave."""
 
@@ -145,6 +148,7 @@ class Appender:
         if copyset is None:
             # Not enough available nodes: try again when this wave's timer fires.
             self.recipients = {}
+            self.missing = 0
             self.deadline_ms = now_ms + self.store_timeout_ms(config)
             return []
         if working:
@@ -157,6 +161,7 @@ class Appender:
         timeout_ms = self.store_timeout_ms(config, first_wave_ms)
         self.deadline_ms = now_ms + timeout_ms
         self.recipients = {n: (Status.OK if n in stored else None) for n in copyset}
+        self.missing = sum(1 for n in copyset if n not in stored) if stored else len(copyset)
         sends = [n for n in copyset if n not in skipped]
         if not sends:
             return []
@@ -164,7 +169,7 @@ class Appender:
             self.log_id, self.lsn, self.wave, sequencer_node, copyset, self.timestamp_ms,
             last_known_good, release_lsn, timeout_ms, self.key, self.payloads, self.checksum,
             self.producers, self.compression, self.records if self.compression else 0)
-        return [Send(node, store) for node in sends]
+        return [send_of(node, store) for node in sends]
 
     def awaited_sent_ms(self, node: NodeId) -> int:
         """When the STORE whose answer ``node`` owes the current wave went out."""
@@ -179,19 +184,28 @@ class Appender:
         if status is Status.PREEMPTED:
             return AppenderResult.PREEMPTED, False
         if status is Status.OK and wave <= self.wave:
-            # A copy from any wave is as good as one from this wave (see Amends above).
-            self.stored_nodes = self.stored_nodes | {node}
-            if self.recipients.get(node, Status.OK) is None:
-                self.recipients[node] = Status.OK
-                if all(s is Status.OK for s in self.recipients.values()):
-                    return AppenderResult.DONE, False
-            return AppenderResult.PENDING, False
+            return (AppenderResult.DONE if self.on_stored_ok(node) else AppenderResult.PENDING,
+                    False)
         owed_wave = self.wave - 1 if node in self.deferred else self.wave
         if wave != owed_wave or node not in self.recipients or self.recipients[node] is not None:
             return AppenderResult.PENDING, False
         self.recipients[node] = status
         nodeset.blacklist(node, status, now_ms)
         return AppenderResult.PENDING, self.wave <= 2
+
+    def on_stored_ok(self, node: NodeId) -> bool:
+        """``node`` answered STORED OK to this wave or an earlier one (a copy from any wave is
+        as good as one from this wave: see Amends above). True when the wave is done: every
+        current recipient holds a copy."""
+        stored = self.stored_nodes
+        if node not in stored:
+            self.stored_nodes = stored | {node}
+        recipients = self.recipients
+        if recipients.get(node, Status.OK) is None:
+            recipients[node] = Status.OK
+            self.missing -= 1
+            return not self.missing
+        return False
 
     def on_timeout(self, nodeset: NodesetState, now_ms: int) -> None:
         """Graylist the first outstanding recipient unless nobody answered at all."""

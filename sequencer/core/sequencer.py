@@ -34,7 +34,8 @@ from sequencer.core.effects import (
     AppendReply,
     FetchLogState,
     FetchProducer,
-    ReleaseAdvanced,
+    append_ok,
+    release_advanced,
 )
 from sequencer.core.nodeset_state import NodesetState
 from sequencer.core.producers import ProducerTable, Verdict
@@ -43,7 +44,7 @@ from sequencer.core.recovery import LogRecovery, Phase
 from sequencer.core.sliding_window import SlidingWindow
 from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
-from shared.effects import Send
+from shared.effects import Send, send_of
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.limits import PRODUCER_SEQS_KEPT
 from shared.ports import Rng
@@ -60,7 +61,7 @@ from shared.types import (
     lsn_to_esn,
 )
 from shared.wire.recovery import Clean
-from shared.wire.release import Release
+from shared.wire.release import Release, release_of
 from shared.wire.store import ProducerTag
 
 Effect = Any
@@ -359,14 +360,14 @@ class Sequencer:
             release_lsn=self.release_lsn, now_ms=now_ms,
             latency=self.store_latency,
         )
-        if appender.recipients and all(s is Status.OK for s in appender.recipients.values()):
+        if appender.recipients and not appender.missing:
             # Every node of the new copyset already holds a copy from an earlier wave.
             return self._complete(appender, now_ms)
         if self._release_owed:
             # These STOREs carry the release pointer.
             self._release_owed.difference_update(send.node for send in sends)
         heapq.heappush(self._timers, (appender.deadline_ms, appender.first_esn, appender.wave))
-        return list(sends)
+        return sends
 
     # ---- activation ---------------------------------------------------------------------
 
@@ -517,6 +518,25 @@ class Sequencer:
             return self._send_wave(appender, now_ms)
         return []
 
+    def on_stored_ok(self, node: NodeId, lsn: Lsn, wave: int, now_ms: int) -> list[Effect]:
+        """A STORED OK out of a STORED_BATCH whose answers were all OK: what ``on_stored``
+        does with it, in fewer steps (one per record and copy with many logs)."""
+        if lsn >> 32 != self.epoch or self.state is not SequencerState.ACTIVE:
+            return []
+        appender = self.appenders.get(Esn(lsn & 0xFFFFFFFF))
+        if appender is None:
+            return []
+        if wave == appender.wave:
+            self.store_latency.on_sample(node, appender.payload_bytes, now_ms - appender.sent_ms)
+        elif wave == appender.wave - 1:
+            self.store_latency.on_sample(node, appender.payload_bytes,
+                                         now_ms - appender.previous_sent_ms)
+        elif wave > appender.wave:
+            return []
+        if not appender.on_stored_ok(node):
+            return []
+        return self._complete(appender, now_ms)
+
     def _complete(self, appender: Appender, now_ms: int) -> list[Effect]:
         assert self.window is not None
         del self.appenders[appender.first_esn]
@@ -525,7 +545,7 @@ class Sequencer:
         producer_of = self._producer_of
         for request_id, count in appender.requests:
             last = Lsn(lsn + count - 1)
-            effects.append(AppendReply(request_id, Status.OK, lsn, last, appender.timestamp_ms))
+            effects.append(append_ok(request_id, lsn, last, appender.timestamp_ms))
             if producer_of and (pair := producer_of.pop(request_id, None)) is not None:
                 for joined in self.producers.completed(*pair, lsn, last,
                                                        appender.timestamp_ms):
@@ -571,7 +591,7 @@ class Sequencer:
         if release_lsn > self.release_lsn:
             self.release_lsn = release_lsn
             self._release_broadcasts_owed = RELEASE_BROADCASTS_PER_MOVE
-            effects.append(ReleaseAdvanced(self.log_id, release_lsn))
+            effects.append(release_advanced(self.log_id, release_lsn))
 
     def _on_preempted(self, sealed_epoch: Epoch, sealed_by: NodeId | None) -> list[Effect]:
         if sealed_epoch > self.sealed_epoch:
@@ -670,14 +690,22 @@ class Sequencer:
         due; nothing is owed afterwards. A driver that sends this loop iteration's frames to
         those nodes anyway (a cross-log STORE_BATCH) sends them along: earlier is always
         allowed, and no timer then fires per log to send them on their own."""
+        owed = self.take_release_owed()
+        if owed is None:
+            return []
+        release, nodes = owed
+        return [send_of(node, release) for node in nodes]
+
+    def take_release_owed(self) -> tuple[Release, list[NodeId]] | None:
+        """``release_owed_now`` as the RELEASE and the nodes it is owed to (in node order),
+        for a driver that stages it for those nodes itself; nothing is owed afterwards."""
         owed = self._release_owed
         self._release_due_ms = None
         if not owed:
-            return []
-        release = Release(log_id=self.log_id, release_lsn=self.release_lsn)
-        effects: list[Effect] = [Send(node, release) for node in sorted(owed)]
+            return None
+        nodes = sorted(owed)
         owed.clear()
-        return effects
+        return release_of(self.log_id, self.release_lsn), nodes
 
     # ---- release broadcast and draining -------------------------------------------------
 
@@ -703,9 +731,8 @@ class Sequencer:
         if final and lsn_to_epoch(self.release_lsn) == self.epoch and (
                 self.drained_clean_tail() == self.release_lsn):
             drained = self.epoch
-        release = Release(log_id=self.log_id, release_lsn=self.release_lsn,
-                          drained_epoch=drained)
-        return [Send(node, release) for node in self.metadata.nodeset]
+        release = release_of(self.log_id, self.release_lsn, drained)
+        return [send_of(node, release) for node in self.metadata.nodeset]
 
     def idle_deadline_ms(self) -> int | None:
         """While ACTIVE, when the sequencer has been without appends for

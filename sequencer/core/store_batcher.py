@@ -131,6 +131,16 @@ class StoreBatcher(Generic[Owner]):
         return chunks
 
 
+_OK = int(Status.OK)
+
+
+def all_ok(reply: StoredBatch, count: int) -> bool:
+    """Whether a STORED_BATCH answers each of ``count`` STOREs OK, with no seal."""
+    statuses = reply.statuses
+    return (not reply.seals and len(statuses) == count
+            and statuses.count(_OK) == count)
+
+
 _BADMSG: StoredResult = (Status.BADMSG, Epoch(0), None)
 
 

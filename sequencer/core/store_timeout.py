@@ -48,6 +48,8 @@ OUTLIER_FACTOR = 4
 """A wave waits at most this many times its fastest recipient's timeout."""
 NODES_TRACKED_MAX = 4096
 """Storage nodes with an estimate; further nodes get the defaults (membership is smaller)."""
+_TIMEOUTS_CACHED_MAX = 1024
+"""``StoreLatency.timeout_ms`` answers kept between samples."""
 
 
 def size_class(payload_bytes: int) -> int:
@@ -101,10 +103,13 @@ class StoreTimeout:
 class StoreLatency:
     """Per storage node and size class, the STORE round trips observed (see the module)."""
 
-    __slots__ = ("_nodes",)
+    __slots__ = ("_nodes", "_timeouts")
 
     def __init__(self) -> None:
         self._nodes: dict[NodeId, list[StoreTimeout]] = {}
+        self._timeouts: dict[tuple[object, ...], int] = {}
+        """``timeout_ms`` answers since the last sample: with many logs, each append's first
+        wave asks for the same copysets and sizes again and again."""
 
     def _classes(self, node: NodeId) -> list[StoreTimeout] | None:
         classes = self._nodes.get(node)
@@ -120,11 +125,13 @@ class StoreLatency:
     def on_sample(self, node: NodeId, payload_bytes: int, rtt_ms: int) -> None:
         """``node`` answered STORED OK ``rtt_ms`` after the STORE went out."""
         classes = self._nodes.get(node) or self._classes(node)
+        self._timeouts.clear()
         if classes is not None:
             classes[0 if payload_bytes <= 1024 else size_class(payload_bytes)].on_sample(rtt_ms)
 
     def on_silent_timeout(self, node: NodeId, payload_bytes: int, waited_ms: int) -> None:
         classes = self._classes(node)
+        self._timeouts.clear()
         if classes is not None:
             classes[size_class(payload_bytes)].on_silent_timeout(waited_ms)
 
@@ -150,6 +157,20 @@ class StoreLatency:
                    config: SequencerConfig, skip: frozenset[NodeId] = frozenset()) -> int:
         """The first wave's timeout for a STORE of ``payload_bytes`` to ``nodes`` (but those
         in ``skip``), within ``store_timeout_ms_min`` and ``store_timeout_ms_max``."""
+        if type(nodes) is not tuple:
+            nodes = tuple(nodes)
+        key = (nodes, payload_bytes, skip, config.store_timeout_ms_min,
+               config.store_timeout_ms_max)
+        timeout_ms = self._timeouts.get(key)
+        if timeout_ms is None:
+            timeouts = self._timeouts
+            if len(timeouts) >= _TIMEOUTS_CACHED_MAX:
+                timeouts.clear()
+            timeout_ms = timeouts[key] = self._timeout_ms(nodes, payload_bytes, config, skip)
+        return timeout_ms
+
+    def _timeout_ms(self, nodes: Iterable[NodeId], payload_bytes: int,
+                    config: SequencerConfig, skip: frozenset[NodeId]) -> int:
         min_ms = config.store_timeout_ms_min
         slowest = fastest = -1.0
         for node in nodes:

@@ -74,6 +74,8 @@ class RecordFlags(IntFlag):
 RECOVERY_HOLE = RecordFlags.WRITTEN_BY_RECOVERY | RecordFlags.HOLE
 RECOVERY_BRIDGE = RECOVERY_HOLE | RecordFlags.BRIDGE
 FLAGS_ALL = int(RECOVERY_BRIDGE)
+_WRITTEN_BY_RECOVERY = int(RecordFlags.WRITTEN_BY_RECOVERY)
+_HOLE = int(RecordFlags.HOLE)
 
 
 RECOVERY_ATTEMPT_BITS = 16
@@ -145,10 +147,10 @@ class Store:
                 self.compression not in COMPRESSION_CODECS or len(self.payloads) != 1
                 or not 1 <= self.records <= BATCH_RECORDS_MAX or self.flags):
             return Status.BADMSG
-        if self.flags & ~FLAGS_ALL or (
-                self.flags and not self.flags & RecordFlags.WRITTEN_BY_RECOVERY):
-            return Status.BADMSG
-        if self.flags & RecordFlags.HOLE and any(self.payloads):
+        flags = self.flags
+        # (Plain ints: an int & IntFlag goes through enum's __and__, per STORE.)
+        if flags and (flags & ~FLAGS_ALL or not flags & _WRITTEN_BY_RECOVERY or (
+                flags & _HOLE and any(self.payloads))):
             return Status.BADMSG
         if self.producers and (len(self.producers) > self.records_count or not all(
                 producer_tag_valid(tag) and tag[2] <= self.last_lsn and tag[3] >= self.lsn

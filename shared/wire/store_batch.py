@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from shared.status import Status
 from shared.types import (
     Epoch,
+    LogId,
+    Lsn,
     NodeId,
     epoch_valid,
     log_id_valid,
@@ -119,6 +121,17 @@ def release_batch_entries(batch: ReleaseBatch) -> list[Release]:
     if len(releases) > RELEASE_BATCH_LOGS_MAX:
         return []
     return [_release(pair[0], pair[1]) for pair in releases
+            if type(pair) is tuple and len(pair) == 2 and log_id_valid(pair[0])
+            and lsn_valid(pair[1])]
+
+
+def release_batch_pairs(batch: ReleaseBatch) -> list[tuple[LogId, Lsn]]:
+    """``release_batch_entries`` as ``(log_id, release_lsn)`` pairs (no RELEASE built per
+    log), with the same checks."""
+    releases = batch.releases
+    if len(releases) > RELEASE_BATCH_LOGS_MAX:
+        return []
+    return [pair for pair in releases  # type: ignore[misc]
             if type(pair) is tuple and len(pair) == 2 and log_id_valid(pair[0])
             and lsn_valid(pair[1])]
 

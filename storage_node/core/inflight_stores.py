@@ -61,6 +61,11 @@ class InflightStores(Generic[T]):
         joined.append((store, token))
         return True
 
+    def writing(self, store: Store) -> bool:
+        """Whether a STORE of ``store``'s log and LSN is being written (``join`` may take
+        it): a cheap look before building a token."""
+        return (store.log_id, store.lsn) in self._writing
+
     def begin(self, store: Store) -> None:
         """``store`` was queued for writing (a recovery copy is not tracked)."""
         if not store.flags:

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from shared.status import Status
 from shared.wire.store import Stored
 from shared.wire.store_batch import SealAnswer, StoredBatch
+
+_OK = int(Status.OK)
 
 
 class StoredBatchAnswers:
@@ -42,9 +45,23 @@ class StoredBatchAnswers:
             self._seals.append((index, int(stored.sealed_epoch), stored.sealed_by))
         self._missing -= 1
         if not self._missing:
-            self._seals.sort(key=lambda seal: seal[0])
-            self._reply(StoredBatch(statuses=tuple(s for s in statuses if s is not None),
-                                    seals=tuple(self._seals)))
+            self._finish()
+
+    def put_ok(self, index: int) -> None:
+        """STORE ``index`` is durable: OK, with no seal (what ``put`` does with a STORED OK,
+        without one being built per STORE)."""
+        statuses = self._statuses
+        if statuses[index] is not None:
+            return
+        statuses[index] = _OK
+        self._missing -= 1
+        if not self._missing:
+            self._finish()
+
+    def _finish(self) -> None:
+        self._seals.sort(key=lambda seal: seal[0])
+        self._reply(StoredBatch(statuses=tuple(s for s in self._statuses if s is not None),
+                                seals=tuple(self._seals)))
 
     @property
     def missing(self) -> int:

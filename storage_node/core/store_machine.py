@@ -26,7 +26,11 @@ from shared.limits import (
 from shared.status import Status
 from shared.types import (
     EPOCH_INVALID,
+    EPOCH_MAX,
+    EPOCH_MIN,
     ESN_MAX,
+    LOG_ID_MAX,
+    LOG_ID_MIN,
     LSN_INVALID,
     LSN_MAX,
     Epoch,
@@ -111,29 +115,42 @@ class StoreDecision:
     release_lsn: Lsn | None
 
 
+_ESN_MASK = 0xFFFFFFFF
+"""The ESN bits of an LSN (``shared.types.lsn_to_esn``)."""
+
+
 def store_fields_status(store: Store, node_id_ok: Callable[[str], bool] = node_id_valid) -> Status:
     """BADMSG when a STORE's fields are out of range. The codec checks the top-level types but
-    not the elements of tuples, so those are checked here before anything hashes them."""
-    first_esn = lsn_to_esn(store.lsn)
-    records_count = store.records_count
-    if not log_id_valid(store.log_id) or not lsn_valid(store.release_lsn):
+    not the elements of tuples, so those are checked here before anything hashes them.
+    (``log_id_valid``, ``lsn_valid``, ``epoch_valid`` and ``records_count`` inlined: this runs
+    for every STORE, one per record with many logs.)"""
+    lsn = store.lsn
+    first_esn = lsn & _ESN_MASK
+    payloads = store.payloads
+    records_count = store.records if store.compression else len(payloads)
+    log_id = store.log_id
+    release_lsn = store.release_lsn
+    if not (type(log_id) is int and LOG_ID_MIN <= log_id <= LOG_ID_MAX) or not (
+            type(release_lsn) is int and 0 <= release_lsn <= LSN_MAX):
         return Status.BADMSG
-    if not epoch_valid(lsn_to_epoch(store.lsn)) or first_esn < 1:
+    if not EPOCH_MIN <= lsn >> 32 <= EPOCH_MAX or first_esn < 1:
         return Status.BADMSG
     # A batch lives in one epoch: its last ESN must still be a valid ESN.
     if not 1 <= records_count <= BATCH_RECORDS_MAX or first_esn + records_count - 1 > ESN_MAX:
         return Status.BADMSG
     if not 0 <= store.last_known_good <= ESN_MAX or store.timestamp_ms < 0:
         return Status.BADMSG
-    if not node_id_ok(store.sequencer_node) or len(store.copyset) > COPYSET_SIZE_MAX:
+    copyset = store.copyset
+    if not node_id_ok(store.sequencer_node) or len(copyset) > COPYSET_SIZE_MAX:
         return Status.BADMSG
-    for payload in store.payloads:
+    for payload in payloads:
         if type(payload) is not bytes:
             return Status.BADMSG
-    for node in store.copyset:
+    for node in copyset:
         if not node_id_ok(node):
             return Status.BADMSG
-    if store.key is not None and len(store.key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
+    key = store.key
+    if key is not None and len(key.encode("utf-8", "replace")) > KEY_BYTES_MAX:
         return Status.BADMSG
     return store.validate()
 
@@ -176,6 +193,10 @@ class _LogState:
         if self.soft_sealed_epoch > self.sealed_epoch:
             return self.soft_sealed_epoch, self.soft_sealed_by
         return self.sealed_epoch, self.sealed_by
+
+
+_ACCEPT = StoreDecision(status=Status.OK, reply=None, release_lsn=None)
+"""The decision to write a STORE that moved no release pointer (shared: never changed)."""
 
 
 class StoreMachine:
@@ -227,6 +248,8 @@ class StoreMachine:
             status = Status.DISABLED
         elif disk_low:
             status = Status.NOSPC
+        if status is Status.OK and release_lsn is None:
+            return _ACCEPT  # the common case: nothing to build per STORE
         refusal = stored_reply(store, status) if status != Status.OK else None
         return StoreDecision(status=status, reply=refusal, release_lsn=release_lsn)
 
@@ -271,6 +294,11 @@ class StoreMachine:
 
     def on_persisted(self, store: Store) -> Stored:
         """The STORE is durable (per the fsync mode): note it and build the reply."""
+        self.note_persisted(store)
+        return stored_reply(store, Status.OK)
+
+    def note_persisted(self, store: Store) -> None:
+        """``on_persisted`` but for the reply (a STORED_BATCH answers with a status)."""
         log = self._log(store.log_id)
         last_lsn = store.last_lsn
         if last_lsn > log.last_lsn:
@@ -281,17 +309,20 @@ class StoreMachine:
         if tail is None or store.last_known_good > tail[0] or last_esn > tail[1]:
             log.epoch_tails[epoch] = (max(tail[0] if tail else 0, store.last_known_good),
                                       max(tail[1] if tail else 0, last_esn))
-        return stored_reply(store, Status.OK)
 
     def on_release(self, release: Release) -> Lsn | None:
         """The new release pointer to persist, or None when the RELEASE is stale or invalid."""
         if not log_id_valid(release.log_id) or not lsn_valid(release.release_lsn):
             return None
-        log = self._log(release.log_id)
-        if release.release_lsn <= log.release_lsn:
+        return self.on_release_pointer(release.log_id, release.release_lsn)
+
+    def on_release_pointer(self, log_id: LogId, release_lsn: Lsn) -> Lsn | None:
+        """``on_release`` of a pointer already checked (a RELEASE_BATCH's pairs)."""
+        log = self._log(log_id)
+        if release_lsn <= log.release_lsn:
             return None
-        log.release_lsn = release.release_lsn
-        return release.release_lsn
+        log.release_lsn = release_lsn
+        return release_lsn
 
     def drained_mark(self, release: Release) -> int | None:
         """For the last RELEASE of a drained epoch (``Release.drained_epoch``): the ESN to

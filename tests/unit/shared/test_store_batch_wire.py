@@ -25,6 +25,7 @@ from shared.wire.store_batch import (
     StoreBatch,
     StoredBatch,
     release_batch_entries,
+    release_batch_pairs,
     stored_batch_results,
 )
 from tests.unit.shared.test_codec import stores
@@ -160,6 +161,18 @@ def test_release_batch_round_trips_and_skips_invalid_pairs() -> None:
     assert release_batch_entries(odd) == [Release(log_id=4, release_lsn=2)]
     huge = ReleaseBatch(releases=((1, 1),) * (RELEASE_BATCH_LOGS_MAX + 1))
     assert release_batch_entries(huge) == []
+    assert release_batch_pairs(batch) == [(1, 5), (2, 9)]
+    assert release_batch_pairs(odd) == [(4, 2)] and release_batch_pairs(huge) == []
+
+
+@given(st.lists(st.one_of(
+    st.tuples(st.integers(-2, 2**63), st.integers(-2, 2**65)),
+    st.tuples(st.integers(1, 5)), st.text(max_size=2), st.none()), max_size=8))
+def test_release_batch_pairs_are_the_entries_release_batch_entries_gives(
+        releases: list[object]) -> None:
+    batch = ReleaseBatch(releases=tuple(releases))  # type: ignore[arg-type]
+    assert release_batch_pairs(batch) == [
+        (release.log_id, release.release_lsn) for release in release_batch_entries(batch)]
 
 
 @settings(max_examples=100, deadline=None)
