@@ -186,7 +186,7 @@ class Client:
             if binary is not None:
                 future: asyncio.Future[AppendResult] = binary.loop.create_future()
                 binary.submit(_message(log, (payload,), key, producer_id, producer_seq),
-                              future, _append_result)
+                              future, _append_result, single=True)
                 return await future
         return await self._http_append(log, payload, key, producer_id, producer_seq)
 
@@ -208,7 +208,7 @@ class Client:
         if binary is not None and not self._binary_off:
             future: asyncio.Future[AppendResult] = binary.loop.create_future()
             binary.submit(_message(log, (payload,), key, producer_id, producer_seq), future,
-                          _append_result)
+                          _append_result, single=True)
             return future
         return asyncio.ensure_future(self.append(
             log, payload, key, producer_id=producer_id, producer_seq=producer_seq))
@@ -306,7 +306,7 @@ class Client:
             retries_max=self._retries_max, redirects_max=self._redirects_max,
             backoff_ms=self._backoff_after_ms,
             refresh_cluster=self._refresh_cluster, http_fallback=self._http_fallback,
-            on_unavailable=self._binary_unavailable)
+            on_unavailable=self._binary_unavailable, make_single=_single_result)
         return self._binary
 
     def _binary_unavailable(self) -> None:
@@ -635,6 +635,11 @@ def _message(log: LogId, payloads: tuple[bytes, ...], key: str | None,
 
 def _append_result(answer: Appended) -> AppendResult:
     return AppendResult(lsn=answer.first_lsn, timestamp_ms=answer.timestamp_ms)
+
+
+def _single_result(lsn: int, timestamp_ms: int) -> AppendResult:
+    """The result of one append of a group (``seqlog.binary_appends``)."""
+    return AppendResult(lsn=Lsn(lsn), timestamp_ms=timestamp_ms)
 
 
 def _batch_result(answer: Appended) -> BatchResult:
