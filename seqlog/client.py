@@ -3,7 +3,9 @@ default, everything else over the HTTP API (msgpack on the wire).
 
 Appends (``protocol="binary"``): one pipelined connection per node's data port, learned with
 the cluster fingerprint from ``GET /v1/cluster`` (``seqlog.binary``, ``seqlog.binary_appends``);
-routing and retries follow the rules below. A cluster whose nodes do not offer the binary
+routing and retries follow the rules below. Single appends to one log made in the same loop
+iteration travel as one APPEND and are answered each with its own LSN (see
+``seqlog.binary_appends``). A cluster whose nodes do not offer the binary
 protocol (older nodes) gets HTTP appends instead. ``protocol="http"`` sends appends over HTTP.
 
 One ``aiohttp`` session per client. Appends go straight to the log's sequencer: the node an
@@ -200,8 +202,9 @@ class Client:
         producer_seq: int | None = None,
     ) -> asyncio.Future[AppendResult]:
         """``append`` without a coroutine: the future of its result. Over an open binary
-        connection this creates no Task (one frame, one future, one callback), so a caller can
-        keep thousands of appends in flight cheaply. Bad arguments raise at once."""
+        connection this creates no Task (one future each; the appends of one loop iteration
+        share a frame and a callback), so a caller can keep thousands of appends in flight
+        cheaply. Bad arguments raise at once."""
         log = _check_log(log_id)
         payload = _check_payload(payload)
         binary = self._binary
