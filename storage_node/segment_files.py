@@ -55,12 +55,6 @@ SPARE_NAME = "spare.prealloc"
 PREALLOCATE_BYTES = 4 * 1024 * 1024
 """Zero-filled space kept ahead of the write position (see the module docstring); extended
 by this much whenever less than half of it is left."""
-PREALLOCATE_COMMIT_BYTES_MAX = 128 * 1024
-"""While commits average at least this many bytes (over the last few), nothing is zero-filled
-ahead: a big batch pays its fsync's metadata update once, while zero-filling would write every
-byte twice (buffered writer, 1 KiB records of ~1 MiB batches: storage CPU per record
-3.0-3.9 -> 1.6-1.8 us without it). Small commits, where the saved metadata update is a large
-share of each commit's latency, get their zeroed space again as soon as they come back."""
 _ZERO_WRITE_BYTES = 1024 * 1024
 _ZEROS = bytes(_ZERO_WRITE_BYTES)
 
@@ -134,8 +128,6 @@ class SegmentWriter:
         self._spare_bytes = 0
         """Zeroed bytes of a complete ``SPARE_NAME`` file; 0 when there is none."""
         self._preparing = False
-        self._commit_bytes_avg = 0
-        """Moving average of the sizes of the latest commits (``PREALLOCATE_COMMIT_BYTES_MAX``)."""
         self._prepare_failed_segment = -1
         """A preparation of this segment failed: none is tried again before the next."""
         self._closed = False
@@ -244,7 +236,6 @@ class SegmentWriter:
         in the file."""
         self.check_disk(force=False)
         size = sum(map(len, chunks))
-        self._commit_bytes_avg += (size - self._commit_bytes_avg) // 2
         fsyncs = 0
         start = self._segment_bytes
         end = start + size
@@ -378,8 +369,7 @@ class SegmentWriter:
         segment when less than half of ``preallocate_bytes`` is left, else the spare for the
         next segment once this one is half full. Cheap when nothing is due (every append)."""
         if (self._preparer is None or self._preparing or self.disk_low or self._closed
-                or self._prepare_failed_segment == self._segment_id
-                or self._commit_bytes_avg >= PREALLOCATE_COMMIT_BYTES_MAX):
+                or self._prepare_failed_segment == self._segment_id):
             return
         cap = self._segment_bytes_max
         zeroed_end = self._zeroed_end

@@ -225,35 +225,6 @@ def test_the_zeroed_space_is_extended_ahead_and_the_next_segment_is_a_spare(
     assert not os.path.exists(os.path.join(directory, SPARE_NAME))
 
 
-def test_big_commits_get_no_zeroed_space_and_small_ones_get_it_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(segment_files, "PREALLOCATE_COMMIT_BYTES_MAX", 64 * 1024)
-    directory = str(tmp_path)
-    writer = SegmentWriter(directory, segment_bytes_max=8 * SEGMENT_MAX, fsync="always",
-                           disk_free_bytes_min=0, preallocate_bytes=PREALLOC)
-    writer.recover(lambda segment_id, scanned: None)
-    try:
-        big = entry(1, 200 * 1024)
-        assert writer.append([big], fsync=True).status is Status.OK  # the average moves
-        wait_for(lambda: not writer.preparing)
-        filled = writer.zero_fill_bytes
-        for _ in range(12):  # far past the zeroed space: zero-filling would have followed
-            assert writer.append([big], fsync=True).status is Status.OK
-            wait_for(lambda: not writer.preparing)
-        assert writer.zero_fill_bytes == filled  # nothing written twice
-        assert writer.zeroed_ahead_bytes == 0
-        syncs = writer.fdatasyncs_count
-        for i in range(2, 12):
-            assert writer.append([entry(i)], fsync=True).status is Status.OK
-        wait_for(lambda: writer.zeroed_ahead_bytes >= PREALLOC // 2)
-        assert writer.zero_fill_bytes > filled
-        # Once zeroed again, small commits are fdatasyncs again.
-        assert writer.append([entry(12)], fsync=True).status is Status.OK
-        assert writer.fdatasyncs_count > syncs
-    finally:
-        writer.close()
-
-
 def test_a_failed_write_inside_the_zeroed_space_is_zeroed_again(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     directory = str(tmp_path)
