@@ -19,8 +19,8 @@ can see except the cost: one frame, one check and one answer per group instead o
 Each append still gets its own LSN (``first_lsn + i``) and its own future. A group that is not
 written (any answer but OK) is taken apart: each append goes on alone through the rules above,
 so an answer about the group (TOOBIG against a node's smaller batch limits) is never wrongly
-pinned on one append, and an unknown outcome stays unknown for each. A lone append travels as
-before.
+pinned on one append, and an unknown outcome stays unknown for each. An append made on an
+idle connection (nothing in flight: one append at a time) leaves alone, as before.
 
 A node that refuses the client's HELLO (an older node, protocol version 1), or data ports of
 which none was ever reachable (a client outside a network that exposes only HTTP), make the
@@ -99,7 +99,9 @@ class BinaryAppends:
         if conn is None:
             self._spawn(self._run(message, None, None, future, make))
             return
-        if (single and self._make_single is not None and message.producer_id is None
+        # An idle connection (one append at a time) sends at once, as without groups.
+        if (single and conn.inflight and self._make_single is not None
+                and message.producer_id is None
                 and not message.compression and len(message.payloads) == 1
                 and len(message.payloads[0]) <= GROUP_PAYLOAD_BYTES_MAX):
             group_key = (message.log_id, message.key, message.no_forward, owner)

@@ -207,8 +207,9 @@ async def test_single_appends_of_one_loop_iteration_travel_as_one_append(
         results = await asyncio.gather(*plain)
         keyed_results = await asyncio.gather(*keyed)
         await asyncio.gather(big, pair)
-    # One APPEND per (log, key) group, the big payload and the producer's append alone.
-    assert owner.hits["binary"] - frames_before == 4
+    # The first append alone (the connection was idle), then one APPEND per (log, key)
+    # group; the big payload and the producer's append alone.
+    assert owner.hits["binary"] - frames_before == 5
     # Each append its own LSN, consecutive in the order they were made.
     assert [r.lsn for r in results] == [E1 + 2 + i for i in range(300)]
     assert [r.lsn for r in keyed_results] == [E1 + 2 + i for i in range(20)]
@@ -225,16 +226,17 @@ async def test_a_group_is_split_at_its_bounds(nodes: tuple[FakeNode, FakeNode]) 
     async with client(n1.url) as c:
         await c.append(1, b"warm")
         frames_before = owner.hits["binary"]
-        many = [c.append_future(1, b"%d" % i) for i in range(GROUP_RECORDS_MAX + 1)]
+        many = [c.append_future(1, b"%d" % i) for i in range(GROUP_RECORDS_MAX + 2)]
         results = await asyncio.gather(*many)
-        assert owner.hits["binary"] - frames_before == 2
+        assert owner.hits["binary"] - frames_before == 3  # the first one alone
+
         payload = b"x" * GROUP_PAYLOAD_BYTES_MAX
         per_group = GROUP_BYTES_MAX // GROUP_PAYLOAD_BYTES_MAX
         sized = await asyncio.gather(*(c.append_future(1, payload)
-                                       for _ in range(per_group + 1)))
-        assert owner.hits["binary"] - frames_before == 4
+                                       for _ in range(per_group + 2)))
+        assert owner.hits["binary"] - frames_before == 6
     assert [r.lsn for r in results + sized] == [
-        E1 + 2 + i for i in range(GROUP_RECORDS_MAX + 1 + per_group + 1)]
+        E1 + 2 + i for i in range(GROUP_RECORDS_MAX + 2 + per_group + 2)]
 
 
 async def test_a_group_a_node_refuses_is_sent_one_append_at_a_time(
@@ -245,13 +247,13 @@ async def test_a_group_a_node_refuses_is_sent_one_append_at_a_time(
     async with client(n1.url) as c:
         await c.append(1, b"warm")
         frames_before = owner.hits["binary"]
-        owner.canned = [error(413, "TOOBIG")]  # a node with smaller batch limits
-        results = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(5)))
-        assert owner.hits["binary"] - frames_before == 1 + 5
+        owner.canned_batches = [error(413, "TOOBIG")]  # a node with smaller batch limits
+        results = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(6)))
+        assert owner.hits["binary"] - frames_before == 1 + 1 + 5  # alone, group, 5 alone
         # The client stops grouping for good.
         await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(3)))
-        assert owner.hits["binary"] - frames_before == 1 + 5 + 3
-    assert sorted(r.lsn for r in results) == [E1 + 2 + i for i in range(5)]
+        assert owner.hits["binary"] - frames_before == 1 + 1 + 5 + 3
+    assert sorted(r.lsn for r in results) == [E1 + 2 + i for i in range(6)]
 
 
 async def test_a_group_answered_nothing_written_is_retried_append_by_append(
@@ -261,10 +263,10 @@ async def test_a_group_answered_nothing_written_is_retried_append_by_append(
     owner = n1.cluster.nodes[n1.cluster.sequencer]
     async with client(n1.url) as c:
         await c.append(1, b"warm")
-        owner.canned = [error(429, "SEQNOBUFS")]
-        results = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(4)))
-    assert sorted(r.lsn for r in results) == [E1 + 2 + i for i in range(4)]
-    assert len(n1.cluster.logs[1]) == 5
+        owner.canned_batches = [error(429, "SEQNOBUFS")]
+        results = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(5)))
+    assert sorted(r.lsn for r in results) == [E1 + 2 + i for i in range(5)]
+    assert len(n1.cluster.logs[1]) == 6
 
 
 async def test_a_group_with_an_unknown_outcome_fails_each_append_as_unknown(
@@ -275,8 +277,9 @@ async def test_a_group_with_an_unknown_outcome_fails_each_append_as_unknown(
     async with client(n1.url) as c:
         await c.append(1, b"warm")
         frames_before = owner.hits["binary"]
-        owner.canned = [error(504, "TIMEDOUT")]
-        outcomes = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(4)),
+        owner.canned_batches = [error(504, "TIMEDOUT")]
+        outcomes = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(5)),
                                         return_exceptions=True)
-    assert all(isinstance(o, LogError) and o.status is Status.TIMEDOUT for o in outcomes)
-    assert owner.hits["binary"] - frames_before == 1  # never resent: it may be written
+    assert not isinstance(outcomes[0], BaseException)  # alone: the connection was idle
+    assert all(isinstance(o, LogError) and o.status is Status.TIMEDOUT for o in outcomes[1:])
+    assert owner.hits["binary"] - frames_before == 2  # the group never resent: it may be written
