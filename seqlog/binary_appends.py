@@ -51,8 +51,8 @@ GROUP_BYTES_MAX = 512 * 1024
 """A group reaching either bound leaves at once and the next appends start another (the
 defaults of ``ApiConfig``: 10,000 records and 1 MiB per request; a node configured below them
 answers TOOBIG or INVALID_PARAM, and the group's appends are then sent one by one)."""
-_Held = tuple[Append, "asyncio.Future[Any]", Callable[[Appended], Any]]
-"""A single append waiting for its group to leave: message, caller's future, result maker."""
+_Held = tuple[bytes, "asyncio.Future[Any]", Callable[[Appended], Any]]
+"""A single append waiting for its group to leave: payload, caller's future, result maker."""
 _REGROUP_ALONE = frozenset({Status.TOOBIG, Status.INVALID_PARAM, Status.BADMSG})
 """Answers to a group that may be about the group, not the appends: each is sent alone."""
 
@@ -86,10 +86,9 @@ class BinaryAppends:
         self._closed = False
 
     def submit(self, message: Append, future: asyncio.Future[T],
-               make: Callable[[Appended], T], *, single: bool = False) -> None:
+               make: Callable[[Appended], T]) -> None:
         """Send ``message`` and resolve ``future`` with ``make(answer)``, or fail it with
-        ``LogError``. ``single``: a single append, which may travel in a group (then its
-        result is ``make_single(lsn, timestamp_ms)``)."""
+        ``LogError``."""
         router = self._router
         if router.cluster_stale:
             self._refresh_soon()
@@ -99,45 +98,54 @@ class BinaryAppends:
         if conn is None:
             self._spawn(self._run(message, None, None, future, make))
             return
-        # An idle connection (one append at a time) sends at once, as without groups.
-        if (single and conn.inflight and self._make_single is not None
-                and message.producer_id is None
-                and not message.compression and len(message.payloads) == 1
-                and len(message.payloads[0]) <= GROUP_PAYLOAD_BYTES_MAX):
-            group_key = (message.log_id, message.key, message.no_forward, owner)
-            if conn.hold(group_key, (message, future, make),
-                         self._send_group) >= GROUP_RECORDS_MAX:
-                self._send_group(conn, group_key, conn.release_held(group_key))
-            return
         conn.send_held()  # appends leave in the order they were made
         self._request(conn, message, owner, future, make)
 
-    def _send_group(self, conn: BinaryConnection, group_key: tuple[LogId, str | None, bool,
-                                                                   NodeId | None],
+    def submit_single(self, log_id: LogId, payload: bytes, key: str | None,
+                      future: asyncio.Future[T], make: Callable[[Appended], T]) -> None:
+        """``submit`` for a single append without a producer pair (its arguments checked):
+        it may travel in a group, its result then made by ``make_single(lsn, timestamp_ms)``.
+        Its APPEND is built only if it travels alone."""
+        router = self._router
+        owner = router.owner(log_id)
+        address = router.data_address(owner) if owner is not None else None
+        conn = self.connections.ready(address) if address is not None else None
+        # An idle connection (one append at a time) sends at once, as without groups.
+        if (conn is None or not conn.inflight or self._make_single is None
+                or len(payload) > GROUP_PAYLOAD_BYTES_MAX):
+            self.submit(_single(log_id, payload, key), future, make)
+            return
+        if router.cluster_stale:
+            self._refresh_soon()
+        group_key = (log_id, key, owner)
+        if conn.hold(group_key, (payload, future, make), self._send_group) >= GROUP_RECORDS_MAX:
+            self._send_group(conn, group_key, conn.release_held(group_key))
+
+    def _send_group(self, conn: BinaryConnection,
+                    group_key: tuple[LogId, str | None, NodeId | None],
                     items: list[_Held]) -> None:
         """Send the single appends held under ``group_key`` as few APPENDs as the group
         bounds allow (see the module docstring)."""
-        owner = group_key[3]
         start = 0
         size = 0
         for index, item in enumerate(items):
-            size += len(item[0].payloads[0])
+            size += len(item[0])
             if size > GROUP_BYTES_MAX and index > start:
-                self._send_combined(conn, owner, items[start:index])
-                start, size = index, len(item[0].payloads[0])
-        self._send_combined(conn, owner, items[start:] if start else items)
+                self._send_combined(conn, group_key, items[start:index])
+                start, size = index, len(item[0])
+        self._send_combined(conn, group_key, items[start:] if start else items)
 
-    def _send_combined(self, conn: BinaryConnection, owner: NodeId | None,
+    def _send_combined(self, conn: BinaryConnection,
+                       group_key: tuple[LogId, str | None, NodeId | None],
                        group: list[_Held]) -> None:
+        log_id, key, owner = group_key
         if len(group) == 1:
-            message, future, make = group[0]
-            self._request(conn, message, owner, future, make)
+            payload, future, make = group[0]
+            self._request(conn, _single(log_id, payload, key), owner, future, make)
             return
         make_single = self._make_single
         assert make_single is not None
         router = self._router
-        first = group[0][0]
-        log_id = first.log_id
 
         def on_reply(reply: Message | Status) -> None:
             if (type(reply) is Appended and reply.status is Status.OK
@@ -154,13 +162,14 @@ class BinaryAppends:
             alone = type(reply) is Appended and reply.status in _REGROUP_ALONE
             if alone:
                 self._make_single = None  # a node that refuses groups: stop grouping
-            for message, future, make in group:
+            for payload, future, make in group:
                 if not future.done():
-                    self._spawn(self._run(message, None if alone else owner,
+                    self._spawn(self._run(_single(log_id, payload, key),
+                                          None if alone else owner,
                                           None if alone else reply, future, make))
 
-        conn.request(Append(log_id=log_id, payloads=tuple(m.payloads[0] for m, _, _ in group),
-                            key=first.key, hops=0, no_forward=first.no_forward), on_reply)
+        conn.request(Append(log_id=log_id, payloads=tuple(p for p, _, _ in group), key=key,
+                            hops=0, no_forward=True), on_reply)
 
     def _request(self, conn: BinaryConnection, message: Append, owner: NodeId | None,
                  future: asyncio.Future[T], make: Callable[[Appended], T]) -> None:
@@ -325,6 +334,11 @@ class BinaryAppends:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _single(log_id: LogId, payload: bytes, key: str | None) -> Append:
+    """The APPEND of one checked single append without a producer pair."""
+    return Append(log_id=log_id, payloads=(payload,), key=key, hops=0, no_forward=True)
 
 
 def _transport_error(node: NodeId, status: Status) -> LogError:

@@ -39,7 +39,7 @@ from yarl import URL
 
 from seqlog import body as wire
 from seqlog.binary import Connections
-from seqlog.binary_appends import BinaryAppends
+from seqlog.binary_appends import GROUP_PAYLOAD_BYTES_MAX, BinaryAppends
 from seqlog.buffered_writer import BufferedWriter, BufferedWriterOptions
 from seqlog.reader import LogReader, nodesets_release_lsn, parse_nodesets
 from seqlog.results import (
@@ -187,8 +187,13 @@ class Client:
             binary = self._binary or await self._binary_appends()
             if binary is not None:
                 future: asyncio.Future[AppendResult] = binary.loop.create_future()
-                binary.submit(_message(log, (payload,), key, producer_id, producer_seq),
-                              future, _append_result, single=True)
+                if producer_id is None and producer_seq is None and (
+                        len(payload) <= GROUP_PAYLOAD_BYTES_MAX):
+                    binary.submit_single(log, payload, _checked_key(key), future,
+                                         _append_result)
+                else:
+                    binary.submit(_message(log, (payload,), key, producer_id, producer_seq),
+                                  future, _append_result)
                 return await future
         return await self._http_append(log, payload, key, producer_id, producer_seq)
 
@@ -210,8 +215,12 @@ class Client:
         binary = self._binary
         if binary is not None and not self._binary_off:
             future: asyncio.Future[AppendResult] = binary.loop.create_future()
-            binary.submit(_message(log, (payload,), key, producer_id, producer_seq), future,
-                          _append_result, single=True)
+            if producer_id is None and producer_seq is None and (
+                    len(payload) <= GROUP_PAYLOAD_BYTES_MAX):
+                binary.submit_single(log, payload, _checked_key(key), future, _append_result)
+            else:
+                binary.submit(_message(log, (payload,), key, producer_id, producer_seq), future,
+                              _append_result)
             return future
         return asyncio.ensure_future(self.append(
             log, payload, key, producer_id=producer_id, producer_seq=producer_seq))
@@ -618,6 +627,14 @@ def _add_optional(
         request["producer_id"] = producer_id
     if producer_seq is not None:
         request["producer_seq"] = producer_seq
+
+
+def _checked_key(key: str | None) -> str | None:
+    if key is not None:
+        invalid = check_key(key)
+        if invalid is not None:
+            raise LogError(invalid.status, invalid.message)
+    return key
 
 
 def _message(log: LogId, payloads: tuple[bytes, ...], key: str | None,

@@ -72,7 +72,7 @@ async def test_client_appends_over_the_binary_protocol_across_nodes(
 
 async def test_single_appends_made_together_share_frames_and_each_gets_its_own_lsn(
         local_cluster: RunningCluster) -> None:
-    log = 2101
+    log = 2901
     count = 600
     async with Client(local_cluster.sequencer_urls) as client:
         first = (await client.append(log, b"first")).lsn  # connects, learns the owner
