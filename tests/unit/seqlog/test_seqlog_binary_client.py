@@ -283,3 +283,21 @@ async def test_a_group_with_an_unknown_outcome_fails_each_append_as_unknown(
     assert not isinstance(outcomes[0], BaseException)  # alone: the connection was idle
     assert all(isinstance(o, LogError) and o.status is Status.TIMEDOUT for o in outcomes[1:])
     assert owner.hits["binary"] - frames_before == 2  # the group never resent: it may be written
+
+
+async def test_a_redirected_group_is_resent_append_by_append_to_the_owner(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, n2 = nodes
+    by_id = {"n1": n1, "n2": n2}
+    hashed = hashed_owner(1)
+    other = "n2" if hashed == "n1" else "n1"
+    n1.cluster.sequencer = hashed
+    async with client(n1.url) as c:
+        await c.append(1, b"warm")
+        n1.cluster.sequencer = other  # the owner moved; the client does not know yet
+        results = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(30)))
+    assert sorted(r.lsn for r in results) == [E1 + 2 + i for i in range(30)]
+    assert sorted(p for _, p, _ in n1.cluster.logs[1][1:]) == sorted(
+        b"%d" % i for i in range(30))
+    assert by_id[hashed].hits["redirect"] >= 2  # the lone first append and the group
+    assert by_id[other].hits["binary"] >= 1
