@@ -110,13 +110,17 @@ class BinaryAppends:
         owner = router.owner(log_id)
         address = router.data_address(owner) if owner is not None else None
         conn = self.connections.ready(address) if address is not None else None
-        # An idle connection (one append at a time) sends at once, as without groups.
-        if (conn is None or not conn.inflight or self._make_single is None
-                or len(payload) > GROUP_PAYLOAD_BYTES_MAX):
-            self.submit(_single(log_id, payload, key), future, make)
-            return
         if router.cluster_stale:
             self._refresh_soon()
+        if conn is None:
+            self._spawn(self._run(_single(log_id, payload, key), None, None, future, make))
+            return
+        # An idle connection (one append at a time) sends at once, as without groups.
+        if (not conn.inflight or self._make_single is None
+                or len(payload) > GROUP_PAYLOAD_BYTES_MAX):
+            conn.send_held()  # appends leave in the order they were made
+            self._request(conn, _single(log_id, payload, key), owner, future, make)
+            return
         group_key = (log_id, key, owner)
         if conn.hold(group_key, (payload, future, make), self._send_group) >= GROUP_RECORDS_MAX:
             self._send_group(conn, group_key, conn.release_held(group_key))
