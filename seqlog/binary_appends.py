@@ -207,6 +207,9 @@ class BinaryAppends:
                    future: asyncio.Future[T], make: Callable[[Appended], T]) -> None:
         try:
             if self._closed:
+                if node is not None and reply in (Status.PEER_CLOSED, Status.TIMEDOUT):
+                    # Sent before the close: the outcome is unknown, not "nothing sent".
+                    raise _transport_error(node, reply)
                 raise LogError(Status.SHUTDOWN, "client closed; nothing was sent")
             answer = await self._retrying(message, node, reply)
         except asyncio.CancelledError:

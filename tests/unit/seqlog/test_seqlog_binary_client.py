@@ -301,3 +301,26 @@ async def test_a_redirected_group_is_resent_append_by_append_to_the_owner(
         b"%d" % i for i in range(30))
     assert by_id[hashed].hits["redirect"] >= 2  # the lone first append and the group
     assert by_id[other].hits["binary"] >= 1
+
+
+async def test_closing_the_client_fails_held_appends_as_not_sent_and_sent_ones_as_unknown(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, n2 = nodes
+    n1.cluster.sequencer = hashed_owner(1)
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    c = client(n1.url)
+    await c.append(1, b"warm")
+    n1.delay_s = n2.delay_s = 5.0
+    first = c.append_future(1, b"alone")  # the connection is busy from now on
+    held = [c.append_future(1, b"held%d" % i) for i in range(3)]
+    async with asyncio.timeout(3):
+        await c.close()  # in the same loop iteration: the group has not left yet
+        with pytest.raises(LogError) as info:
+            await first
+        assert info.value.status is Status.TIMEDOUT  # sent: the outcome is unknown
+        for future in held:
+            with pytest.raises(LogError) as info:
+                await future
+            assert info.value.status is Status.SHUTDOWN  # never sent: nothing written
+    await asyncio.sleep(0.05)
+    assert owner.hits["append-batch"] == 0
