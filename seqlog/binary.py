@@ -18,8 +18,9 @@ import asyncio
 import collections
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from ssl import SSLContext
+from typing import Any
 
 from shared.net.connection import (
     OUTPUT_BUFFER_BYTES_MAX,
@@ -56,9 +57,14 @@ def _invoke(callback: Callback, result: Message | Status) -> None:
         log.exception("binary request callback %r failed", callback)
 
 
+HeldSender = Callable[["BinaryConnection", Any, list[Any]], None]
+"""Turns the items held under one key during a loop iteration into requests
+(``BinaryConnection.hold``)."""
+
+
 class BinaryConnection(FramedProtocol):
-    __slots__ = ("_last_mark_s", "_marks", "_next_id", "_pending", "_sweep", "_timeout_s",
-                 "hello_reply")
+    __slots__ = ("_held", "_held_sender", "_last_mark_s", "_marks", "_next_id", "_pending",
+                 "_sweep", "_timeout_s", "hello_reply")
 
     def __init__(self, counters: Counters, timeout_ms: int) -> None:
         super().__init__(counters)
@@ -71,6 +77,9 @@ class BinaryConnection(FramedProtocol):
         self._next_id = 1
         self._timeout_s = timeout_ms / 1000
         self._sweep: asyncio.TimerHandle | None = None
+        self._held: dict[Hashable, list[Any]] = {}
+        """Items waiting for this loop iteration's flush, by key (``hold``)."""
+        self._held_sender: HeldSender | None = None
         self.hello_reply: asyncio.Future[HelloReply | Status] = self._loop.create_future()
 
     @property
@@ -102,6 +111,42 @@ class BinaryConnection(FramedProtocol):
             self._arm_sweep()
         # As parts: a 1 MiB batch is not copied once more to join it to its header.
         self.send_parts(encode_parts(message, encode_fields(message), correlation_id))
+
+    def hold(self, key: Hashable, item: Any, sender: HeldSender) -> int:
+        """Keep ``item`` until this loop iteration's write, when ``sender(self, key, items)``
+        gets every item held under ``key`` (in holding order) and sends them as it likes, in
+        the same write. Returns how many items ``key`` holds now. Whatever is held is always
+        handed to the sender, also when the connection closed meanwhile (its requests then
+        fail with CONNFAILED: nothing sent)."""
+        held = self._held
+        items = held.get(key)
+        if items is None:
+            items = held[key] = [item]
+        else:
+            items.append(item)
+        self._held_sender = sender
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return len(items)
+
+    def release_held(self, key: Hashable) -> list[Any]:
+        """Take the items held under ``key`` out now (the caller sends them itself)."""
+        return self._held.pop(key, [])
+
+    def send_held(self) -> None:
+        """Hand everything held to its sender now (a request that must not overtake them)."""
+        held = self._held
+        if held:
+            sender = self._held_sender
+            assert sender is not None
+            self._held = {}
+            for key, items in held.items():
+                sender(self, key, items)
+
+    def _flush(self) -> None:
+        self.send_held()
+        super()._flush()
 
     def _arm_sweep(self) -> None:
         delay_s = min(self._timeout_s, SWEEP_INTERVAL_S_MAX)

@@ -10,6 +10,18 @@ lets the nodes forward; statuses in ``NOTHING_WRITTEN`` are retried with bounded
 append whose outcome is unknown (TIMEDOUT, a connection lost after sending) is retried only
 when it is idempotent (it names a producer) and otherwise raises ``LogError(TIMEDOUT)``.
 
+Single appends to one log (same key, no producer pair, a payload of at most
+``GROUP_PAYLOAD_BYTES_MAX``) issued on one connection in one event-loop iteration leave as ONE
+APPEND of all their payloads (Kafka's producer batching what queued up while it was busy, with
+no linger): a sequencer hands appends of one loop iteration to one appender anyway (one STORE
+wave, consecutive LSNs in arrival order, one timestamp), so this changes nothing the caller
+can see except the cost: one frame, one check and one answer per group instead of per append.
+Each append still gets its own LSN (``first_lsn + i``) and its own future. A group that is not
+written (any answer but OK) is taken apart: each append goes on alone through the rules above,
+so an answer about the group (TOOBIG against a node's smaller batch limits) is never wrongly
+pinned on one append, and an unknown outcome stays unknown for each. An append made on an
+idle connection (nothing in flight: one append at a time) leaves alone, as before.
+
 A node that refuses the client's HELLO (an older node, protocol version 1), or data ports of
 which none was ever reachable (a client outside a network that exposes only HTTP), make the
 client fall back to HTTP for good (``BinaryUnavailable``).
@@ -22,15 +34,27 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from seqlog.binary import Connections
+from seqlog.binary import BinaryConnection, Connections
 from seqlog.routing import Router
 from shared.http_contract import NOTHING_WRITTEN, OUTCOME_UNKNOWN, TRY_ELSEWHERE
 from shared.status import LogError, Status
-from shared.types import NodeId
+from shared.types import LogId, NodeId
 from shared.wire.append import Append, Appended
 from shared.wire.codec import Message
 
 T = TypeVar("T")
+
+GROUP_PAYLOAD_BYTES_MAX = 64 * 1024
+"""Bigger payloads travel alone: a group must stay far below any node's request limits."""
+GROUP_RECORDS_MAX = 512
+GROUP_BYTES_MAX = 512 * 1024
+"""A group reaching either bound leaves at once and the next appends start another (the
+defaults of ``ApiConfig``: 10,000 records and 1 MiB per request; a node configured below them
+answers TOOBIG or INVALID_PARAM, and the group's appends are then sent one by one)."""
+_Held = tuple[bytes, "asyncio.Future[Any]", Callable[[Appended], Any]]
+"""A single append waiting for its group to leave: payload, caller's future, result maker."""
+_REGROUP_ALONE = frozenset({Status.TOOBIG, Status.INVALID_PARAM, Status.BADMSG})
+"""Answers to a group that may be about the group, not the appends: each is sent alone."""
 
 
 class BinaryUnavailable(Exception):
@@ -42,7 +66,8 @@ class BinaryAppends:
                  redirects_max: int, backoff_ms: Callable[[int, int], float],
                  refresh_cluster: Callable[[], Awaitable[None]],
                  http_fallback: Callable[[Append, Callable[[Appended], Any]], Awaitable[Any]],
-                 on_unavailable: Callable[[], None]) -> None:
+                 on_unavailable: Callable[[], None],
+                 make_single: Callable[[int, int], Any] | None = None) -> None:
         self._router = router
         self.connections = connections
         self.loop = asyncio.get_running_loop()
@@ -55,6 +80,7 @@ class BinaryAppends:
         self._refresh_cluster = refresh_cluster
         self._http_fallback = http_fallback
         self._on_unavailable = on_unavailable
+        self._make_single = make_single
         self._tasks: set[asyncio.Task[None]] = set()
         self._refresh_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -72,6 +98,86 @@ class BinaryAppends:
         if conn is None:
             self._spawn(self._run(message, None, None, future, make))
             return
+        conn.send_held()  # appends leave in the order they were made
+        self._request(conn, message, owner, future, make)
+
+    def submit_single(self, log_id: LogId, payload: bytes, key: str | None,
+                      future: asyncio.Future[T], make: Callable[[Appended], T]) -> None:
+        """``submit`` for a single append without a producer pair (its arguments checked):
+        it may travel in a group, its result then made by ``make_single(lsn, timestamp_ms)``.
+        Its APPEND is built only if it travels alone."""
+        router = self._router
+        owner = router.owner(log_id)
+        address = router.data_address(owner) if owner is not None else None
+        conn = self.connections.ready(address) if address is not None else None
+        if router.cluster_stale:
+            self._refresh_soon()
+        if conn is None:
+            self._spawn(self._run(_single(log_id, payload, key), None, None, future, make))
+            return
+        # An idle connection (one append at a time) sends at once, as without groups.
+        if (not conn.inflight or self._make_single is None
+                or len(payload) > GROUP_PAYLOAD_BYTES_MAX):
+            conn.send_held()  # appends leave in the order they were made
+            self._request(conn, _single(log_id, payload, key), owner, future, make)
+            return
+        group_key = (log_id, key, owner)
+        if conn.hold(group_key, (payload, future, make), self._send_group) >= GROUP_RECORDS_MAX:
+            self._send_group(conn, group_key, conn.release_held(group_key))
+
+    def _send_group(self, conn: BinaryConnection,
+                    group_key: tuple[LogId, str | None, NodeId | None],
+                    items: list[_Held]) -> None:
+        """Send the single appends held under ``group_key`` as few APPENDs as the group
+        bounds allow (see the module docstring)."""
+        start = 0
+        size = 0
+        for index, item in enumerate(items):
+            size += len(item[0])
+            if size > GROUP_BYTES_MAX and index > start:
+                self._send_combined(conn, group_key, items[start:index])
+                start, size = index, len(item[0])
+        self._send_combined(conn, group_key, items[start:] if start else items)
+
+    def _send_combined(self, conn: BinaryConnection,
+                       group_key: tuple[LogId, str | None, NodeId | None],
+                       group: list[_Held]) -> None:
+        log_id, key, owner = group_key
+        if len(group) == 1:
+            payload, future, make = group[0]
+            self._request(conn, _single(log_id, payload, key), owner, future, make)
+            return
+        make_single = self._make_single
+        assert make_single is not None
+        router = self._router
+
+        def on_reply(reply: Message | Status) -> None:
+            if (type(reply) is Appended and reply.status is Status.OK
+                    and reply.last_lsn - reply.first_lsn + 1 == len(group)):
+                node = reply.sequencer_node
+                if node is not None and node != owner:
+                    router.learn_route(log_id, node)
+                timestamp_ms = reply.timestamp_ms
+                for lsn, (_, future, _) in enumerate(group, reply.first_lsn):
+                    if not future.done():  # else cancelled: the outcome stays unknown
+                        future.set_result(make_single(lsn, timestamp_ms))
+                return
+            # Nothing written, or unknown: each append goes on alone by the usual rules.
+            alone = type(reply) is Appended and reply.status in _REGROUP_ALONE
+            if alone:
+                self._make_single = None  # a node that refuses groups: stop grouping
+            for payload, future, make in group:
+                if not future.done():
+                    self._spawn(self._run(_single(log_id, payload, key),
+                                          None if alone else owner,
+                                          None if alone else reply, future, make))
+
+        conn.request(Append(log_id=log_id, payloads=tuple(p for p, _, _ in group), key=key,
+                            hops=0, no_forward=True), on_reply)
+
+    def _request(self, conn: BinaryConnection, message: Append, owner: NodeId | None,
+                 future: asyncio.Future[T], make: Callable[[Appended], T]) -> None:
+        router = self._router
 
         def on_reply(reply: Message | Status) -> None:
             if future.done():
@@ -101,6 +207,9 @@ class BinaryAppends:
                    future: asyncio.Future[T], make: Callable[[Appended], T]) -> None:
         try:
             if self._closed:
+                if node is not None and reply in (Status.PEER_CLOSED, Status.TIMEDOUT):
+                    # Sent before the close: the outcome is unknown, not "nothing sent".
+                    raise _transport_error(node, reply)
                 raise LogError(Status.SHUTDOWN, "client closed; nothing was sent")
             answer = await self._retrying(message, node, reply)
         except asyncio.CancelledError:
@@ -232,6 +341,11 @@ class BinaryAppends:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _single(log_id: LogId, payload: bytes, key: str | None) -> Append:
+    """The APPEND of one checked single append without a producer pair."""
+    return Append(log_id=log_id, payloads=(payload,), key=key, hops=0, no_forward=True)
 
 
 def _transport_error(node: NodeId, status: Status) -> LogError:

@@ -3,7 +3,9 @@ default, everything else over the HTTP API (msgpack on the wire).
 
 Appends (``protocol="binary"``): one pipelined connection per node's data port, learned with
 the cluster fingerprint from ``GET /v1/cluster`` (``seqlog.binary``, ``seqlog.binary_appends``);
-routing and retries follow the rules below. A cluster whose nodes do not offer the binary
+routing and retries follow the rules below. Single appends to one log made in the same loop
+iteration travel as one APPEND and are answered each with its own LSN (see
+``seqlog.binary_appends``). A cluster whose nodes do not offer the binary
 protocol (older nodes) gets HTTP appends instead. ``protocol="http"`` sends appends over HTTP.
 
 One ``aiohttp`` session per client. Appends go straight to the log's sequencer: the node an
@@ -38,7 +40,7 @@ from yarl import URL
 
 from seqlog import body as wire
 from seqlog.binary import Connections
-from seqlog.binary_appends import BinaryAppends
+from seqlog.binary_appends import GROUP_PAYLOAD_BYTES_MAX, BinaryAppends
 from seqlog.buffered_writer import BufferedWriter, BufferedWriterOptions
 from seqlog.reader import LogReader, nodesets_release_lsn, parse_nodesets
 from seqlog.results import (
@@ -196,8 +198,13 @@ class Client:
             binary = self._binary or await self._binary_appends()
             if binary is not None:
                 future: asyncio.Future[AppendResult] = binary.loop.create_future()
-                binary.submit(_message(log, (payload,), key, producer_id, producer_seq),
-                              future, _append_result)
+                if producer_id is None and producer_seq is None and (
+                        len(payload) <= GROUP_PAYLOAD_BYTES_MAX):
+                    binary.submit_single(log, payload, _checked_key(key), future,
+                                         _append_result)
+                else:
+                    binary.submit(_message(log, (payload,), key, producer_id, producer_seq),
+                                  future, _append_result)
                 return await future
         return await self._http_append(log, payload, key, producer_id, producer_seq)
 
@@ -211,15 +218,20 @@ class Client:
         producer_seq: int | None = None,
     ) -> asyncio.Future[AppendResult]:
         """``append`` without a coroutine: the future of its result. Over an open binary
-        connection this creates no Task (one frame, one future, one callback), so a caller can
-        keep thousands of appends in flight cheaply. Bad arguments raise at once."""
+        connection this creates no Task (one future each; the appends of one loop iteration
+        share a frame and a callback), so a caller can keep thousands of appends in flight
+        cheaply. Bad arguments raise at once."""
         log = _check_log(log_id)
         payload = _check_payload(payload)
         binary = self._binary
         if binary is not None and not self._binary_off:
             future: asyncio.Future[AppendResult] = binary.loop.create_future()
-            binary.submit(_message(log, (payload,), key, producer_id, producer_seq), future,
-                          _append_result)
+            if producer_id is None and producer_seq is None and (
+                    len(payload) <= GROUP_PAYLOAD_BYTES_MAX):
+                binary.submit_single(log, payload, _checked_key(key), future, _append_result)
+            else:
+                binary.submit(_message(log, (payload,), key, producer_id, producer_seq), future,
+                              _append_result)
             return future
         return asyncio.ensure_future(self.append(
             log, payload, key, producer_id=producer_id, producer_seq=producer_seq))
@@ -317,7 +329,7 @@ class Client:
             retries_max=self._retries_max, redirects_max=self._redirects_max,
             backoff_ms=self._backoff_after_ms,
             refresh_cluster=self._refresh_cluster, http_fallback=self._http_fallback,
-            on_unavailable=self._binary_unavailable)
+            on_unavailable=self._binary_unavailable, make_single=_single_result)
         return self._binary
 
     def _binary_unavailable(self) -> None:
@@ -629,6 +641,14 @@ def _add_optional(
         request["producer_seq"] = producer_seq
 
 
+def _checked_key(key: str | None) -> str | None:
+    if key is not None:
+        invalid = check_key(key)
+        if invalid is not None:
+            raise LogError(invalid.status, invalid.message)
+    return key
+
+
 def _message(log: LogId, payloads: tuple[bytes, ...], key: str | None,
              producer_id: str | None, producer_seq: int | None) -> Append:
     """The APPEND of a binary append, after the checks a node would make on its arguments
@@ -647,6 +667,11 @@ def _message(log: LogId, payloads: tuple[bytes, ...], key: str | None,
 
 def _append_result(answer: Appended) -> AppendResult:
     return AppendResult(lsn=answer.first_lsn, timestamp_ms=answer.timestamp_ms)
+
+
+def _single_result(lsn: int, timestamp_ms: int) -> AppendResult:
+    """The result of one append of a group (``seqlog.binary_appends``)."""
+    return AppendResult(lsn=Lsn(lsn), timestamp_ms=timestamp_ms)
 
 
 def _batch_result(answer: Appended) -> BatchResult:

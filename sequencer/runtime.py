@@ -565,8 +565,27 @@ class SequencerRuntime:
                 self._timer_due.pop(log_id, None)
             return
         due_ms = self._timer_due.get(log_id)
-        if due_ms is not None and due_ms <= deadline_ms:
-            return  # that entry fires first; on_timer then finds the log's next deadline
+        if due_ms is not None and (deadline_ms is None or due_ms < deadline_ms):
+            timers = self._timers
+            if due_ms == self._armed_ms and timers[0] == (due_ms, log_id):
+                # The armed deadline, this log's, moved later or went away (its STOREs were
+                # answered, or carried the release pointer owed): arm for what comes next
+                # instead of waking up for nothing (at 1 append in flight, every other one).
+                if deadline_ms is None:
+                    heapq.heappop(timers)
+                    del self._timer_due[log_id]
+                else:
+                    heapq.heapreplace(timers, (deadline_ms, log_id))
+                    self._timer_due[log_id] = deadline_ms
+                if timers:
+                    self._arm(timers[0][0])
+                elif self._timer_handle is not None:
+                    self._timer_handle.cancel()
+                    self._timer_handle, self._armed_ms = None, None
+            # Otherwise that entry fires first; on_timer then finds the log's next deadline.
+            return
+        if deadline_ms is None or due_ms == deadline_ms:
+            return
         self._timer_due[log_id] = deadline_ms
         heapq.heappush(self._timers, (deadline_ms, log_id))
         if self._armed_ms is None or deadline_ms < self._armed_ms:

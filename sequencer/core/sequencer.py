@@ -366,6 +366,8 @@ class Sequencer:
         if self._release_owed:
             # These STOREs carry the release pointer.
             self._release_owed.difference_update(send.node for send in sends)
+            if not self._release_owed:
+                self._release_due_ms = None  # all paid: no timer is due for it
         heapq.heappush(self._timers, (appender.deadline_ms, appender.first_esn, appender.wave))
         return sends
 

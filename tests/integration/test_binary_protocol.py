@@ -17,7 +17,7 @@ from seqlog import Client
 from seqlog.binary import Connections
 from shared.routing import sequencer_for
 from shared.status import Status
-from shared.types import LogId, NodeId
+from shared.types import LogId, Lsn, NodeId
 from shared.wire.append import Append, Appended
 from shared.wire.codec import Message
 from tests.unit.net.hostile_frames import append_works, check_case, hostile
@@ -68,6 +68,30 @@ async def test_client_appends_over_the_binary_protocol_across_nodes(
                 b"f%d" % log]
             owners.add((await client.tail(log)).sequencer)
     assert len(owners) == 2, owners  # both sequencer nodes took binary appends
+
+
+async def test_single_appends_made_together_share_frames_and_each_gets_its_own_lsn(
+        local_cluster: RunningCluster) -> None:
+    log = 2901
+    count = 600
+    async with Client(local_cluster.sequencer_urls) as client:
+        first = (await client.append(log, b"first")).lsn  # connects, learns the owner
+        binary = client._binary
+        assert binary is not None
+        frames_before = binary.connections.counters.frames_sent
+        futures = [client.append_future(log, b"g%d" % i) for i in range(count)]
+        results = await asyncio.gather(*futures)
+        # The first alone (the connection was idle), then grouped (at most 512 per APPEND):
+        # three frames, not 600.
+        assert binary.connections.counters.frames_sent - frames_before == 3
+        lsns = [r.lsn for r in results]
+        assert lsns == list(range(first + 1, first + 1 + count))
+        records = []
+        while len(records) < count:
+            result = await client.read(log, Lsn(first + 1 + len(records)), wait_ms=2_000)
+            records.extend(result.records)
+        assert [(r.lsn, r.payload) for r in records] == [
+            (lsn, b"g%d" % i) for i, lsn in enumerate(lsns)]
 
 
 async def test_a_non_owner_forwards_or_redirects_to_the_owners_data_address(

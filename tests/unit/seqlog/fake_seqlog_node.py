@@ -71,6 +71,8 @@ class FakeNode:
         self._server: Server | None = None
         self.hits: Counter[str] = Counter()
         self.canned: list[Canned] = []
+        self.canned_batches: list[Canned] = []
+        """Like ``canned``, for binary APPENDs of more than one payload only."""
         self.delay_s = 0.0
         self.json_answers = False
         self.url = ""
@@ -141,6 +143,10 @@ class FakeNode:
             self._append_now(message, reply)
 
     def _append_now(self, message: Append, reply: Callable[[Message], None]) -> None:
+        if self.canned_batches and len(message.payloads) > 1:
+            reply(_appended(message, _canned_status(self.canned_batches.pop(0)),
+                            self.cluster.sequencer))
+            return
         if self.canned:
             reply(_appended(message, _canned_status(self.canned.pop(0)), self.cluster.sequencer))
             return

@@ -11,6 +11,7 @@ import pytest
 from fake_seqlog_node import FakeCluster, FakeNode, error
 
 from seqlog import Client, LogError, Status
+from seqlog.binary_appends import GROUP_BYTES_MAX, GROUP_PAYLOAD_BYTES_MAX, GROUP_RECORDS_MAX
 from shared.config import TransportConfig
 from shared.routing import sequencer_for
 from shared.types import LogId, NodeId
@@ -188,3 +189,138 @@ async def test_a_late_answer_after_a_timeout_leaves_the_connection_usable(
         await asyncio.sleep(0.4)  # the late answer arrives meanwhile
         assert (await c.append(1, b"after")).lsn == E1 + 3
         assert c._binary is not None and c._binary.connections.counters.desyncs == 0
+
+
+async def test_single_appends_of_one_loop_iteration_travel_as_one_append(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, _ = nodes
+    n1.cluster.sequencer = hashed_owner(1)
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    async with client(n1.url) as c:
+        await c.append(1, b"warm")
+        await c.append(2, b"warm")
+        frames_before = owner.hits["binary"]
+        plain = [c.append_future(1, b"a%d" % i) for i in range(300)]
+        keyed = [c.append_future(2, b"k%d" % i, "key") for i in range(20)]
+        big = c.append_future(1, b"b" * (GROUP_PAYLOAD_BYTES_MAX + 1))
+        pair = c.append_future(1, b"p", producer_id="p", producer_seq=1)
+        results = await asyncio.gather(*plain)
+        keyed_results = await asyncio.gather(*keyed)
+        await asyncio.gather(big, pair)
+    # The first append alone (the connection was idle), then one APPEND per (log, key)
+    # group; the big payload and the producer's append alone.
+    assert owner.hits["binary"] - frames_before == 5
+    # Each append its own LSN, consecutive in the order they were made.
+    assert [r.lsn for r in results] == [E1 + 2 + i for i in range(300)]
+    assert [r.lsn for r in keyed_results] == [E1 + 2 + i for i in range(20)]
+    log1 = n1.cluster.logs[1]
+    assert [p for _, p, _ in log1[1:301]] == [b"a%d" % i for i in range(300)]
+    assert [p[:1] for _, p, _ in log1[301:]] == [b"b", b"p"]  # not ahead of the group
+    assert all(k == "key" for _, _, k in n1.cluster.logs[2][1:])
+
+
+async def test_a_group_is_split_at_its_bounds(nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, _ = nodes
+    n1.cluster.sequencer = hashed_owner(1)
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    async with client(n1.url) as c:
+        await c.append(1, b"warm")
+        frames_before = owner.hits["binary"]
+        many = [c.append_future(1, b"%d" % i) for i in range(GROUP_RECORDS_MAX + 2)]
+        results = await asyncio.gather(*many)
+        assert owner.hits["binary"] - frames_before == 3  # the first one alone
+
+        payload = b"x" * GROUP_PAYLOAD_BYTES_MAX
+        per_group = GROUP_BYTES_MAX // GROUP_PAYLOAD_BYTES_MAX
+        sized = await asyncio.gather(*(c.append_future(1, payload)
+                                       for _ in range(per_group + 2)))
+        assert owner.hits["binary"] - frames_before == 6
+    assert [r.lsn for r in results + sized] == [
+        E1 + 2 + i for i in range(GROUP_RECORDS_MAX + 2 + per_group + 2)]
+
+
+async def test_a_group_a_node_refuses_is_sent_one_append_at_a_time(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, _ = nodes
+    n1.cluster.sequencer = hashed_owner(1)
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    async with client(n1.url) as c:
+        await c.append(1, b"warm")
+        frames_before = owner.hits["binary"]
+        owner.canned_batches = [error(413, "TOOBIG")]  # a node with smaller batch limits
+        results = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(6)))
+        assert owner.hits["binary"] - frames_before == 1 + 1 + 5  # alone, group, 5 alone
+        # The client stops grouping for good.
+        await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(3)))
+        assert owner.hits["binary"] - frames_before == 1 + 1 + 5 + 3
+    assert sorted(r.lsn for r in results) == [E1 + 2 + i for i in range(6)]
+
+
+async def test_a_group_answered_nothing_written_is_retried_append_by_append(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, _ = nodes
+    n1.cluster.sequencer = hashed_owner(1)
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    async with client(n1.url) as c:
+        await c.append(1, b"warm")
+        owner.canned_batches = [error(429, "SEQNOBUFS")]
+        results = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(5)))
+    assert sorted(r.lsn for r in results) == [E1 + 2 + i for i in range(5)]
+    assert len(n1.cluster.logs[1]) == 6
+
+
+async def test_a_group_with_an_unknown_outcome_fails_each_append_as_unknown(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, _ = nodes
+    n1.cluster.sequencer = hashed_owner(1)
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    async with client(n1.url) as c:
+        await c.append(1, b"warm")
+        frames_before = owner.hits["binary"]
+        owner.canned_batches = [error(504, "TIMEDOUT")]
+        outcomes = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(5)),
+                                        return_exceptions=True)
+    assert not isinstance(outcomes[0], BaseException)  # alone: the connection was idle
+    assert all(isinstance(o, LogError) and o.status is Status.TIMEDOUT for o in outcomes[1:])
+    assert owner.hits["binary"] - frames_before == 2  # the group never resent: it may be written
+
+
+async def test_a_redirected_group_is_resent_append_by_append_to_the_owner(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, n2 = nodes
+    by_id = {"n1": n1, "n2": n2}
+    hashed = hashed_owner(1)
+    other = "n2" if hashed == "n1" else "n1"
+    n1.cluster.sequencer = hashed
+    async with client(n1.url) as c:
+        await c.append(1, b"warm")
+        n1.cluster.sequencer = other  # the owner moved; the client does not know yet
+        results = await asyncio.gather(*(c.append_future(1, b"%d" % i) for i in range(30)))
+    assert sorted(r.lsn for r in results) == [E1 + 2 + i for i in range(30)]
+    assert sorted(p for _, p, _ in n1.cluster.logs[1][1:]) == sorted(
+        b"%d" % i for i in range(30))
+    assert by_id[hashed].hits["redirect"] >= 2  # the lone first append and the group
+    assert by_id[other].hits["binary"] >= 1
+
+
+async def test_closing_the_client_fails_held_appends_as_not_sent_and_sent_ones_as_unknown(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, n2 = nodes
+    n1.cluster.sequencer = hashed_owner(1)
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    c = client(n1.url)
+    await c.append(1, b"warm")
+    n1.delay_s = n2.delay_s = 5.0
+    first = c.append_future(1, b"alone")  # the connection is busy from now on
+    held = [c.append_future(1, b"held%d" % i) for i in range(3)]
+    async with asyncio.timeout(3):
+        await c.close()  # in the same loop iteration: the group has not left yet
+        with pytest.raises(LogError) as info:
+            await first
+        assert info.value.status is Status.TIMEDOUT  # sent: the outcome is unknown
+        for future in held:
+            with pytest.raises(LogError) as info:
+                await future
+            assert info.value.status is Status.SHUTDOWN  # never sent: nothing written
+    await asyncio.sleep(0.05)
+    assert owner.hits["append-batch"] == 0

@@ -220,3 +220,41 @@ async def test_compressed_batch_is_staged_by_its_records_and_stored_as_one_blob(
     assert [b[5] for b in result.blocks] == [blob] and not result.records
     records = expand_blocks(result.blocks, result.records)
     assert records is not None and [r[3] for r in records] == payloads
+
+
+@pytest.mark.timeout(30)
+async def test_appends_one_at_a_time_arm_no_timer_that_wakes_up_for_nothing(
+        stack: Stack) -> None:
+    """A deadline that moved later (a wave answered, or the owed release pointer carried by
+    the next STOREs) re-arms the timer instead of leaving it to fire for nothing: at one append
+    in flight that was a wake-up every other append."""
+    # A release delay longer than an append: every owed pointer rides on the next STOREs.
+    runtime = SequencerRuntime(
+        node_id=NodeId("seq"), config=SequencerConfig(release_delay_ms=100),
+        cluster=stack.runtime.cluster, transport=stack.pool, epoch_store=stack.store,
+        clock=SystemClock(), rng=random.Random(5))
+    await runtime.start()
+    log_id = LogId(7)
+    assert (await runtime.append(log_id, (b"warm",), None)).status is Status.OK
+    original = runtime._on_timer
+    stale_fires = 0
+    fires = 0
+
+    def counting() -> None:
+        nonlocal stale_fires, fires
+        fires += 1
+        sequencer = runtime.sequencers.get(log_id)
+        deadline_ms = sequencer.deadline_ms() if sequencer is not None else None
+        if deadline_ms is None or deadline_ms > runtime.clock.now_ms() + 5:
+            stale_fires += 1
+        original()
+
+    runtime._on_timer = counting  # type: ignore[method-assign]
+    loop = asyncio.get_running_loop()
+    started_s = loop.time()
+    for i in range(120):
+        assert (await runtime.append(log_id, (b"x%d" % i,), None)).status is Status.OK
+    elapsed_ms = (loop.time() - started_s) * 1000
+    # Before: a stale wake-up per store timeout (10 ms at least) and per release delay.
+    await runtime.close()
+    assert stale_fires <= 2, (stale_fires, fires, elapsed_ms)
