@@ -82,7 +82,8 @@ class Disk:
     release_lsn: dict[LogId, Lsn]
     seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
     clean_marks: dict[tuple[LogId, Epoch], int] = field(default_factory=dict)
-    """Epochs a CLEAN settled here: their last-known-good ESN raised (``clean_mark``)."""
+    """Epochs a CLEAN or a drained release settled here, up to which ESN
+    (``LogStorageState.settled``)."""
     authority: AuthorityStatus = field(default_factory=AuthorityStatus)
     """What the node can vouch for (lost copies found by a restart's scan)."""
     journal: list[RecordWrite | SealWrite] = field(default_factory=list)
@@ -193,13 +194,14 @@ class SimStorageNode:
             lng, last = epoch_tails.get(lsn_to_epoch(lsn), (0, 0))
             epoch_tails[lsn_to_epoch(lsn)] = (max(lng, record.last_known_good),
                                              max(last, lsn_to_esn(lsn)))
+        settled: dict[LogId, dict[Epoch, int]] = {}
         for (log_id, epoch), esn in self.disk.clean_marks.items():
-            epoch_tails = tails.setdefault(log_id, {})
-            lng, last = epoch_tails.get(epoch, (0, 0))
-            epoch_tails[epoch] = (max(lng, esn), max(last, esn))
+            settled.setdefault(log_id, {})[epoch] = esn
         for log_id, epoch_tails in tails.items():
             states[log_id] = replace(states.get(log_id, LogStorageState()),
                                      epoch_tails=epoch_tails)
+        for log_id, marks in settled.items():
+            states[log_id] = replace(states.get(log_id, LogStorageState()), settled=marks)
         for log_id, (sealed_epoch, sealed_by) in self.disk.seals.items():
             states[log_id] = replace(states.get(log_id, LogStorageState()),
                                      sealed_epoch=sealed_epoch, sealed_by=sealed_by)
