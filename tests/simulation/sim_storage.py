@@ -74,6 +74,7 @@ class DiskRecord:
 
 RecordWrite = tuple[tuple[LogId, Lsn], DiskRecord]
 SealWrite = tuple[LogId, tuple[Epoch, NodeId]]
+MarkWrite = tuple[tuple[LogId, Epoch], int]
 
 
 @dataclass(slots=True)
@@ -86,18 +87,21 @@ class Disk:
     (``LogStorageState.settled``)."""
     authority: AuthorityStatus = field(default_factory=AuthorityStatus)
     """What the node can vouch for (lost copies found by a restart's scan)."""
-    journal: list[RecordWrite | SealWrite] = field(default_factory=list)
-    """Every record and seal write, in order (what the segment files hold): a damaged restart
-    loses a suffix of it."""
+    journal: list[RecordWrite | SealWrite | MarkWrite] = field(default_factory=list)
+    """Every record, seal and settled-mark write, in order (what the segment files hold): a
+    damaged restart loses a suffix of it (a mark written after a purge goes with it)."""
 
     def lose_suffix(self, entries_count: int) -> None:
         """Forget the last ``entries_count`` writes, as a corrupt or torn segment tail does:
         what they overwrote is what the node holds again. Release pointers are kept."""
         del self.journal[max(len(self.journal) - entries_count, 0):]
-        self.records, self.seals = {}, {}
+        self.records, self.seals, self.clean_marks = {}, {}, {}
         for key, value in self.journal:
             if isinstance(value, DiskRecord):
                 self.records[key] = value  # type: ignore[index]
+            elif isinstance(value, int):
+                mark_key: tuple[LogId, Epoch] = key  # type: ignore[assignment]
+                self.clean_marks[mark_key] = max(self.clean_marks.get(mark_key, 0), value)
             else:
                 self.seals[key] = value  # type: ignore[index]
 
@@ -278,6 +282,7 @@ class SimStorageNode:
         def write() -> None:
             key = (log_id, epoch)
             self.disk.clean_marks[key] = max(self.disk.clean_marks.get(key, 0), esn)
+            self.disk.journal.append((key, esn))
             done(Status.OK)
 
         self._after_disk(write)
