@@ -22,10 +22,9 @@ R2 readers agree at every moment: every ``reader_check_interval_ms`` during the 
    f-majorities (reading like a reader, as R1): they all see the same record or gap at every
    LSN, every acknowledged record among them, and the same as every earlier read saw below
    its release pointer (a record or a gap, once read, never changes).
-T1 the tail never decreases: every frontend (one per sequencer node) answers GET tail by the
-   rule issue 16 item 4 asks for (a releasable owner's release pointer and the storage nodes'
-   ones, else the highest it reported before in this incarnation, else NOTREADY) and reports
-   at least the highest tail any frontend reported before.
+T1 the tail never decreases: every frontend (one per sequencer node incarnation, the shipped
+   ``FrontEnd.tail`` through ``sim_frontend``) answers GET tail, and every OK answer is at
+   least the highest tail any frontend reported before (NOTREADY is always allowed).
 
 Checks are incremental (each LSN is verified once per property) so that they can run at
 every event; disks only grow, so what was verified stays true.
