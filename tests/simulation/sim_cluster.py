@@ -13,7 +13,6 @@ import itertools
 import random
 from collections.abc import Callable
 
-from frontend.service import FrontEnd
 from sequencer.core.effects import AppendReply
 from sequencer.core.sequencer import SequencerState
 from shared.epoch_metadata import ProvisionSpec
@@ -24,7 +23,7 @@ from tests.simulation.checkers import SafetyChecker
 from tests.simulation.sim_client import NOTHING_WRITTEN, ClientAppend
 from tests.simulation.sim_clock import EventQueue, SimClock
 from tests.simulation.sim_epoch_store import SimEpochStore
-from tests.simulation.sim_frontend import make_frontend, run_now
+from tests.simulation.sim_frontend import SimFrontends, tail_from_storage
 from tests.simulation.sim_network import SimNetwork
 from tests.simulation.sim_options import SimOptions
 from tests.simulation.sim_sequencer import Core, SequencerEnv, SimSequencerNode
@@ -87,8 +86,8 @@ class SimCluster:
         self.check_rng = random.Random(seed ^ 0x5EED)
         """Samples the checkers' f-majorities; apart from ``rng``, so that checking does not
         change a seed's schedule."""
-        self._frontends: dict[tuple[NodeId, int], FrontEnd] = {}
-        """Per sequencer node incarnation, its frontend (``sim_frontend``)."""
+        self.frontends = SimFrontends(self, seed, self.stats)
+        """The sequencer nodes' frontends, which T1 asks for tails."""
 
     @property
     def now_ms(self) -> int:
@@ -283,35 +282,15 @@ class SimCluster:
             self.check_tails(log_id, nodeset)
 
     def check_tails(self, log_id: LogId, nodeset: tuple[NodeId, ...]) -> None:
-        """T1: every up sequencer node's ``FrontEnd.tail`` (the shipped code,
-        ``sim_frontend``) is asked for the log's tail; each OK answer must be at least the
-        highest tail any frontend reported before. With ``tail_from_storage_while_recovering``
-        a frontend answers NOTREADY with the storage nodes' release pointers instead, as
-        ``FrontEnd.tail`` did when issue 16 item 4 was filed (after a restart that went
-        backwards)."""
-        for node_id, node in self.sequencers.items():
-            if not node.up:
-                continue
-            front = self.frontend(node_id)
-            outcome = run_now(front.tail(log_id))
-            self.stats[f"tail_{outcome.status.name.lower()}"] += 1
-            if outcome.status is Status.OK:
-                tail = outcome.release_lsn
-            elif outcome.status is Status.NOTREADY and self.tail_from_storage_while_recovering:
-                states = run_now(front._log_states(log_id, nodeset))
-                tail = front._note_release(log_id, Lsn(max(
-                    [Lsn(0), *(state.release_lsn for state in states.values())])))
-            else:
-                continue
-            self.checker.on_tail(f"frontend {node_id}", log_id, tail)
-
-    def frontend(self, node_id: NodeId) -> FrontEnd:
-        """Sequencer node ``node_id``'s frontend, new with each incarnation of the node."""
-        key = (node_id, self.sequencers[node_id].incarnation)
-        front = self._frontends.get(key)
-        if front is None:
-            front = self._frontends[key] = make_frontend(self, node_id, self.route.get)
-        return front
+        """T1: every up sequencer node's ``FrontEnd.tail`` (the shipped code, through the
+        simulated transport: ``sim_frontend``) is asked for the log's tail; each OK answer
+        must be at least the highest tail any frontend reported before it was asked. With
+        ``tail_from_storage_while_recovering`` a frontend answers NOTREADY with the storage
+        nodes' release pointers instead, as ``FrontEnd.tail`` did when issue 16 item 4 was
+        filed (after a restart that went backwards)."""
+        if self.tail_from_storage_while_recovering:
+            self.frontends.broken_tail = tail_from_storage
+        self.frontends.ask_tails(log_id, nodeset)
 
     def release_lsn_of(self, log_id: LogId) -> dict[str, Lsn]:
         return {node_id: node.release_lsn(log_id) for node_id, node in self.storage.items()}
