@@ -255,14 +255,13 @@ class RecordStore:
         return self._enqueue(_Pending(seal, done, 1, _ENTRY_OVERHEAD_BYTES))
 
     def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int, done: DoneFn) -> Status:
-        """Queue a durable raise of ``epoch``'s last-known-good ESN to ``esn`` (the epoch is
-        settled here: ``StoreMachine.clean_mark``, ``drained_mark``); same contract as
-        ``submit_store``. Written as a
-        checkpoint entry holding only that tail: a restart's scan and a live write merge
-        checkpoints field by field, highest wins, so the entry changes nothing else, and the
-        raised tail is in every later checkpoint."""
+        """Queue a durable mark that ``epoch`` is settled here up to ``esn``
+        (``StoreMachine.clean_mark``, ``drained_mark``; not its last-known-good ESN); same
+        contract as ``submit_store``. Written as a checkpoint entry holding only that mark: a
+        restart's scan and a live write merge checkpoints field by field, highest wins, so the
+        entry changes nothing else, and the mark is in every later checkpoint."""
         entry = CheckpointEntry(log_id, LSN_INVALID, None, LSN_INVALID, EPOCH_INVALID, None,
-                                LSN_INVALID, ((epoch, esn, esn),))
+                                LSN_INVALID, (), ((epoch, esn),))
         return self._enqueue(_Pending(entry, done, 1, _ENTRY_OVERHEAD_BYTES + 16))
 
     def submit_trim(self, trim: TrimEntry, done: DoneFn) -> Status:
@@ -554,7 +553,7 @@ class RecordStore:
                 finished.set_result(None)
 
         for entry in checkpoints:
-            estimate = _ENTRY_OVERHEAD_BYTES + 16 * len(entry.tails)
+            estimate = _ENTRY_OVERHEAD_BYTES + 16 * (len(entry.tails) + len(entry.settled))
             self._queue.append(_Pending(entry, done, 0, estimate))
         self._kick()
         await finished
