@@ -35,6 +35,8 @@ class MessageType(IntEnum):
     STORE_BATCH = 27
     STORED_BATCH = 28
     RELEASE_BATCH = 29
+    REBUILD_STORE = 30
+    REBUILD_STORED = 31
 
 
 RETIRED: frozenset[MessageType] = frozenset()
