@@ -6,7 +6,7 @@ from __future__ import annotations
 from shared.cluster_state import DonorProgress
 from shared.compression import Codec, compress_batch
 from shared.status import Status
-from shared.types import LogId, Lsn, NodeId
+from shared.types import Esn, LogId, Lsn, NodeId
 from shared.wire.store import Store, payloads_checksum
 from storage_node.core.rebuild import (
     DonorCore,
@@ -103,7 +103,7 @@ def _store(lsn: int, payloads: tuple[bytes, ...], compression: int = 0) -> Store
         assert packed is not None
         blob, records = (packed,), len(payloads)
     return Store(log_id=LogId(1), lsn=Lsn(lsn), wave=3, sequencer_node=NodeId("seq1"),
-                 copyset=(NodeId("st1"), NodeId("st2")), timestamp_ms=7, last_known_good=0,
+                 copyset=(NodeId("st1"), NodeId("st2")), timestamp_ms=7, last_known_good=Esn(0),
                  release_lsn=Lsn(0), timeout_ms=0, key=None, payloads=blob,
                  checksum=payloads_checksum(blob), producers=(("p", 1, lsn, lsn + 3),),
                  compression=compression, records=records)
