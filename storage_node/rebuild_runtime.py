@@ -67,6 +67,7 @@ ReplyFn = Callable[[Message], None]
 RequestFn = Callable[[NodeId, Message, Callable[[Any], None], int], None]
 """``request(node, message, callback, timeout_ms)``: ``callback`` gets the answer or a Status."""
 START_STATE_WAIT_MS = 15_000
+_NO_NEW_COPIES = (ShardStatus.DRAINING, ShardStatus.DRAINED, ShardStatus.REMOVED)
 """How long a start waits for the cluster state before deciding without it."""
 
 
@@ -121,6 +122,7 @@ class RebuildRuntime:
         self._request = request
         self._config = config or RebuildConfig()
         self._wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
+        self._accept_writes = node.accepts_writes
         self.generation = 0
         self._lost_reason = ""
         """Non-empty once this start found the shard's copies lost (not yet recorded)."""
@@ -198,6 +200,9 @@ class RebuildRuntime:
             await self._record_shard()
         elif self._register:
             await self._record_shard()
+        mine = self.state.shard(self._me)
+        if mine is not None and mine.status in _NO_NEW_COPIES:
+            self._node.machine.set_accept_writes(False)
         self._poll_task = asyncio.get_running_loop().create_task(
             self._poll(), name=f"seqlog-rebuild-{self._me}")
 
@@ -278,9 +283,19 @@ class RebuildRuntime:
             return
         self.state = state
         mine = state.shard(self._me)
+        self._node.machine.set_accept_writes(self._accept_writes and not (
+            mine is not None and mine.status in _NO_NEW_COPIES))
         if (mine is not None and mine.status is ShardStatus.REBUILDING
                 and mine.rebuild_generation == self.generation and mine.donors_done):
             await self._finish(mine.rebuild_generation)
+        for shard in state.shards:
+            # A drain is over once every donor is done; any node may say so (the drained
+            # node may be down already).
+            if shard.status is ShardStatus.DRAINING and shard.donors_done:
+                status, new = await cs.change(self._store, cs.rebuild_finished(
+                    shard.node_id, shard.rebuild_generation, self._wall_ms()), self._rng)
+                if status is Status.OK:
+                    self.state = state = new
         self._run_donations(state)
 
     async def _finish(self, generation: int) -> None:
@@ -383,7 +398,21 @@ class RebuildRuntime:
                 core.progress = _undone(effect.progress)
                 await asyncio.sleep(1.0)
 
+    def _target(self, donation: _Donation, log_id: int) -> str | None:
+        """Where a chunk goes: back to the rebuilt shard, or for a drain to another node
+        that takes copies (spread by log)."""
+        shard = self.state.shard(donation.shard)
+        if shard is None or shard.status is not ShardStatus.DRAINING:
+            return donation.shard
+        candidates = sorted(s.node_id for s in self.state.shards
+                            if s.node_id not in (self._me, donation.shard)
+                            and s.status is ShardStatus.AUTHORITATIVE)
+        return candidates[log_id % len(candidates)] if candidates else None
+
     async def _send(self, donation: _Donation, chunk: SendChunk) -> Status:
+        target = self._target(donation, chunk.log_id)
+        if target is None:
+            return Status.NOSPC  # nowhere to put the copies yet: retried
         state = self._node.log_state(LogId(chunk.log_id))
         seal_epoch, sealed_by = state.sealed_epoch, state.sealed_by or ""
         message = RebuildStore(shard=donation.shard, generation=donation.generation,
@@ -396,7 +425,7 @@ class RebuildRuntime:
             if not future.done():
                 future.set_result(answer)
 
-        self._request(NodeId(donation.shard), message, done, self._config.send_timeout_ms)
+        self._request(NodeId(target), message, done, self._config.send_timeout_ms)
         answer = await future
         if isinstance(answer, RebuildStored):
             return answer.status
@@ -415,7 +444,7 @@ class RebuildRuntime:
         if refused is not None:
             answer(refused)
             return
-        if message.shard != self._me or message.generation != self.generation:
+        if not self._accepts(message.shard, message.generation):
             answer(Status.STALE)
             return
         stores = _decoded(message)
@@ -469,6 +498,15 @@ class RebuildRuntime:
                 if status is not Status.OK:
                     finished_one(status)
         finished_one(Status.OK)
+
+    def _accepts(self, shard_id: str, generation: int) -> bool:
+        """Copies for the rebuild of this node's own disk of ``generation``, or for the drain
+        of another node (as this node last read the cluster state)."""
+        if shard_id == self._me:
+            return generation == self.generation
+        shard = self.state.shard(shard_id)
+        return (shard is not None and shard.status is ShardStatus.DRAINING
+                and shard.rebuild_generation == generation)
 
     def status_json(self) -> dict[str, Any]:
         return {"shards": cs.as_json(self.state), "node": self._me,

@@ -232,6 +232,11 @@ class StorageNode:
         self._handlers[message_type] = handler
 
     @property
+    def accepts_writes(self) -> bool:
+        """Whether the configuration lets this node take copies (``accept_writes``)."""
+        return self._config.accept_writes
+
+    @property
     def machine(self) -> StoreMachine:
         return self._machine
 

@@ -23,6 +23,7 @@ import pytest
 from seqlog import Client, Gap, Record
 from seqlog.binary import Connections
 from services import local_cluster as lc
+from services.cli import main as cli_main
 from shared.status import LogError, Status
 from shared.types import LogId, Lsn
 from shared.wire.read import Read, ReadReply
@@ -148,7 +149,8 @@ async def _reader_view(urls: list[str], log_id: int, until: int) -> View:
     return view
 
 
-async def _copies_over_protocol(http: str, log_id: int, until: int) -> dict[int, int]:
+async def _copies_over_protocol(http: str, log_id: int, until: int,
+                                skip: tuple[str, ...] = ()) -> dict[int, int]:
     """How many storage nodes hold a record copy of each LSN through ``until``, read from
     each node with READ over the node protocol."""
     cluster = await asyncio.to_thread(_get_json, http, "/v1/cluster")
@@ -156,7 +158,7 @@ async def _copies_over_protocol(http: str, log_id: int, until: int) -> dict[int,
                               connect_timeout_ms=5_000, timeout_ms=20_000)
     counts: dict[int, int] = {}
     for node in cluster["nodes"]:
-        if "storage" not in node["roles"]:
+        if "storage" not in node["roles"] or node["node_id"] in skip:
             continue
         conn = await connections.get(node["data"])
         cursor = 1
@@ -177,7 +179,8 @@ async def _copies_over_protocol(http: str, log_id: int, until: int) -> dict[int,
 
 
 async def _check_everything(root: Path, state: lc.ClusterState, client: Client,
-                            acked: dict[int, dict[int, bytes]]) -> None:
+                            acked: dict[int, dict[int, bytes]],
+                            skip: tuple[str, ...] = ()) -> None:
     urls = state.sequencer_urls
     for log_id in LOGS:
         last = max(acked[log_id])
@@ -190,11 +193,12 @@ async def _check_everything(root: Path, state: lc.ClusterState, client: Client,
         records = {lo: payload for kind, lo, _, payload in views[0] if kind == "R"}
         lost = [lsn for lsn, payload in acked[log_id].items() if records.get(lsn) != payload]
         assert not lost, f"log {log_id}: {len(lost)} acknowledged records lost or changed"
-        storage_http = next(n.http for n in state.nodes if "storage" in n.roles)
+        storage_http = next(n.http for n in state.nodes
+                            if "storage" in n.roles and n.node_id not in skip)
 
         async def replicated(log_id: int = log_id, last: int = last,
                              storage_http: str = storage_http) -> bool:
-            counts = await _copies_over_protocol(storage_http, log_id, last)
+            counts = await _copies_over_protocol(storage_http, log_id, last, skip)
             return all(counts.get(lsn, 0) >= REPLICATION for lsn in acked[log_id])
 
         await _poll(replicated, 30, f"R copies of every record of log {log_id}")
@@ -285,3 +289,31 @@ async def test_disk_replaced_while_a_sequencer_is_killed(cluster_dir: Path) -> N
             recoveries += sum(float(line.split()[-1]) for line in text.splitlines()
                               if line.startswith('seqlog_sequencer_recovery_phases{phase="DONE"}'))
     assert recoveries >= 1
+
+
+async def test_drain_under_load_then_remove(cluster_dir: Path) -> None:
+    # (e) drain st3 under load: its copies are re-replicated to st1 and st2 while it still
+    # serves reads and takes no new copies; remove is refused until the drain is done; once
+    # removed and stopped, everything reads back from st1 and st2 with R copies there.
+    state = _start(cluster_dir)
+    acked: dict[int, dict[int, bytes]] = {log_id: {} for log_id in LOGS}
+    st1 = _node(cluster_dir, "st1").http
+
+    def cli(*argv: str) -> int:
+        return cli_main([*argv, "--dir", str(cluster_dir)])
+
+    async def drain() -> None:
+        assert await asyncio.to_thread(cli, "node", "remove", "st3") == 1  # not drained
+        assert await asyncio.to_thread(cli, "node", "drain", "st3") == 0
+
+    await _under_load(state, acked, drain)
+
+    async def drained() -> bool:
+        shard = await asyncio.to_thread(_shard, st1, "st3")
+        return bool(shard["status"] == "DRAINED")
+
+    await _poll(drained, 120, "st3 drained")
+    assert await asyncio.to_thread(cli, "node", "remove", "st3") == 0
+    os.kill(_node(cluster_dir, "st3").pid, signal.SIGKILL)
+    async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
+        await _check_everything(cluster_dir, state, client, acked, skip=("st3",))
