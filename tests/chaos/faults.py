@@ -17,9 +17,9 @@ always keeps enough nodes to make progress:
 - ``failpoint``: kill -9 one node, restart it with ``SEQLOG_FAILPOINTS=failpoint``, give it
   ``duration_s`` to crash there, then restart it clean (kill -9 first if it did not crash).
 - ``wipe`` (only with ``disk_faults``): kill -9 one storage node, delete everything in its
-  data directory but its config (a replaced disk), restart it, and wait up to ``duration_s``
-  for its rebuild to finish (so at most one disk is lost at a time, each after the previous
-  rebuild finished).
+  data directory but its config (a replaced disk), restart it, and wait until its rebuild
+  finished (at most ``WIPE_REBUILD_S_MAX``), so at most one disk is lost at a time, each
+  after the previous rebuild finished.
 """
 
 from __future__ import annotations
@@ -86,7 +86,9 @@ def schedule(seed: int, duration_s: float, sequencers: list[str], storage: list[
         if action in ("kill", "pause"):
             fault = Fault(t, action, (target,), duration)
         elif action == "wipe":
-            fault = Fault(t, action, (rng.choice(storage),), WIPE_REBUILD_S_MAX)
+            # Nominal: the fault lasts until the rebuild is done (at most WIPE_REBUILD_S_MAX),
+            # and the next one starts later if it overran.
+            fault = Fault(t, action, (rng.choice(storage),), round(rng.uniform(3.0, 8.0), 2))
         elif action == "killall":
             fault = Fault(t, action, tuple(nodes), duration)
         elif action == "isolate":

@@ -41,7 +41,7 @@ from shared.wire.read import GetLogState, LogState
 from shared.wire.recovery import Digest, GetDigest
 from shared.wire.store import RecordFlags
 from tests.chaos import checkers
-from tests.chaos.faults import Fault, links_of, schedule
+from tests.chaos.faults import WIPE_REBUILD_S_MAX, Fault, links_of, schedule
 from tests.chaos.history import History, payload_text
 from tests.chaos.proxy import PASS, LinkMode, Mode, ProxyProcess
 from tests.chaos.reader_check import compare_readers
@@ -339,7 +339,7 @@ class FaultRunner:
 
     async def _wipe(self, fault: Fault) -> dict[str, Any]:
         """A replaced disk: kill -9, delete the data directory's contents but the config and
-        the log, restart, then wait (up to ``duration_s``) until the cluster state says the
+        the log, restart, then wait (up to ``WIPE_REBUILD_S_MAX``) until the cluster state says the
         node's shard is AUTHORITATIVE again, rebuilt."""
         cluster = self.cluster
         node = fault.nodes[0]
@@ -357,7 +357,7 @@ class FaultRunner:
         started = time.monotonic()
         await cluster.restart(node)
         rebuilt = False
-        while time.monotonic() - started < fault.duration_s:
+        while time.monotonic() - started < WIPE_REBUILD_S_MAX:
             count = await asyncio.to_thread(_rebuilds, http, node)
             if count is not None and before is not None and count > before:
                 rebuilt = True
