@@ -288,6 +288,17 @@ class RebuildRuntime:
         if (mine is not None and mine.status is ShardStatus.REBUILDING
                 and mine.rebuild_generation == self.generation and mine.donors_done):
             await self._finish(mine.rebuild_generation)
+        elif (mine is not None and mine.status is ShardStatus.AUTHORITATIVE
+              and mine.generation == self.generation and self._node.store.authority.damaged):
+            # Copies found damaged (a start-up scan, a read): rebuild them from the others.
+            # (A whole-shard rebuild that writes only what is missing or damaged here.)
+            status, new_state = await cs.change(self._store, cs.rebuild_started(
+                self._me, self.generation, self._donors(), now_ms=self._wall_ms(),
+                reason="damaged copies found", requested_by=self._me), self._rng)
+            if status is Status.OK:
+                self.state = state = new_state
+                log.warning("storage node %s: damaged copies found: rebuilding them",
+                            self._me)
         for shard in state.shards:
             # A drain is over once every donor is done; any node may say so (the drained
             # node may be down already).
@@ -486,9 +497,11 @@ class RebuildRuntime:
         trim_lsn = machine.trim_lsn(log_id)
         for store in stores:
             self.stats.records_received += store.records_count
-            for first, last in _missing(node.store.held_ranges(log_id, store.lsn,
-                                                               store.last_lsn),
-                                        max(store.lsn, trim_lsn + 1), store.last_lsn):
+            held = node.store.held_ranges(log_id, store.lsn, store.last_lsn)
+            damaged = node.store.authority.damaged_ranges(log_id, store.lsn, store.last_lsn)
+            if damaged:
+                held = _without(held, damaged)  # its own copies there are bad: replaced
+            for first, last in _missing(held, max(store.lsn, trim_lsn + 1), store.last_lsn):
                 piece = narrowed(store, first, last)
                 if isinstance(piece, Status):
                     continue
@@ -568,6 +581,16 @@ def _decoded(message: RebuildStore) -> list[Store] | None:
             return None
         stores.append(store)
     return stores
+
+
+def _without(held: list[tuple[Lsn, Lsn]], damaged: tuple[tuple[int, int], ...]
+             ) -> list[tuple[Lsn, Lsn]]:
+    """``held`` less the ``damaged`` ranges (both sorted)."""
+    kept: list[tuple[Lsn, Lsn]] = []
+    for lo, hi in held:
+        for first, last in _missing([(Lsn(a), Lsn(b)) for a, b in damaged], lo, hi):
+            kept.append((Lsn(first), Lsn(last)))
+    return kept
 
 
 def _missing(held: list[tuple[Lsn, Lsn]], first: int, last: int) -> list[tuple[int, int]]:

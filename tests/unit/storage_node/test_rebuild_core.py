@@ -129,3 +129,10 @@ def test_missing_ranges() -> None:
     assert _missing([], 1, 10) == [(1, 10)]
     assert _missing(held, 3, 4) == []
     assert _missing(held, 21, 22) == [(21, 22)]
+
+
+def test_damaged_ranges_are_not_held() -> None:
+    from storage_node.rebuild_runtime import _without
+    held = [(Lsn(1), Lsn(10)), (Lsn(20), Lsn(30))]
+    assert _without(held, ((3, 4), (25, 40))) == [(1, 2), (5, 10), (20, 24)]
+    assert _without(held, ()) == held
