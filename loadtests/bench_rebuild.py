@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
         ready_timeout_ms=60_000)
     try:
         asyncio.run(write(state.sequencer_urls, records, size, batch))
-        nodes = {n.node_id: n for n in state.nodes}
+        nodes: dict[str, lc.NodeEntry] = {str(n.node_id): n for n in state.nodes}
         os.kill(nodes["st2"].pid, signal.SIGKILL)
         time.sleep(0.5)
         wipe(nodes["st2"].data_dir)
