@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -313,6 +315,15 @@ async def test_drain_under_load_then_remove(cluster_dir: Path) -> None:
         return bool(shard["status"] == "DRAINED")
 
     await _poll(drained, 120, "st3 drained")
+    shown = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "services.cli", "rebuild", "status", "--dir",
+                         str(cluster_dir)], capture_output=True, text=True, timeout=60,
+        check=False)
+    assert shown.returncode == 0, shown.stderr
+    rows = {line.split()[0]: line.split()[2] for line in shown.stdout.splitlines()[1:]
+            if line.split()[:1] in (["st1"], ["st2"], ["st3"])}
+    assert rows == {"st1": "AUTHORITATIVE", "st2": "AUTHORITATIVE", "st3": "DRAINED"}, (
+        shown.stdout)
     assert await asyncio.to_thread(cli, "node", "remove", "st3") == 0
     os.kill(_node(cluster_dir, "st3").pid, signal.SIGKILL)
     async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
