@@ -75,7 +75,9 @@ _NO_NEW_COPIES = (ShardStatus.DRAINING, ShardStatus.DRAINED, ShardStatus.REMOVED
 class RebuildConfig:
     rate_bytes_per_s: int = 32 * 1024 * 1024
     """Each donor's rate limit (0: none)."""
-    burst_bytes: int = 4 * 1024 * 1024
+    burst_bytes: int = 1024 * 1024
+    chunk_bytes_max: int = 512 * 1024
+    """Bytes of copies per REBUILD_STORE (see ``storage_node.core.rebuild``)."""
     poll_interval_ms: int = 1_000
     checkpoint_interval_ms: int = 2_000
     send_timeout_ms: int = 30_000
@@ -363,7 +365,7 @@ class RebuildRuntime:
         core = DonorCore(shard=donation.shard, logs=logs, progress=progress, bucket=bucket,
                          by_copyset=self._config.by_copyset,
                          checkpoint_interval_ms=self._config.checkpoint_interval_ms,
-                         now_ms=now_ms)
+                         now_ms=now_ms, chunk_bytes_max=self._config.chunk_bytes_max)
         donation.core = core
         log.info("storage node %s: donating to the rebuild of %s (generation %d) from log "
                  "%d LSN %d", self._me, donation.shard, donation.generation, progress.log_id,
