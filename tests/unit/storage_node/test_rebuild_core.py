@@ -136,3 +136,37 @@ def test_damaged_ranges_are_not_held() -> None:
     held = [(Lsn(1), Lsn(10)), (Lsn(20), Lsn(30))]
     assert _without(held, ((3, 4), (25, 40))) == [(1, 2), (5, 10), (20, 24)]
     assert _without(held, ()) == held
+
+
+def test_rebuild_store_entries_are_checked_like_stores() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from shared.wire.codec import encode_fields
+    from shared.wire.rebuild import RebuildStore
+    from storage_node.rebuild_runtime import _decoded
+
+    good = _store((1 << 32) + 10, (b"a", b"b"))
+
+    def message(entries: tuple[bytes, ...], log_id: int = 1) -> RebuildStore:
+        return RebuildStore(shard="st2", generation=2, log_id=log_id, release_lsn=0,
+                            trim_lsn=0, sealed_epoch=0, sealed_by="", entries=entries)
+
+    decoded = _decoded(message((bytes(encode_fields(good)),)))
+    assert decoded is not None and decoded[0].payloads == good.payloads
+    assert decoded[0].copyset == good.copyset and decoded[0].wave == good.wave
+    assert _decoded(message((bytes(encode_fields(good)),), log_id=2)) is None  # other log
+    bad = dataclasses_replace(good, checksum=good.checksum ^ 1)
+    assert _decoded(message((bytes(encode_fields(bad)),))) is None
+
+    @given(st.lists(st.binary(max_size=200), max_size=4))
+    @settings(max_examples=300)
+    def fuzz(entries: list[bytes]) -> None:
+        _decoded(message(tuple(entries)))
+
+    fuzz()
+
+
+def dataclasses_replace(store: Store, **changes: object) -> Store:
+    import dataclasses
+    return dataclasses.replace(store, **changes)  # type: ignore[arg-type]
