@@ -17,29 +17,33 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epoch_store import open_epoch_store
+from epoch_store.cluster_state import open_cluster_state
 from frontend.service import FrontEnd
 from gossip.core.failure_detector import NodeState
 from gossip.runtime import GossipRuntime
 from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.console_api import add_console
-from services.http_api import create_api_app
+from services.http_api import SHARDS_KEY, create_api_app
 from services.http_edge import HTTPS_KEY, EdgeRunner
 from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
 from services.node_security import NodeSecurityCollector, node_security
 from services.ops_metrics import OpsCollector
+from shared import cluster_state as cs
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
 from shared.net.node_auth import NodeSecurity
 from shared.net.pool import PeerPool
 from shared.net.server import start_server
 from shared.net.types import ReplyFn
+from shared.status import Status
 from shared.types import NodeId
 from shared.wire.append import Append, GetSequencerState
 from shared.wire.codec import Message
 from shared.wire.gossip import Gossip
 from storage_node.core.retention import BacklogTable
+from storage_node.rebuild_runtime import RebuildConfig, RebuildRuntime
 from storage_node.runtime import StorageNode
 
 log = logging.getLogger(__name__)
@@ -76,14 +80,20 @@ class _RoleCollector(Collector):
     """Exposes the roles' counters to Prometheus at scrape time."""
 
     def __init__(self, storage: StorageNode | None, sequencer: SequencerRuntime | None,
-                 pool: PeerPool, gossip: GossipRuntime) -> None:
+                 pool: PeerPool, gossip: GossipRuntime,
+                 rebuild: RebuildRuntime | None = None) -> None:
         self.storage, self.sequencer, self.pool = storage, sequencer, pool
         self.gossip = gossip
+        self.rebuild = rebuild
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.storage is not None:
             for name, value in self.storage.stats().items():
                 yield GaugeMetricFamily(f"seqlog_storage_{name}", f"storage node {name}",
+                                        value=value)
+        if self.rebuild is not None:
+            for name, value in self.rebuild.metrics().items():
+                yield GaugeMetricFamily(f"seqlog_storage_{name}", f"rebuilding: {name}",
                                         value=value)
         if self.sequencer is not None:
             sequencers = self.sequencer.sequencers.values()
@@ -154,6 +164,21 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     if "storage" in me.roles:
         storage = StorageNode(node_id=config.node_id, data_dir=config.data_dir,
                               config=config.storage, backlogs=BacklogTable.of(cluster))
+    rebuild = None
+    cluster_state = open_cluster_state(_epoch_store_url(config))
+    if storage is not None:
+        def storage_nodes() -> tuple[str, ...]:
+            return tuple(n.node_id for n in membership.cluster.nodes if "storage" in n.roles)
+
+        def request(node: NodeId, message: Message, callback: Any, timeout_ms: int) -> None:
+            pool.request(node, message, callback, timeout_ms=timeout_ms)
+
+        rebuild = RebuildRuntime(
+            node=storage, data_dir=config.data_dir, cluster_name=cluster.cluster_name,
+            state_store=cluster_state, storage_nodes=storage_nodes, request=request,
+            config=RebuildConfig(rate_bytes_per_s=config.storage.rebuild_rate_bytes_per_s,
+                                 poll_interval_ms=config.storage.rebuild_poll_interval_ms,
+                                 by_copyset=config.storage.rebuild_by_copyset))
     sequencer = None
     if "sequencer" in me.roles:
         sequencer = SequencerRuntime(
@@ -178,7 +203,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
 
     membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
-    registry.register(_RoleCollector(storage, sequencer, pool, gossip))
+    registry.register(_RoleCollector(storage, sequencer, pool, gossip, rebuild))
     registry.register(NodeSecurityCollector(security))
     registry.register(OpsCollector(epoch_store, sequencer,
                                    str(config.data_dir) if storage is not None else None))
@@ -187,6 +212,12 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     app[MEMBERSHIP_KEY] = membership
     app[SECURITY_KEY] = security
     app[HTTPS_KEY] = security.tls is not None
+
+    async def shards() -> list[dict[str, Any]] | None:
+        status, state, _ = await cluster_state.read()
+        return cs.as_json(state) if status is Status.OK else None
+
+    app[SHARDS_KEY] = shards
     tls = security.tls
     add_console(app, service, registry,
                 peer_ssl=None if tls is None else lambda: tls.node_client)
@@ -197,13 +228,18 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     async def epoch_store_step(_: web.Application) -> AsyncIterator[None]:
         yield
         await epoch_store.close()
+        await cluster_state.close()
 
     async def storage_step(_: web.Application) -> AsyncIterator[None]:
         if storage is None:
             yield
             return
+        assert rebuild is not None
+        await rebuild.before_start()
         await storage.start()
+        await rebuild.after_start()
         yield
+        await rebuild.close()
         await storage.close()
 
     async def pool_step(_: web.Application) -> AsyncIterator[None]:

@@ -39,7 +39,7 @@ from epoch_store import read_log_state
 from seqlog import Client, LogError
 from seqlog.demo import run_demo
 from seqlog.results import ClusterInfo
-from services import cli_top, ingest_cli
+from services import cli_rebuild, cli_top, ingest_cli
 from services import local_cluster as lc
 from services.cli_output import FORMATS, EntryWriter, iso_time, text_line
 from services.local_membership import add_node
@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "/etc/bash_completion.d/seqlog); zsh: seqlog completion zsh > "
                     "\"${fpath[1]}/_seqlog\"")
     completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+
+    cli_rebuild.add_parsers(commands, _add_target)
 
     demo = commands.add_parser("demo", help="write, read back and check a small workload")
     _add_target(demo)
@@ -548,7 +550,11 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "completion":
         sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
         return 0
+    if args.command == "node":
+        return cli_rebuild.run(args, [])
     urls = target_urls(args)
+    if args.command == "rebuild":
+        return cli_rebuild.run(args, urls)
     if args.command == "append":
         if not args.payloads:
             return asyncio.run(_with_client(urls, _append_stdin, args))

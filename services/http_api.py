@@ -85,6 +85,8 @@ class Edge:
 
 
 SERVICE_KEY = web.AppKey[LogService]("log_service")
+SHARDS_KEY = web.AppKey[Callable[[], Awaitable[list[dict[str, Any]] | None]]]("shards")
+"""The cluster's storage shards (``shared.cluster_state``), read from the epoch store."""
 EDGE_KEY = web.AppKey("http_edge", Edge)
 """The edge settings and metrics of an API app, which the lean edge (``services.http_edge``)
 shares."""
@@ -391,9 +393,16 @@ async def on_cluster(request: web.Request) -> web.StreamResponse:
         for n in service.cluster_nodes()
     ]
     # What a binary client's HELLO must carry (docs/PROTOCOL.md).
-    return _answer(request, {"cluster": service.cluster_name, "nodes": nodes,
-                             "cluster_fingerprint": service.cluster_fingerprint,
-                             "protocol_version": PROTOCOL_VERSION})
+    answer: dict[str, Any] = {"cluster": service.cluster_name, "nodes": nodes,
+                              "cluster_fingerprint": service.cluster_fingerprint,
+                              "protocol_version": PROTOCOL_VERSION}
+    shards = request.app.get(SHARDS_KEY)
+    if shards is not None:
+        # Disk generations and rebuilding/drain state; absent when the store is unreadable.
+        found = await shards()
+        if found is not None:
+            answer["shards"] = found
+    return _answer(request, answer)
 
 
 def _query_int(request: web.Request, name: str, default: int, low: int, high: int

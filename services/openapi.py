@@ -172,7 +172,11 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "cluster": {"type": "string"}, "nodes": {"type": "array", "items": _ref("Node")},
             "cluster_fingerprint": {"type": "string"},
             "protocol_version": _uint(2**31 - 1),
-        }),
+            "shards": {"type": "array", "items": {"type": "object"},
+                       "description": "storage shards: disk generation, AUTHORITATIVE / "
+                       "REBUILDING / DRAINING / DRAINED / REMOVED, donors' progress "
+                       "(docs/RELIABILITY.md); absent when the epoch store is unreadable"},
+        }, required=("cluster", "nodes", "cluster_fingerprint", "protocol_version")),
     }
 
 

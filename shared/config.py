@@ -314,6 +314,15 @@ class StorageConfig:
     """Producers per log whose latest appends the node remembers for idempotent appends
     (``PRODUCER_SEQS_KEPT`` each); past it the least recently written producer is forgotten,
     and a retry of its appends would be written again."""
+    rebuild_rate_bytes_per_s: int = 32 * 1024 * 1024
+    """Rate limit of each donor of a rebuild (bytes of copies sent per second; 0: none), so
+    that appends keep their latency while a lost disk is rebuilt."""
+    rebuild_poll_interval_ms: int = 1_000
+    """How often the node reads the cluster's shard state (rebuilds to donate to, its own
+    rebuild finished)."""
+    rebuild_by_copyset: bool = False
+    """Donors send only copies whose copyset names the lost shard (less traffic; exact only
+    for records whose copies all came from their last wave, see docs/RELIABILITY.md)."""
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_MODES:
@@ -328,6 +337,8 @@ class StorageConfig:
         _in_range("reclaim_bytes_per_pass_max", self.reclaim_bytes_per_pass_max, 64 * 1024,
                   2**40)
         _in_range("producer_ids_per_log_max", self.producer_ids_per_log_max, 1, 10_000_000)
+        _in_range("rebuild_rate_bytes_per_s", self.rebuild_rate_bytes_per_s, 0, 2**40)
+        _in_range("rebuild_poll_interval_ms", self.rebuild_poll_interval_ms, 10, 600_000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -222,6 +222,10 @@ class StoreMachine:
         self._logs: dict[LogId, _LogState] = {}
         self._valid_node_ids: set[str] = set()
 
+    def set_accept_writes(self, accept: bool) -> None:
+        """False: every STORE answers DISABLED (a node being drained takes no new copies)."""
+        self._accept_writes = accept
+
     def restore(self, log_id: LogId, state: LogStorageState) -> None:
         """Load what the record store recovered for ``log_id`` (only at start)."""
         assert log_id not in self._logs, log_id

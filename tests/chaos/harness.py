@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -39,7 +41,7 @@ from shared.wire.read import GetLogState, LogState
 from shared.wire.recovery import Digest, GetDigest
 from shared.wire.store import RecordFlags
 from tests.chaos import checkers
-from tests.chaos.faults import Fault, links_of, schedule
+from tests.chaos.faults import WIPE_REBUILD_S_MAX, Fault, links_of, schedule
 from tests.chaos.history import History, payload_text
 from tests.chaos.proxy import PASS, LinkMode, Mode, ProxyProcess
 from tests.chaos.reader_check import compare_readers
@@ -78,6 +80,8 @@ class ChaosConfig:
     settle_timeout_s: float = 15.0
     """Bound on waiting for release pointers to reach the acks, and again for the readers."""
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    disk_faults: bool = False
+    """Also replace storage nodes' disks (``wipe``), one at a time, each rebuilt first."""
 
 
 @dataclass(slots=True)
@@ -327,9 +331,39 @@ class FaultRunner:
                 await cluster.set_links(links, PASS)
         elif fault.action == "failpoint":
             return await self._failpoint(fault)
+        elif fault.action == "wipe":
+            return await self._wipe(fault)
         else:
             raise ValueError(f"unknown fault {fault.action!r}")
         return {}
+
+    async def _wipe(self, fault: Fault) -> dict[str, Any]:
+        """A replaced disk: kill -9, delete the data directory's contents but the config and
+        the log, restart, then wait (up to ``WIPE_REBUILD_S_MAX``) until the cluster state says the
+        node's shard is AUTHORITATIVE again, rebuilt."""
+        cluster = self.cluster
+        node = fault.nodes[0]
+        http = cluster.http[node]
+        before = await asyncio.to_thread(_rebuilds, http, node)
+        await cluster.kill9(node)
+        data_dir = lc.config_path(cluster.root, node).parent
+        for path in await asyncio.to_thread(lambda: list(data_dir.iterdir())):
+            if path.name in ("config.json", "node.log"):
+                continue
+            if path.is_dir():
+                await asyncio.to_thread(shutil.rmtree, path)
+            else:
+                await asyncio.to_thread(path.unlink)
+        started = time.monotonic()
+        await cluster.restart(node)
+        rebuilt = False
+        while time.monotonic() - started < WIPE_REBUILD_S_MAX:
+            count = await asyncio.to_thread(_rebuilds, http, node)
+            if count is not None and before is not None and count > before:
+                rebuilt = True
+                break
+            await asyncio.sleep(0.5)
+        return {"rebuilt": rebuilt, "rebuild_s": round(time.monotonic() - started, 1)}
 
     async def _failpoint(self, fault: Fault) -> dict[str, Any]:
         cluster = self.cluster
@@ -377,6 +411,21 @@ def _max_acked(history: History) -> dict[int, int]:
     return found
 
 
+def _rebuilds(http: str, node: str) -> int | None:
+    """How many rebuilds of ``node`` finished and left it AUTHORITATIVE (None: unknown)."""
+    try:
+        with urllib.request.urlopen(f"http://{http}/v1/cluster", timeout=5) as answer:
+            shards = json.loads(answer.read()).get("shards") or []
+    except (OSError, ValueError):
+        return None
+    for shard in shards:
+        if shard.get("node_id") == node:
+            if shard.get("status") != "AUTHORITATIVE":
+                return -1
+            return int(shard.get("rebuilds_count", 0))
+    return 0
+
+
 class HarnessError(Exception):
     """The run itself failed (a node that cannot start, the proxy gone); names the seed."""
 
@@ -406,7 +455,7 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
     try:
         await cluster.start()
         faults = schedule(config.seed, config.duration_s, cluster.sequencers, cluster.storage,
-                          config.replication)
+                          config.replication, disk_faults=config.disk_faults)
         history.add("meta", seed=config.seed, replication=config.replication,
                     logs=list(config.workload.logs), nodes=cluster.nodes,
                     storage_nodes=cluster.storage, sequencers=cluster.sequencers,
