@@ -56,6 +56,7 @@ from services.http_api import (
     reused_pair,
     tail_doc,
 )
+from services.http_auth import LOG_ROUTE_ACTIONS
 from services.http_parse import (
     NO_FORWARD_VALUES,
     AppendRequest,
@@ -71,7 +72,9 @@ from services.http_parse import (
     parse_read_query,
 )
 from services.metrics import UNMATCHED_ROUTE
+from shared.config import LimitsConfig
 from shared.http_contract import (
+    BEARER_PREFIX,
     MSGPACK,
     NO_FORWARD_QUERY,
     SEQUENCER_HEADER,
@@ -79,6 +82,8 @@ from shared.http_contract import (
     http_code,
     wants_retry_after,
 )
+from shared.security.auth import Authenticator, Denied, Identity, bearer_token
+from shared.security.quotas import retry_after_header_s
 from shared.status import Status
 from shared.types import LogId
 
@@ -108,10 +113,11 @@ _HOT_ROUTES: dict[tuple[bytes, bytes], str] = {
     (b"GET", b"tail"): ROUTE_TAIL,
 }
 _LOGS_PREFIX = b"/v1/logs/"
-_OTHER, _CONTENT_TYPE, _ACCEPT, _NO_FORWARD, _CONTENT_LENGTH, _EXPECT = range(6)
+_OTHER, _CONTENT_TYPE, _ACCEPT, _NO_FORWARD, _CONTENT_LENGTH, _EXPECT, _AUTHORIZATION = range(7)
 _HEADER_KINDS: dict[bytes, int] = {
     b"content-type": _CONTENT_TYPE, b"accept": _ACCEPT, b"x-seqlog-no-forward": _NO_FORWARD,
-    b"content-length": _CONTENT_LENGTH, b"expect": _EXPECT, b"host": _OTHER,
+    b"content-length": _CONTENT_LENGTH, b"expect": _EXPECT, b"authorization": _AUTHORIZATION,
+    b"host": _OTHER,
     b"user-agent": _OTHER, b"connection": _OTHER, b"accept-encoding": _OTHER,
 }
 """What ``on_header`` keeps, by lower-cased name; the usual spellings are added below, so
@@ -122,12 +128,14 @@ _METHOD_NAMES = {b"GET": "GET", b"POST": "POST"}
 _NO_FORWARD_BYTES: dict[bytes, bool] = {
     value.encode(): flag for value, flag in NO_FORWARD_VALUES.items()}
 _REASONS: dict[int, bytes] = {
-    200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 404: b"Not Found",
+    200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 401: b"Unauthorized",
+    403: b"Forbidden", 404: b"Not Found",
     409: b"Conflict", 413: b"Payload Too Large", 429: b"Too Many Requests",
     500: b"Internal Server Error",
     503: b"Service Unavailable", 504: b"Gateway Timeout",
 }
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_WWW_AUTHENTICATE = b"WWW-Authenticate: %s\r\n" % BEARER_PREFIX.strip().encode()
 
 
 class AppendNowait(Protocol):
@@ -316,14 +324,23 @@ class _Request:
                             time.perf_counter() - self.started_s)
 
     def error(self, status: Status, message: str = "", *, code: int | None = None,
-              headers: bytes = b"") -> None:
+              headers: bytes = b"", retry_after_s: int | None = None) -> None:
         if wants_retry_after(status):
-            headers += b"Retry-After: %d\r\n" % self.conn.edge.api.retry_after_s
+            headers += b"Retry-After: %d\r\n" % (
+                self.conn.edge.api.retry_after_s if retry_after_s is None else retry_after_s)
         self.answer(code or http_code(status),
                     {"status": status.name, "message": message or status.description}, headers)
 
     def rejected(self, rejection: Rejection) -> None:
         self.error(rejection.status, rejection.message)
+
+    def denied(self, denied: Denied) -> None:
+        """401, 403 or 429 (``services.http_auth``, quotas): nothing was done."""
+        self.error(denied.status, denied.message,
+                   headers=_WWW_AUTHENTICATE if denied.status is Status.UNAUTHENTICATED
+                   else b"",
+                   retry_after_s=retry_after_header_s(denied.retry_after_s)
+                   if denied.retry_after_s > 0 else None)
 
     def internal(self) -> None:
         logger.exception("unhandled error answering %s %s", self.method,
@@ -422,12 +439,16 @@ class _Connection(asyncio.Protocol):
     """One client connection on the lean path (httptools parser callbacks are methods)."""
 
     # Slots: the parser callbacks set a dozen attributes per request.
-    __slots__ = ("_accept", "_body", "_body_bytes", "_chunks", "_chunks_bytes", "_closing",
-                 "_completed", "_content_length", "_content_type", "_expect", "_feeding",
+    __slots__ = ("_accept", "_auth_header", "_auth_token", "_body", "_body_bytes", "_chunks",
+                 "_chunks_bytes", "_closing",
+                 "_completed", "_content_length", "_content_type", "_counted", "_expect",
+                 "_feeding",
                  "_flush_scheduled", "_handover", "_head_bytes", "_headers_count",
-                 "_in_message", "_keep_alive", "_log_id", "_method", "_no_forward",
+                 "_identity", "_in_message", "_keep_alive", "_log_id", "_method",
+                 "_no_forward",
                  "_read_paused", "_route", "_started_s", "_timer", "_url", "_write_paused",
-                 "edge", "idle_since_s", "lost", "parser", "queue", "tasks", "transport")
+                 "edge", "fresh", "idle_since_s", "lost", "parser", "queue", "tasks",
+                 "transport")
 
     def __init__(self, edge: EdgeServer) -> None:
         self.edge = edge
@@ -468,6 +489,15 @@ class _Connection(asyncio.Protocol):
         self._body_bytes = 0
         self._keep_alive = True
         self._started_s = 0.0
+        # Credentials (docs/SECURITY.md): the last token seen on this connection and whom it
+        # authenticated, so that a token is checked once per connection, not per request.
+        self._auth_header: bytes | None = None
+        self._auth_token: bytes | None = None
+        self._identity: Identity | None = None
+        self._counted = False
+        """The connection counts under ``_identity``'s principal."""
+        self.fresh = True
+        """No request completed yet: the first one evicted when the node is full."""
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -477,8 +507,16 @@ class _Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.idle_since_s = self.edge.loop.time()
-        self.edge.track(self)
+        edge = self.edge
+        self.idle_since_s = edge.loop.time()
+        if edge.connections_count >= edge.limits.http_connections_max and not edge.evict():
+            logger.warning("refusing an HTTP connection: %d open", edge.connections_count)
+            self._closing = True
+            self.transport.abort()
+            return
+        edge.track(self)
+        # The first request's head must arrive in time (a slowloris client holds nothing).
+        self._timer = edge.loop.call_later(edge.head_timeout_s, self._timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -488,11 +526,17 @@ class _Connection(asyncio.Protocol):
                                       CLIENT_CLOSED_CODE, time.perf_counter() - self._started_s)
         self._closing = True
         self.edge.forget(self)
+        self._uncount()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         for task in self.tasks:
             task.cancel()
+
+    def _uncount(self) -> None:
+        if self._counted and self._identity is not None and self.edge.auth is not None:
+            self._counted = False
+            self.edge.auth.connection_closed(self._identity)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -543,8 +587,10 @@ class _Connection(asyncio.Protocol):
             self._chunks_bytes = len(raw) - end
             self._completed = 0
         if self._timer is None:
-            self._timer = self.edge.loop.call_later(self.edge.body_read_timeout_s,
-                                                    self._timed_out)
+            edge = self.edge
+            self._timer = edge.loop.call_later(
+                edge.head_timeout_s if self._route is None else edge.body_read_timeout_s,
+                self._timed_out)
 
     def eof_received(self) -> bool | None:
         # A half-closed client still gets its answers; the connection closes after them.
@@ -564,6 +610,7 @@ class _Connection(asyncio.Protocol):
         self._route = None
         self._content_type = self._accept = None
         self._no_forward = None
+        self._auth_header = None
         self._expect = False
         self._content_length = None
         self._body = []
@@ -610,6 +657,8 @@ class _Connection(asyncio.Protocol):
             self._accept = value
         elif kind == _NO_FORWARD:
             self._no_forward = value
+        elif kind == _AUTHORIZATION:
+            self._auth_header = value
         elif kind == _CONTENT_LENGTH:
             # llhttp has checked the digits; an absurd length is refused like any too big one.
             self._content_length = int(value) if len(value) <= 20 and value.isdigit() else 2**64
@@ -622,6 +671,12 @@ class _Connection(asyncio.Protocol):
         if self.parser.should_upgrade():
             self._hand_over()
         self._keep_alive = self.parser.should_keep_alive()
+        timer = self._timer
+        if timer is not None:
+            # The head is in: the body gets its own (longer) deadline.
+            timer.cancel()
+            self._timer = self.edge.loop.call_later(self.edge.body_read_timeout_s,
+                                                    self._timed_out)
         cap = self.edge.api.request_bytes_max
         if self._content_length is not None and self._content_length > cap:
             self._refuse(Status.TOOBIG, f"request body over request_bytes_max={cap}",
@@ -643,6 +698,9 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._in_message = False
         self._completed += 1
+        if self.fresh:
+            self.fresh = False
+            self.edge.fresh.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -669,8 +727,44 @@ class _Connection(asyncio.Protocol):
 
     # ---- requests --------------------------------------------------------------------------
 
+    def _authorize(self, request: _Request) -> Identity | None:
+        """Who the request runs as, or None once it is refused (401, 403, 429)."""
+        auth = self.edge.auth
+        assert auth is not None
+        header = self._auth_header
+        identity = self._identity
+        if (header is None or header != self._auth_token or identity is None
+                or identity.generation != auth.generation
+                or identity.expires_s <= auth.now_s()):
+            found = auth.authenticate(bearer_token(_text(header)))
+            if isinstance(found, Denied):
+                request.denied(found)
+                return None
+            if identity is None or found.principal != identity.principal:
+                self._uncount()
+                self._identity = found
+                denied = auth.connection_opened(found)
+                if denied is not None:
+                    self._identity = None
+                    request.denied(denied)
+                    self._closing = True
+                    return None
+                self._counted = True
+            self._identity = identity = found
+            self._auth_token = header
+        log_id = self._log_id
+        if not isinstance(log_id, Rejection):
+            action = LOG_ROUTE_ACTIONS[request.route]
+            denied = auth.permit(identity, action, log_id)
+            if denied is not None:
+                request.denied(denied)
+                return None
+        return identity
+
     def _dispatch(self, request: _Request) -> None:
         edge = self.edge
+        if edge.auth is not None and self._authorize(request) is None:
+            return
         log_id = self._log_id
         if isinstance(log_id, Rejection):
             request.rejected(log_id)
@@ -725,6 +819,14 @@ class _Connection(asyncio.Protocol):
                 return
             no_forward = parsed
         request.count = append.records if append.compression else len(append.payloads)
+        auth = self.edge.auth
+        if auth is not None:
+            assert self._identity is not None
+            limited = auth.admit_append(self._identity, request.count,
+                                        sum(len(p) for p in append.payloads))
+            if limited is not None:
+                request.denied(limited)
+                return
         local = self.edge.append_local
         if local is not None and not append.compression:
             local(log_id, append.payloads, append.key, producer=producer,
@@ -834,7 +936,17 @@ class _Connection(asyncio.Protocol):
 
     def _timed_out(self) -> None:
         self._timer = None
-        if self._closing or self._handover is not None or not self._in_message:
+        if self._closing or self._handover is not None:
+            return
+        if not self._in_message:
+            if self.fresh and not self.queue and self.transport is not None:
+                # Connected and sent nothing within the head deadline.
+                self._closing = True
+                self.transport.close()
+            return
+        if self._route is None:
+            self._refuse(Status.BADMSG, f"request head not received within "
+                         f"{self.edge.head_timeout_s * 1000:.0f} ms", code=400)
             return
         self._refuse(Status.BADMSG, f"request body not received within "
                      f"{self.edge.body_read_timeout_s * 1000:.0f} ms", code=400,
@@ -858,6 +970,8 @@ class _Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.edge.forget(self)
+        # aiohttp's connections are not counted per principal.
+        self._uncount()
         self._closing = True
         handler = self.edge.inner()
         transport.set_protocol(handler)
@@ -939,6 +1053,12 @@ class EdgeServer(web.Server):
         self.api = edge.api
         self.metrics = edge.metrics
         self.body_read_timeout_s = edge.body_read_timeout_ms / 1000
+        self.auth: Authenticator | None = edge.auth
+        self.limits: LimitsConfig = edge.limits
+        self.head_timeout_s = min(self.limits.request_head_timeout_ms / 1000,
+                                  self.body_read_timeout_s)
+        """The request line and headers must arrive within this (never later than the body
+        deadline would allow)."""
         nowait = getattr(self.service, "append_nowait", None)
         self.append_nowait: AppendNowait = (
             nowait if nowait is not None else _task_append(self.service))
@@ -950,6 +1070,8 @@ class EdgeServer(web.Server):
         self.packer = msgpack.Packer(use_bin_type=True)
         """Answers' msgpack encoder (one loop, one thread: ``pack`` is not re-entered)."""
         self.lean_connections: set[_Connection] = set()
+        self.fresh: dict[_Connection, None] = {}
+        """Lean connections that have not completed a request yet, oldest first."""
         self._all_closed = asyncio.Event()
         self._all_closed.set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -962,10 +1084,13 @@ class EdgeServer(web.Server):
 
     def track(self, conn: _Connection) -> None:
         self.lean_connections.add(conn)
+        if conn.fresh:
+            self.fresh[conn] = None
         self._all_closed.clear()
 
     def forget(self, conn: _Connection) -> None:
         self.lean_connections.discard(conn)
+        self.fresh.pop(conn, None)
         if not self.lean_connections:
             self._all_closed.set()
 
@@ -980,6 +1105,20 @@ class EdgeServer(web.Server):
                 conn.transport.close()
         if self.lean_connections and not self._shutting_down:
             self._sweeper = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def evict(self) -> bool:
+        """Make room for a new connection (``LimitsConfig.http_connections_max``): close the
+        oldest one that has completed no request, else the longest idle keep-alive one, so
+        that a flood of silent or stalled connections cannot lock clients out."""
+        victim = next(iter(self.fresh), None)
+        if victim is None:
+            idle = [c for c in self.lean_connections if c.idle_since_s is not None]
+            victim = min(idle, key=lambda c: c.idle_since_s or 0.0, default=None)
+        if victim is None or victim.transport is None:
+            return False
+        self.forget(victim)
+        victim.abort()
+        return True
 
     @property
     def connections_count(self) -> int:

@@ -27,7 +27,7 @@ import sys
 
 from aiohttp import web
 
-from services.app import DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app, create_runner
+from services.app import AUTH_KEY, DRAIN_TIMEOUT_S, MEMBERSHIP_KEY, create_app, create_runner
 from services.env_config import DEFAULT_SHUTDOWN_TIMEOUT_MS, EnvConfigError, config_from_env
 from services.log_format import LOG_FORMATS
 from services.log_format import configure as configure_logging
@@ -80,12 +80,24 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
         # Membership changes (added nodes, weights) apply without a restart; the file is read
         # off the loop (aiofiles), one reload at a time.
         reloads = ConfigReloads(app[MEMBERSHIP_KEY], config_path)
-        loop.add_signal_handler(signal.SIGHUP, reloads.request)
+        auth = app[AUTH_KEY]
+
+        def on_sighup() -> None:
+            reloads.request()
+            # Credentials too (docs/SECURITY.md); they are also re-read when they change.
+            auth.request_reload()
+
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
     else:
         # Configured from the environment: nothing to re-read, and SIGHUP must not kill.
-        loop.add_signal_handler(signal.SIGHUP, log.warning,
-                                "SIGHUP ignored: a node configured from the environment "
-                                "changes membership by a restart")
+        auth = app[AUTH_KEY]
+
+        def on_sighup_env() -> None:
+            log.warning("SIGHUP: a node configured from the environment changes membership "
+                        "by a restart; re-reading credentials only")
+            auth.request_reload()
+
+        loop.add_signal_handler(signal.SIGHUP, on_sighup_env)
     status = 1
     try:
         await site.start()

@@ -22,6 +22,9 @@ SECTIONS = (
     ("api", config.ApiConfig, "Limits of the HTTP API."),
     ("transport", config.TransportConfig, "Node-to-node connections."),
     ("gossip", config.GossipConfig, "The gossip failure detector."),
+    ("auth", config.AuthConfig, "Client authentication, permissions and append quotas "
+     "(docs/SECURITY.md)."),
+    ("limits", config.LimitsConfig, "Connection bounds and request deadlines."),
 )
 
 

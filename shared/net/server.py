@@ -24,6 +24,8 @@ import logging
 from shared.config import TransportConfig
 from shared.net.connection import FramedProtocol, wait_lost
 from shared.net.types import Counters, MessageHandler, ReplyFn
+from shared.security.auth import Authenticator, Denied
+from shared.security.data_port import ClientGuard, refusal
 from shared.status import Status
 from shared.types import Lsn, NodeId, is_client_id, node_id_valid
 from shared.wire.append import Append, Appended
@@ -94,8 +96,11 @@ class _ServerProtocol(FramedProtocol):
     __slots__ = (
         "_allowed",
         "_appends_inflight_max",
+        "_auth",
         "_connections",
+        "_connections_max",
         "_fingerprint",
+        "_guard",
         "_handler",
         "_hello_timeout_s",
         "_hello_timer",
@@ -106,8 +111,13 @@ class _ServerProtocol(FramedProtocol):
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, handler: MessageHandler,
                  config: TransportConfig, counters: Counters,
-                 connections: set[_ServerProtocol]) -> None:
+                 connections: set[_ServerProtocol], auth: Authenticator | None = None,
+                 connections_max: int = 0) -> None:
         super().__init__(counters)
+        self._auth = auth if auth is not None and auth.enabled else None
+        self._guard: ClientGuard | None = None
+        """A client's credentials (docs/SECURITY.md), when auth is on."""
+        self._connections_max = connections_max
         self._node_id = node_id
         self._fingerprint = cluster_fingerprint
         self._handler = handler
@@ -123,6 +133,16 @@ class _ServerProtocol(FramedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        if self._connections_max and len(self._connections) >= self._connections_max:
+            # A flood must not lock clients out: make room by closing the oldest connection
+            # that has not said HELLO yet, else refuse this one.
+            waiting = next((c for c in self._connections if c._peer is None), None)
+            if waiting is None:
+                log.warning("refusing a connection from %s: %d connections open",
+                            self.peer_address(), len(self._connections))
+                self.abort(Status.OVERLOADED)
+                return
+            waiting.abort(Status.OVERLOADED)
         self._connections.add(self)
         self._hello_timer = self._loop.call_later(self._hello_timeout_s, self._on_hello_timeout)
 
@@ -141,6 +161,9 @@ class _ServerProtocol(FramedProtocol):
         elif type(message) not in allowed:
             # A client reads and appends: it must not store, seal or gossip.
             self.desync(f"client {peer} sent {type(message).__name__}")
+            return
+        elif self._guard is not None and (denied := self._guard.check(message)) is not None:
+            self._refuse(correlation_id, message, denied)
             return
         elif type(message) is Append:
             assert isinstance(message, Append)
@@ -165,6 +188,16 @@ class _ServerProtocol(FramedProtocol):
             log.exception("handler failed on %s from %s; closing", type(message).__name__, peer)
             self.abort(Status.INTERNAL)
 
+    def _refuse(self, correlation_id: int, message: Message, denied: Denied) -> None:
+        answer = refusal(message, denied)
+        if answer is not None and correlation_id:
+            self.send(encode(answer, correlation_id))
+        if denied.status is Status.UNAUTHENTICATED:
+            # Revoked or expired under a live connection: nothing more from it.
+            log.warning("client %s at %s: %s; closing", self._peer, self.peer_address(),
+                        denied.message)
+            self.close(Status.UNAUTHENTICATED)
+
     def _on_hello(self, message: Message) -> None:
         self._cancel_hello_timer()
         if type(message) is not Hello:
@@ -176,14 +209,23 @@ class _ServerProtocol(FramedProtocol):
             and message.cluster_fingerprint == self._fingerprint
             and node_id_valid(message.node_id)
         )
-        status = Status.OK if accepted else Status.PROTONOSUPPORT
-        self.send(encode(HelloReply(status=status, node_id=self._node_id)))
         if not accepted:
+            self.send(encode(HelloReply(status=Status.PROTONOSUPPORT, node_id=self._node_id)))
             log.warning("refusing peer %r at %s: protocol %d, fingerprint %r", message.node_id,
                         self.peer_address(), message.protocol_version,
                         message.cluster_fingerprint)
             self.close(Status.PROTONOSUPPORT)
             return
+        if self._auth is not None and is_client_id(message.node_id):
+            guard = ClientGuard.hello(self._auth, message.token)
+            if isinstance(guard, Denied):
+                self.send(encode(HelloReply(status=guard.status, node_id=self._node_id)))
+                log.warning("refusing client %r at %s: %s", message.node_id,
+                            self.peer_address(), guard.message)
+                self.close(guard.status)
+                return
+            self._guard = guard
+        self.send(encode(HelloReply(status=Status.OK, node_id=self._node_id)))
         self._peer = message.node_id
         if is_client_id(message.node_id):
             self._allowed = (CLIENT_APPEND_MESSAGES
@@ -202,6 +244,9 @@ class _ServerProtocol(FramedProtocol):
 
     def _on_closed(self, status: Status) -> None:
         self._cancel_hello_timer()
+        if self._guard is not None:
+            self._guard.closed()
+            self._guard = None
         self._connections.discard(self)
 
     def pause_writing(self) -> None:
@@ -244,7 +289,8 @@ class Server:
 
 
 async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerprint: str,
-                       handler: MessageHandler, config: TransportConfig) -> Server:
+                       handler: MessageHandler, config: TransportConfig,
+                       auth: Authenticator | None = None, connections_max: int = 0) -> Server:
     """Listen on ``host:port`` (0 picks a free port, see ``Server.port``)."""
     loop = asyncio.get_running_loop()
     counters = Counters()
@@ -253,7 +299,8 @@ async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerp
     def make_protocol() -> _ServerProtocol:
         return _ServerProtocol(node_id=node_id, cluster_fingerprint=cluster_fingerprint,
                                handler=handler, config=config, counters=counters,
-                               connections=connections)
+                               connections=connections, auth=auth,
+                               connections_max=connections_max)
 
     server = await loop.create_server(make_protocol, host, port)
     return Server(server, connections, counters)

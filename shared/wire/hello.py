@@ -3,10 +3,11 @@ config), from nodes and from clients alike."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.status import Status
 from shared.types import NodeId
+from shared.wire.extension import EXTENSION
 
 PROTOCOL_VERSION = 2
 """The newest protocol version this build speaks. 2: clients may send APPEND (with
@@ -27,6 +28,9 @@ class Hello:
     node_id: NodeId
     protocol_version: int
     cluster_fingerprint: str
+    token: str = field(default="", metadata=EXTENSION)
+    """A client's bearer token (docs/SECURITY.md); empty from nodes and from clients of an
+    open cluster."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
