@@ -153,8 +153,10 @@ class Connections:
     """One ``BinaryConnection`` per data address, opened on first use."""
 
     def __init__(self, *, cluster_fingerprint: str, connect_timeout_ms: int,
-                 timeout_ms: int) -> None:
+                 timeout_ms: int, token: str = "") -> None:
         self.cluster_fingerprint = cluster_fingerprint
+        self._token = token
+        """The bearer token sent in HELLO (docs/SECURITY.md); empty: none."""
         self._connect_timeout_s = connect_timeout_ms / 1000
         self._timeout_ms = timeout_ms
         self._node_id = client_id()
@@ -215,7 +217,8 @@ class Connections:
                     lambda: BinaryConnection(self.counters, self._timeout_ms), host,
                     int(port_text))
                 conn.send(encode(Hello(node_id=self._node_id, protocol_version=PROTOCOL_VERSION,
-                                       cluster_fingerprint=self.cluster_fingerprint)))
+                                       cluster_fingerprint=self.cluster_fingerprint,
+                                       token=self._token)))
                 reply = await conn.hello_reply
         except (OSError, TimeoutError) as exc:
             if conn is not None:
@@ -229,6 +232,10 @@ class Connections:
             self.connected_once = True
             return conn
         conn.abort(Status.CONNFAILED)
+        if isinstance(reply, HelloReply) and reply.status in (Status.UNAUTHENTICATED,
+                                                              Status.RATE_LIMITED):
+            return LogError(reply.status, f"{address} ({reply.node_id}) refused our HELLO: "
+                                          f"{reply.status.description}")
         if isinstance(reply, HelloReply):
             return LogError(Status.PROTONOSUPPORT,
                             f"{address} ({reply.node_id}) refused our HELLO "

@@ -144,7 +144,7 @@ async def run_top(client: Client, *, interval_ms: int, iterations: int | None, r
     previous: Look | None = None
     done = 0
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=client.auth_headers) as session:
         live = Live(console=console, auto_refresh=False) if console.is_terminal else None
         if live is not None:
             live.start()

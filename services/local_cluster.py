@@ -32,9 +32,11 @@ from typing import Any
 from epoch_store import zk_server
 from epoch_store.zk_server import ServerHandle
 from shared.config import (
+    AuthConfig,
     ClusterConfig,
     FsyncMode,
     GossipConfig,
+    LimitsConfig,
     LogBacklog,
     NodeConfig,
     ProcessConfig,
@@ -94,6 +96,9 @@ class LocalClusterSpec:
     peer_addresses: dict[str, dict[str, str]] = field(default_factory=dict)
     """Per node id, its ``transport.peer_addresses``: where it connects to some peers instead
     of their data ports (the chaos tests put a proxy on every link this way)."""
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    """Client authentication for every node (``local up --auth``: ``DIR/auth``)."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -168,6 +173,8 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
                 gossip=spec.gossip,
                 transport=TransportConfig(
                     peer_addresses=dict(spec.peer_addresses.get(node.node_id, {}))),
+                auth=spec.auth,
+                limits=spec.limits,
             )
             for node in nodes
         ]

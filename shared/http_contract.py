@@ -35,6 +35,8 @@ AUTHORIZATION_HEADER = "Authorization"
 """Request header: ``Bearer <token>`` (docs/SECURITY.md)."""
 WWW_AUTHENTICATE_HEADER = "WWW-Authenticate"
 BEARER_PREFIX = "Bearer "
+TOKEN_ENV = "SEQLOG_TOKEN"
+"""The environment variable the ``seqlog`` client and CLI take a bearer token from."""
 
 MediaType = Literal["application/json", "application/msgpack"]
 JSON: MediaType = "application/json"
@@ -49,8 +51,10 @@ MEDIA_TYPE_ALIASES: dict[str, MediaType] = {
 
 NOTHING_WRITTEN: frozenset[Status] = frozenset(
     {Status.SEQNOBUFS, Status.NOSEQUENCER, Status.NOTREADY, Status.SHUTDOWN, Status.OVERLOADED,
-     Status.UNAUTHENTICATED, Status.ACCESS, Status.RATE_LIMITED})
-"""Append answers after which nothing was written: retrying cannot duplicate a record."""
+     Status.RATE_LIMITED})
+"""Append answers after which nothing was written: retrying cannot duplicate a record (and
+clients retry them). ``UNAUTHENTICATED`` and ``ACCESS`` write nothing too but are final:
+retrying with the same credentials cannot help."""
 OUTCOME_UNKNOWN: frozenset[Status] = frozenset({Status.TIMEDOUT, Status.PEER_CLOSED})
 """Append answers after which the records may or may not have been written."""
 TRY_ELSEWHERE: frozenset[Status] = frozenset({Status.NOTREADY, Status.SHUTDOWN})

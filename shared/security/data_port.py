@@ -7,6 +7,8 @@ valid credentials is answered ``UNAUTHENTICATED`` and the connection closed."""
 
 from __future__ import annotations
 
+import math
+
 from shared.security.auth import Authenticator, Denied, Identity
 from shared.security.permissions import Action
 from shared.status import Status
@@ -23,7 +25,8 @@ def refusal(message: Message, denied: Denied) -> Message | None:
     if type(message) is Append:
         assert isinstance(message, Append)
         return Appended(status=status, log_id=message.log_id, first_lsn=Lsn(0),
-                        last_lsn=Lsn(0), timestamp_ms=0, sequencer_node=None, message=text)
+                        last_lsn=Lsn(0), timestamp_ms=0, sequencer_node=None, message=text,
+                        retry_after_ms=math.ceil(denied.retry_after_s * 1000))
     if type(message) is Read:
         assert isinstance(message, Read)
         return ReadReply(status=status, log_id=message.log_id, release_lsn=Lsn(0),
