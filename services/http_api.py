@@ -576,7 +576,8 @@ def create_api_app(
         api=api,
         registry=registry,
         metrics=HttpMetrics(registry),
-        openapi_json=encode_body(build_openapi(api), "application/json"),
+        openapi_json=encode_body(build_openapi(
+            api, auth.config if auth is not None else None), "application/json"),
         body_read_timeout_ms=body_read_timeout_ms,
         logs=logs,
         auth=auth if auth is not None and auth.enabled else None,
