@@ -31,7 +31,7 @@ ADMIN_PREFIXES: tuple[str, ...] = ("/v1/admin/",)
 
 
 def _log_id(text: str | None) -> int | None:
-    if text is None or not text.isdigit() or len(text) > 19:
+    if text is None or not (text.isascii() and text.isdigit()) or len(text) > 19:
         return None
     value = int(text)
     return value if 1 <= value <= LOG_ID_MAX else None

@@ -37,7 +37,7 @@ def parse_ttl(text: str) -> int:
     """``90``, ``90s``, ``15m``, ``12h``, ``30d`` -> seconds."""
     unit = text[-1:] if text[-1:] in _UNITS_S else "s"
     number = text[:-1] if text[-1:] in _UNITS_S else text
-    if not number.isdigit() or int(number) < 1:
+    if not (number.isascii() and number.isdigit()) or int(number) < 1:
         raise argparse.ArgumentTypeError(f"expected a duration like 3600, 15m, 12h or 30d: "
                                          f"{text!r}")
     return int(number) * _UNITS_S[unit]

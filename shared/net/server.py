@@ -111,7 +111,7 @@ class _ServerProtocol(FramedProtocol):
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, handler: MessageHandler,
                  config: TransportConfig, counters: Counters,
-                 connections: set[_ServerProtocol], auth: Authenticator | None = None,
+                 connections: dict[_ServerProtocol, None], auth: Authenticator | None = None,
                  connections_max: int = 0) -> None:
         super().__init__(counters)
         self._auth = auth if auth is not None and auth.enabled else None
@@ -135,7 +135,8 @@ class _ServerProtocol(FramedProtocol):
         super().connection_made(transport)
         if self._connections_max and len(self._connections) >= self._connections_max:
             # A flood must not lock clients out: make room by closing the oldest connection
-            # that has not said HELLO yet, else refuse this one.
+            # that has not said HELLO yet (the dict keeps them in arrival order), else refuse
+            # this one.
             waiting = next((c for c in self._connections if c._peer is None), None)
             if waiting is None:
                 log.warning("refusing a connection from %s: %d connections open",
@@ -143,7 +144,7 @@ class _ServerProtocol(FramedProtocol):
                 self.abort(Status.OVERLOADED)
                 return
             waiting.abort(Status.OVERLOADED)
-        self._connections.add(self)
+        self._connections[self] = None
         self._hello_timer = self._loop.call_later(self._hello_timeout_s, self._on_hello_timeout)
 
     def _on_frame(self, correlation_id: int, message: Message) -> None:
@@ -247,7 +248,7 @@ class _ServerProtocol(FramedProtocol):
         if self._guard is not None:
             self._guard.closed()
             self._guard = None
-        self._connections.discard(self)
+        self._connections.pop(self, None)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -264,7 +265,7 @@ class Server:
     """A listening node-to-node endpoint; ``close()`` stops accepting and closes every
     connection."""
 
-    def __init__(self, server: asyncio.Server, connections: set[_ServerProtocol],
+    def __init__(self, server: asyncio.Server, connections: dict[_ServerProtocol, None],
                  counters: Counters) -> None:
         self._server = server
         self._connections = connections
@@ -294,7 +295,7 @@ async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerp
     """Listen on ``host:port`` (0 picks a free port, see ``Server.port``)."""
     loop = asyncio.get_running_loop()
     counters = Counters()
-    connections: set[_ServerProtocol] = set()
+    connections: dict[_ServerProtocol, None] = {}
 
     def make_protocol() -> _ServerProtocol:
         return _ServerProtocol(node_id=node_id, cluster_fingerprint=cluster_fingerprint,

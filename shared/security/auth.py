@@ -328,14 +328,14 @@ class Authenticator:
             return None
         self.denied_count += 1
         return Denied(Status.ACCESS, f"principal {identity.principal!r} may not "
-                                     f"{action.value} log {log_id}")
+                                     f"{action.value} log {log_id}; nothing was done")
 
     def permit_cluster(self, identity: Identity) -> Denied | None:
         if identity.allows_cluster():
             return None
         self.denied_count += 1
         return Denied(Status.ACCESS, f"principal {identity.principal!r} may not run cluster "
-                                     "operations (needs admin on every log)")
+                                     "operations (needs admin on every log); nothing was done")
 
     def _quota(self, identity: Identity) -> AppendQuota | None:
         entry = identity.entry

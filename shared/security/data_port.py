@@ -12,7 +12,7 @@ import math
 from shared.security.auth import Authenticator, Denied, Identity
 from shared.security.permissions import Action
 from shared.status import Status
-from shared.types import Epoch, Lsn
+from shared.types import Epoch, Lsn, log_id_valid
 from shared.wire.append import Append, Appended
 from shared.wire.codec import Message
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
@@ -83,6 +83,9 @@ class ClientGuard:
         if action is None:
             return Denied(Status.ACCESS, f"clients may not send {type(message).__name__}")
         log_id: int = message.log_id  # type: ignore[union-attr]
+        if not log_id_valid(log_id):
+            # Nothing to grant on: the handler refuses the request (INVALID_PARAM).
+            return None
         denied = auth.permit(identity, action, log_id)
         if denied is not None or action is not Action.APPEND:
             return denied

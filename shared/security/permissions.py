@@ -46,7 +46,8 @@ class Grant:
 
 
 def _log_id(text: str, grant: str) -> int:
-    if not text.isdigit() or len(text) > 19 or not 1 <= int(text) <= LOG_ID_MAX:
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or not (
+            1 <= int(text) <= LOG_ID_MAX):
         raise GrantError(f"grant {grant!r}: {text!r} is not a log id in 1..{LOG_ID_MAX}")
     return int(text)
 

@@ -4,6 +4,7 @@ parser a client's bytes reach: grants, the permissions file and the token verifi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def test_grants_parse_and_check_ranges() -> None:
     assert admin.allows(Action.APPEND, 5) and admin.allows_cluster()
     assert not Grants.parse(["admin:1-10"]).allows_cluster()
     assert str(parse_grant("append:1-100")) == "append:1-100"
-    for bad in ("write:1", "append:0", "append:5-4", "append:x", "append:1-", ""):
+    for bad in ("write:1", "append:0", "append:5-4", "append:x", "append:1-", "", "read:\u00b3",
+                "read:1-\u0663"):
         with pytest.raises(GrantError):
             parse_grant(bad)
 
@@ -94,10 +96,8 @@ def test_tokens_verify_sign_expiry_and_scope() -> None:
 @given(st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("latin-1")))
 @settings(max_examples=300, deadline=None)
 def test_verify_fuzz(text: str) -> None:
-    try:
+    with contextlib.suppress(TokenError):
         verify(text, [KEY])
-    except TokenError:
-        pass
 
 
 def test_key_file_rules() -> None:
