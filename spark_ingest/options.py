@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from shared.types import LOG_ID_MAX, LOG_ID_MIN, parse_lsn
@@ -47,6 +47,9 @@ class SourceOptions:
     records_per_read: int
     timeout_ms: int
     stall_timeout_ms: int
+    token: str | None = field(default=None, repr=False)
+    """Option ``token``: the bearer token of a cluster with auth on (docs/SECURITY.md); else
+    the executors' ``SEQLOG_TOKEN``. Kept out of ``repr`` so it is not logged."""
 
 
 def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -98,6 +101,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
                              RECORDS_PER_READ_MAX),
         timeout_ms=get.positive("timeoutMs", 30_000) or 30_000,
         stall_timeout_ms=get.positive("stallTimeoutMs", 60_000) or 60_000,
+        token=get.text("token"),
     )
 
 

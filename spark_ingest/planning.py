@@ -57,7 +57,7 @@ class LogRange:
 
 
 def new_client(options: SourceOptions) -> Client:
-    return Client(list(options.urls), timeout_ms=options.timeout_ms)
+    return Client(list(options.urls), timeout_ms=options.timeout_ms, token=options.token)
 
 
 async def gather_bounded(calls: Iterable[Callable[[], Awaitable[T]]]) -> list[T]:
