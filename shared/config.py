@@ -380,7 +380,8 @@ class TransportConfig:
     """Longest wait before reconnecting to a peer that failed."""
     client_appends_inflight_max: int = 1024
     """Appends one binary client connection may have in flight on this node; past it the node
-    answers OVERLOADED at once and writes nothing (docs/PROTOCOL.md)."""
+    answers OVERLOADED at once and writes nothing (docs/PROTOCOL.md). Its other requests
+    (reads, long polls) are bounded by the same number, separately."""
     peer_addresses: dict[str, str] = field(default_factory=dict)
     """Per peer node id, a `host:port` to connect to instead of the peer's `host` and
     `data_port` in the cluster config: a proxy, sidecar or NAT in between (the fault-injection

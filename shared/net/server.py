@@ -85,6 +85,19 @@ class _AppendReply(_Reply):
             super().__call__(message)
 
 
+class _ReadReply(_Reply):
+    """The reply of one client READ, GET_LOG_STATE or FIND_TIME: also frees its place under
+    the connection's in-flight bound."""
+
+    __slots__ = ()
+
+    def __call__(self, message: Message) -> None:
+        conn = self._conn
+        if conn is not None:
+            conn.reads_inflight -= 1
+            super().__call__(message)
+
+
 def _overloaded(message: Append, inflight_max: int) -> Appended:
     return Appended(status=Status.OVERLOADED, log_id=message.log_id, first_lsn=Lsn(0),
                     last_lsn=Lsn(0), timestamp_ms=0, sequencer_node=None,
@@ -107,6 +120,7 @@ class _ServerProtocol(FramedProtocol):
         "_node_id",
         "_peer",
         "appends_inflight",
+        "reads_inflight",
     )
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, handler: MessageHandler,
@@ -130,6 +144,8 @@ class _ServerProtocol(FramedProtocol):
         self._appends_inflight_max = config.client_appends_inflight_max
         self.appends_inflight = 0
         """Client APPENDs handed to the handler and not answered yet."""
+        self.reads_inflight = 0
+        """Other client requests (READ, GET_LOG_STATE, FIND_TIME) not answered yet."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -163,9 +179,6 @@ class _ServerProtocol(FramedProtocol):
             # A client reads and appends: it must not store, seal or gossip.
             self.desync(f"client {peer} sent {type(message).__name__}")
             return
-        elif self._guard is not None and (denied := self._guard.check(message)) is not None:
-            self._refuse(correlation_id, message, denied)
-            return
         elif type(message) is Append:
             assert isinstance(message, Append)
             if message.hops != 0 or not correlation_id:
@@ -177,10 +190,26 @@ class _ServerProtocol(FramedProtocol):
                 self.send(encode(_overloaded(message, self._appends_inflight_max),
                                  correlation_id))
                 return
+            if self._guard is not None and (denied := self._guard.check(message)) is not None:
+                self._refuse(correlation_id, message, denied)
+                return
             self.appends_inflight += 1
             reply = _AppendReply(self, correlation_id)
         else:
-            reply = _Reply(self, correlation_id) if correlation_id else _no_reply
+            if self._guard is not None and (denied := self._guard.check(message)) is not None:
+                self._refuse(correlation_id, message, denied)
+                return
+            if not correlation_id:
+                reply = _no_reply
+            elif self.reads_inflight >= self._appends_inflight_max:
+                # Long-poll reads hold a node's memory: bounded per connection like appends.
+                self._refuse(correlation_id, message, Denied(
+                    Status.OVERLOADED, f"{self._appends_inflight_max} requests already in "
+                                       "flight on this connection"))
+                return
+            else:
+                self.reads_inflight += 1
+                reply = _ReadReply(self, correlation_id)
         try:
             self._handler.on_message(peer, message, reply)
         except Exception:
