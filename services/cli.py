@@ -477,7 +477,9 @@ def _local(args: argparse.Namespace) -> int:
             replication=args.replication, base_port=args.base_port,
             epoch_store=args.epoch_store, fsync=args.fsync, with_zookeeper=args.with_zookeeper,
             log_backlog_ms=args.log_backlog_ms,
-            auth=token_cli.write_local_auth(args.dir.resolve()) if args.auth else AuthConfig(),
+            # --secure (TLS, docs/SECURITY.md) implies client authentication too.
+            auth=(token_cli.write_local_auth(args.dir.resolve())
+                  if args.auth or getattr(args, "secure", False) else AuthConfig()),
         )
         started_s = time.monotonic()
         state = lc.up(spec, ready_timeout_ms=args.ready_timeout_ms)
