@@ -83,6 +83,7 @@ from shared.http_contract import (
     wants_retry_after,
 )
 from shared.security.auth import Authenticator, Denied, Identity, bearer_token
+from shared.security.permissions import Action
 from shared.security.quotas import retry_after_header_s
 from shared.status import Status
 from shared.types import LogId
@@ -254,6 +255,8 @@ def _message_end(raw: bytes, count: int) -> int:
 
 
 ROUTES_CACHED_MAX = 4096
+PERMITTED_CACHED_MAX = 1024
+"""(action, log) pairs a connection remembers as allowed for its identity."""
 _routes_cache: dict[tuple[bytes, bytes], tuple[str | None, LogId | Rejection]] = {}
 """``_route_of`` answers by (method, path): clients send to the same few logs over and over."""
 
@@ -445,7 +448,7 @@ class _Connection(asyncio.Protocol):
                  "_feeding",
                  "_flush_scheduled", "_handover", "_head_bytes", "_headers_count",
                  "_identity", "_in_message", "_keep_alive", "_log_id", "_method",
-                 "_no_forward",
+                 "_no_forward", "_permitted",
                  "_read_paused", "_route", "_started_s", "_timer", "_url", "_write_paused",
                  "edge", "fresh", "idle_since_s", "lost", "parser", "queue", "tasks",
                  "transport")
@@ -496,6 +499,8 @@ class _Connection(asyncio.Protocol):
         self._identity: Identity | None = None
         self._counted = False
         """The connection counts under ``_identity``'s principal."""
+        self._permitted: set[tuple[Action, int]] = set()
+        """(action, log id) pairs ``_identity`` was allowed on this connection."""
         self.fresh = True
         """No request completed yet: the first one evicted when the node is full."""
 
@@ -752,13 +757,20 @@ class _Connection(asyncio.Protocol):
                 self._counted = True
             self._identity = identity = found
             self._auth_token = header
+            self._permitted = set()
         log_id = self._log_id
         if not isinstance(log_id, Rejection):
             action = LOG_ROUTE_ACTIONS[request.route]
-            denied = auth.permit(identity, action, log_id)
-            if denied is not None:
-                request.denied(denied)
-                return None
+            # A connection writes and reads the same few logs: each (action, log) is
+            # checked once per identity.
+            key = (action, log_id)
+            if key not in self._permitted:
+                denied = auth.permit(identity, action, log_id)
+                if denied is not None:
+                    request.denied(denied)
+                    return None
+                if len(self._permitted) < PERMITTED_CACHED_MAX:
+                    self._permitted.add(key)
         return identity
 
     def _dispatch(self, request: _Request) -> None:
@@ -820,8 +832,7 @@ class _Connection(asyncio.Protocol):
             no_forward = parsed
         request.count = append.records if append.compression else len(append.payloads)
         auth = self.edge.auth
-        if auth is not None:
-            assert self._identity is not None
+        if auth is not None and self._identity is not None and self._identity.metered:
             limited = auth.admit_append(self._identity, request.count,
                                         sum(len(p) for p in append.payloads))
             if limited is not None:

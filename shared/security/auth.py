@@ -76,6 +76,8 @@ class Identity:
     scope: Grants | None
     entry: PrincipalEntry | None
     generation: int
+    metered: bool = False
+    """Whether an append rate applies to the principal (else appends skip the quota)."""
 
     def allows(self, action: Action, log_id: int) -> bool:
         if self.scope is None and self.entry is None:
@@ -313,9 +315,19 @@ class Authenticator:
         if entry is not None and entry.disabled:
             return Denied(Status.UNAUTHENTICATED,
                           f"principal {claims.principal!r} is disabled")
+        records, size = self._rates(entry)
         return Identity(principal=claims.principal, token_id=claims.token_id,
                         expires_s=claims.expires_s, scope=claims.scope, entry=entry,
-                        generation=self.generation)
+                        generation=self.generation, metered=bool(records or size))
+
+    def _rates(self, entry: PrincipalEntry | None) -> tuple[int, int]:
+        """The principal's append records/s and bytes/s (0: unlimited)."""
+        records = (entry.append_records_per_s if entry is not None
+                   and entry.append_records_per_s is not None
+                   else self.config.append_records_per_s)
+        size = (entry.append_bytes_per_s if entry is not None
+                and entry.append_bytes_per_s is not None else self.config.append_bytes_per_s)
+        return records, size
 
     def current(self, identity: Identity, token: str) -> Identity | Denied:
         """``identity`` if still valid under the current files, else re-authenticated."""
@@ -338,12 +350,9 @@ class Authenticator:
                                      "operations (needs admin on every log); nothing was done")
 
     def _quota(self, identity: Identity) -> AppendQuota | None:
-        entry = identity.entry
-        records = (entry.append_records_per_s if entry is not None
-                   and entry.append_records_per_s is not None
-                   else self.config.append_records_per_s)
-        size = (entry.append_bytes_per_s if entry is not None
-                and entry.append_bytes_per_s is not None else self.config.append_bytes_per_s)
+        if not identity.metered:
+            return None
+        records, size = self._rates(identity.entry)
         if not records and not size:
             return None
         quota = self._quotas.get(identity.principal)

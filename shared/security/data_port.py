@@ -41,6 +41,7 @@ def refusal(message: Message, denied: Denied) -> Message | None:
     return None
 
 
+PERMITTED_CACHED_MAX = 1024
 _ACTIONS: dict[type, Action] = {Append: Action.APPEND, Read: Action.READ,
                                 GetLogState: Action.READ, FindTime: Action.READ}
 
@@ -48,12 +49,14 @@ _ACTIONS: dict[type, Action] = {Append: Action.APPEND, Read: Action.READ,
 class ClientGuard:
     """The credentials of one client connection."""
 
-    __slots__ = ("_auth", "identity", "token")
+    __slots__ = ("_auth", "_permitted", "identity", "token")
 
     def __init__(self, auth: Authenticator, identity: Identity, token: str) -> None:
         self._auth = auth
         self.identity = identity
         self.token = token
+        self._permitted: set[tuple[Action, int]] = set()
+        """(action, log id) pairs ``identity`` was allowed: checked once per connection."""
 
     @staticmethod
     def hello(auth: Authenticator, token: str) -> ClientGuard | Denied:
@@ -79,6 +82,7 @@ class ClientGuard:
             if isinstance(current, Denied):
                 return current
             self.identity = identity = current
+            self._permitted = set()
         action = _ACTIONS.get(type(message))
         if action is None:
             return Denied(Status.ACCESS, f"clients may not send {type(message).__name__}")
@@ -86,9 +90,15 @@ class ClientGuard:
         if not log_id_valid(log_id):
             # Nothing to grant on: the handler refuses the request (INVALID_PARAM).
             return None
-        denied = auth.permit(identity, action, log_id)
-        if denied is not None or action is not Action.APPEND:
-            return denied
+        key = (action, log_id)
+        if key not in self._permitted:
+            denied = auth.permit(identity, action, log_id)
+            if denied is not None:
+                return denied
+            if len(self._permitted) < PERMITTED_CACHED_MAX:
+                self._permitted.add(key)
+        if action is not Action.APPEND or not identity.metered:
+            return None
         assert isinstance(message, Append)
         return auth.admit_append(identity, message.records or len(message.payloads),
                                  sum(len(p) for p in message.payloads))
