@@ -83,7 +83,6 @@ from shared.http_contract import (
     wants_retry_after,
 )
 from shared.security.auth import Authenticator, Denied, Identity, bearer_token
-from shared.security.permissions import Action
 from shared.security.quotas import retry_after_header_s
 from shared.status import Status
 from shared.types import LogId
@@ -256,7 +255,7 @@ def _message_end(raw: bytes, count: int) -> int:
 
 ROUTES_CACHED_MAX = 4096
 PERMITTED_CACHED_MAX = 1024
-"""(action, log) pairs a connection remembers as allowed for its identity."""
+"""(route, log) pairs a connection remembers as allowed for its identity."""
 _routes_cache: dict[tuple[bytes, bytes], tuple[str | None, LogId | Rejection]] = {}
 """``_route_of`` answers by (method, path): clients send to the same few logs over and over."""
 
@@ -499,8 +498,8 @@ class _Connection(asyncio.Protocol):
         self._identity: Identity | None = None
         self._counted = False
         """The connection counts under ``_identity``'s principal."""
-        self._permitted: set[tuple[Action, int]] = set()
-        """(action, log id) pairs ``_identity`` was allowed on this connection."""
+        self._permitted: set[tuple[str, int]] = set()
+        """(route, log id) pairs ``_identity`` was allowed on this connection."""
         self.fresh = True
         """No request completed yet: the first one evicted when the node is full."""
 
@@ -760,12 +759,11 @@ class _Connection(asyncio.Protocol):
             self._permitted = set()
         log_id = self._log_id
         if not isinstance(log_id, Rejection):
-            action = LOG_ROUTE_ACTIONS[request.route]
-            # A connection writes and reads the same few logs: each (action, log) is
-            # checked once per identity.
-            key = (action, log_id)
+            # A connection writes and reads the same few logs: each (route, log) is checked
+            # once per identity (keyed by the route's string: an Enum's hash is Python code).
+            key = (request.route, log_id)
             if key not in self._permitted:
-                denied = auth.permit(identity, action, log_id)
+                denied = auth.permit(identity, LOG_ROUTE_ACTIONS[request.route], log_id)
                 if denied is not None:
                     request.denied(denied)
                     return None

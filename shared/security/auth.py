@@ -281,6 +281,11 @@ class Authenticator:
     def now_s(self) -> float:
         return self._clock()
 
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock token expiry is judged by (``time.time``; tests inject theirs)."""
+        return self._clock
+
     def authenticate(self, token: str | None) -> Identity | Denied:
         """The identity of a bearer token, or ``UNAUTHENTICATED``."""
         if token is None:

@@ -49,14 +49,16 @@ _ACTIONS: dict[type, Action] = {Append: Action.APPEND, Read: Action.READ,
 class ClientGuard:
     """The credentials of one client connection."""
 
-    __slots__ = ("_auth", "_permitted", "identity", "token")
+    __slots__ = ("_auth", "_clock", "_permitted", "identity", "token")
 
     def __init__(self, auth: Authenticator, identity: Identity, token: str) -> None:
         self._auth = auth
+        self._clock = auth.clock
         self.identity = identity
         self.token = token
-        self._permitted: set[tuple[Action, int]] = set()
-        """(action, log id) pairs ``identity`` was allowed: checked once per connection."""
+        self._permitted: set[tuple[type, int]] = set()
+        """(message type, log id) pairs ``identity`` was allowed: checked once per
+        connection."""
 
     @staticmethod
     def hello(auth: Authenticator, token: str) -> ClientGuard | Denied:
@@ -74,31 +76,39 @@ class ClientGuard:
 
     def check(self, message: Message) -> Denied | None:
         """None if the principal may send ``message`` now (an append is then charged to its
-        quota), else why not."""
+        quota), else why not. Per request on the data port: the usual case (same identity,
+        an (action, log) already allowed, no quota) is a few comparisons and one set lookup."""
         auth = self._auth
         identity = self.identity
-        if identity.generation != auth.generation or identity.expires_s <= auth.now_s():
+        if identity.generation != auth.generation or identity.expires_s <= self._clock():
             current = auth.authenticate(self.token)
             if isinstance(current, Denied):
                 return current
             self.identity = identity = current
             self._permitted = set()
-        action = _ACTIONS.get(type(message))
-        if action is None:
-            return Denied(Status.ACCESS, f"clients may not send {type(message).__name__}")
-        log_id: int = message.log_id  # type: ignore[union-attr]
-        if not log_id_valid(log_id):
-            # Nothing to grant on: the handler refuses the request (INVALID_PARAM).
-            return None
-        key = (action, log_id)
+        # Keyed by the message's type, not its Action: an Enum's hash is Python code.
+        kind = type(message)
+        key = (kind, message.log_id)  # type: ignore[union-attr]
         if key not in self._permitted:
-            denied = auth.permit(identity, action, log_id)
+            denied = self._first_check(key, message)
             if denied is not None:
                 return denied
-            if len(self._permitted) < PERMITTED_CACHED_MAX:
-                self._permitted.add(key)
-        if action is not Action.APPEND or not identity.metered:
+        if kind is not Append or not identity.metered:
             return None
         assert isinstance(message, Append)
         return auth.admit_append(identity, message.records or len(message.payloads),
                                  sum(len(p) for p in message.payloads))
+
+    def _first_check(self, key: tuple[type, int], message: Message) -> Denied | None:
+        """The permission check of a (message type, log) this connection has not used yet."""
+        kind, log_id = key
+        action = _ACTIONS.get(kind)
+        if action is None:
+            return Denied(Status.ACCESS, f"clients may not send {type(message).__name__}")
+        if not log_id_valid(log_id):
+            # Nothing to grant on: the handler refuses the request (INVALID_PARAM).
+            return None
+        denied = self._auth.permit(self.identity, action, log_id)
+        if denied is None and len(self._permitted) < PERMITTED_CACHED_MAX:
+            self._permitted.add(key)
+        return denied
