@@ -392,7 +392,8 @@ class Client:
             until_lsn=None if until_lsn is None else Lsn(until_lsn),
             read_ahead_records_max=read_ahead_records_max,
             read_ahead_bytes_max=read_ahead_bytes_max, wait_ms=wait_ms,
-            speculative_delay_ms=speculative_delay_ms, stall_timeout_ms=stall_timeout_ms)
+            speculative_delay_ms=speculative_delay_ms, stall_timeout_ms=stall_timeout_ms,
+            token=self._token)
 
     async def tail(self, log_id: int) -> TailResult:
         log = _check_log(log_id)

@@ -223,7 +223,7 @@ class _Peer:
         conn: _ClientProtocol | None = None
         result: HelloReply | Status = Status.CONNFAILED
         hello = Hello(node_id=pool.node_id, protocol_version=NODE_PROTOCOL_VERSION,
-                      cluster_fingerprint=pool.cluster_fingerprint)
+                      cluster_fingerprint=pool.cluster_fingerprint, token=pool.token)
         try:
             async with asyncio.timeout(pool.config.connect_timeout_ms / 1000):
                 _, conn = await self._loop.create_connection(
@@ -280,9 +280,11 @@ class PeerPool:
     capped backoff."""
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, config: TransportConfig,
-                 addresses: AddressFn) -> None:
+                 addresses: AddressFn, token: str = "") -> None:
         self.node_id = node_id
         self.cluster_fingerprint = cluster_fingerprint
+        self.token = token
+        """A client's bearer token for its HELLO (docs/SECURITY.md); empty from nodes."""
         self.config = config
         self.addresses = addresses
         self.counters = Counters()

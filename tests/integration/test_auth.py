@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqlog import Client, LogError
+from seqlog.results import Record
 from services import local_cluster as lc
 from shared.security.tokens import mint, new_key
 from shared.status import Status
@@ -250,6 +251,19 @@ async def test_a_read_only_principal_gets_403_on_append_and_trim(
         assert client.protocol == "binary"
         records = (await client.read(LogId(7), Lsn(1), wait_ms=0)).records
         assert [r.payload for r in records] == [b"seed"]
+
+
+async def test_the_direct_reader_reads_storage_nodes_with_its_token(
+        secure: SecureCluster) -> None:
+    """``Client.reader`` says HELLO to the storage nodes themselves, with the client's
+    token."""
+    async with Client(secure.url, token=secure.tokens["admin"]) as admin:
+        await admin.append_batch(LogId(8), [b"d1", b"d2"])
+    async with Client(secure.url, token=secure.tokens["reader"]) as client:
+        async with asyncio.timeout(ANSWER_TIMEOUT_S), await client.reader(
+                LogId(8), Lsn(1)) as reader:
+            payloads = [e.payload async for e in reader if isinstance(e, Record)]
+        assert payloads == [b"d1", b"d2"]
 
 
 async def test_a_principal_limited_to_logs_1_to_100_gets_403_on_log_101(

@@ -26,6 +26,7 @@ from shared.security.quotas import AppendQuota, retry_after_header_s
 from shared.security.tokens import TokenError, mint, new_key, parse_key_file, verify
 from shared.status import Status
 from shared.types import LOG_ID_MAX
+from tests.unit.net.transport_helpers import wait_until
 
 KEY = new_key().encode()
 OTHER_KEY = new_key().encode()
@@ -188,3 +189,23 @@ def test_quota_and_connection_bounds_per_principal(tmp_path: Path) -> None:
     assert auth.connection_opened(alice) is not None
     auth.connection_closed(alice)
     assert auth.connection_opened(alice) is None
+
+
+def test_sighup_reload_and_the_mtime_watch_pick_up_changes(tmp_path: Path) -> None:
+    auth = _auth(tmp_path, {"principals": {"alice": {"grants": ["admin"]}}},
+                 reload_interval_ms=10)
+    token = mint(KEY, "alice", ttl_s=60, token_id="t")
+
+    async def run() -> None:
+        assert isinstance(auth.authenticate(token), Identity)
+        (tmp_path / "perms.json").write_text(json.dumps({"revoked_tokens": ["t"]}))
+        auth.request_reload()  # what SIGHUP does
+        await wait_until(lambda: isinstance(auth.authenticate(token), Denied))
+        # The watch notices a rewritten file by itself.
+        watch = asyncio.get_running_loop().create_task(auth.watch())
+        (tmp_path / "perms.json").write_text(json.dumps(
+            {"principals": {"alice": {"grants": ["admin"]}}, "revoked_tokens": []}))
+        await wait_until(lambda: isinstance(auth.authenticate(token), Identity))
+        watch.cancel()
+
+    asyncio.run(run())
