@@ -22,7 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import ClientPayloadError, web
@@ -92,6 +92,10 @@ class Edge:
     """Client authentication and quotas (docs/SECURITY.md); None or disabled: open."""
     limits: LimitsConfig = LimitsConfig()
     """Connection bounds and the request head deadline of the lean edge."""
+    handed: dict[object, list[float]] = field(default_factory=dict)
+    """Connections the lean edge handed to aiohttp, by transport: [last activity (loop
+    time), requests in progress]; the middleware keeps it, the edge's sweep closes those
+    that stall (docs/SECURITY.md)."""
 
 
 SERVICE_KEY = web.AppKey[LogService]("log_service")
@@ -513,6 +517,9 @@ async def _edge_middleware(request: web.Request, handler: Handler) -> web.Stream
     started_s = time.perf_counter()
     code = 500
     metrics.in_flight += 1
+    handed = edge.handed.get(request.transport) if edge.handed else None
+    if handed is not None:
+        handed[1] += 1
     try:
         try:
             auth = edge.auth
@@ -548,6 +555,9 @@ async def _edge_middleware(request: web.Request, handler: Handler) -> web.Stream
         return response
     finally:
         metrics.in_flight -= 1
+        if handed is not None:
+            handed[1] -= 1
+            handed[0] = asyncio.get_running_loop().time()
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else UNMATCHED_ROUTE
         metrics.observe(route, request.method, code,

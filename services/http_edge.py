@@ -97,6 +97,16 @@ PIPELINED_MAX = 256
 KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default)."""
 SWEEP_INTERVAL_S = 5.0
+REFUSING_MAX = 256
+"""Connections over the bound that are being answered 503 (each lives until its request
+head arrives or the head deadline); past it new ones are reset at once."""
+FRESH_GRACE_S = 0.5
+"""A new connection is not evicted for a newer one before this (its client is sending its
+request): a reconnecting flood cannot cycle a client's connection out before it is served."""
+_FULL = "the node is at its connection limit; nothing written, retry"
+EVICT_GRACE_S = 1.0
+"""A connection handed to aiohttp is evicted for a new one only after this long without a
+request in progress (a client between two requests keeps it)."""
 ANCHOR_BYTES_MAX = 1024 * 1024
 """Raw bytes kept since the last known request boundary, for a handover to aiohttp."""
 CLIENT_CLOSED_CODE = 499
@@ -449,8 +459,8 @@ class _Connection(asyncio.Protocol):
                  "_identity", "_in_message", "_keep_alive", "_log_id", "_method",
                  "_no_forward", "_permitted",
                  "_read_paused", "_route", "_started_s", "_timer", "_url", "_write_paused",
-                 "edge", "fresh", "idle_since_s", "lost", "parser", "queue", "tasks",
-                 "transport")
+                 "edge", "fresh", "idle_since_s", "lost", "opened_s", "parser", "peer_ip",
+                 "queue", "refusing", "tasks", "transport")
 
     def __init__(self, edge: EdgeServer) -> None:
         self.edge = edge
@@ -502,6 +512,10 @@ class _Connection(asyncio.Protocol):
         """(route, log id) pairs ``_identity`` was allowed on this connection."""
         self.fresh = True
         """No request completed yet: the first one evicted when the node is full."""
+        self.opened_s = 0.0
+        self.peer_ip = ""
+        self.refusing = False
+        """Over ``http_connections_max`` with nothing to evict: its request gets 503."""
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -512,11 +526,21 @@ class _Connection(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         edge = self.edge
-        self.idle_since_s = edge.loop.time()
-        if edge.connections_count >= edge.limits.http_connections_max and not edge.evict():
-            logger.warning("refusing an HTTP connection: %d open", edge.connections_count)
-            self._closing = True
-            self.transport.abort()
+        self.idle_since_s = self.opened_s = edge.loop.time()
+        peer = transport.get_extra_info("peername")
+        self.peer_ip = peer[0] if isinstance(peer, tuple) and peer else ""
+        if (edge.ip_counts.get(self.peer_ip, 0) >= edge.limits.http_connections_per_ip_max
+                or (edge.connections_count >= edge.limits.http_connections_max
+                    and not edge.evict())):
+            if edge.refusing_count >= REFUSING_MAX:
+                self._closing = True
+                self.transport.abort()
+                return
+            # Full, and nothing may be evicted: this connection's request is answered 503
+            # OVERLOADED (nothing written; clients retry after Retry-After) and it closes.
+            self.refusing = True
+            edge.refusing_count += 1
+            self._timer = edge.loop.call_later(edge.head_timeout_s, self._timed_out)
             return
         edge.track(self)
         # The first request's head must arrive in time (a slowloris client holds nothing).
@@ -524,6 +548,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.refusing:
+            self.refusing = False
+            self.edge.refusing_count -= 1
         if self._in_message and self._route is not None and self._handover is None:
             # The client gave up in the middle of a request: counted as what it is.
             self.edge.metrics.observe(self._route, _METHOD_NAMES.get(self._method, "OTHER"),
@@ -637,6 +664,9 @@ class _Connection(asyncio.Protocol):
             if len(_routes_cache) < ROUTES_CACHED_MAX:
                 _routes_cache[key] = found
         route, log_id = found
+        if route is None and self.refusing:
+            self._refuse(Status.OVERLOADED, _FULL)
+            raise _Stop
         if route is None:
             self._hand_over()
         self._route = route
@@ -715,7 +745,8 @@ class _Connection(asyncio.Protocol):
                  or _answer_media(accept, content_type))
         method = self._method
         request = _Request(self, route, _METHOD_NAMES.get(method) or method.decode("ascii"),
-                           media, self._url, self._started_s, not self._keep_alive)
+                           media, self._url, self._started_s,
+                           not self._keep_alive or self.refusing)
         self.edge.metrics.in_flight += 1
         self.queue.append(request)
         try:
@@ -773,6 +804,9 @@ class _Connection(asyncio.Protocol):
 
     def _dispatch(self, request: _Request) -> None:
         edge = self.edge
+        if self.refusing:
+            request.error(Status.OVERLOADED, _FULL)
+            return
         if edge.auth is not None and self._authorize(request) is None:
             return
         log_id = self._log_id
@@ -983,6 +1017,7 @@ class _Connection(asyncio.Protocol):
         self._uncount()
         self._closing = True
         handler = self.edge.inner()
+        self.edge.hand_over(transport, self.peer_ip)
         transport.set_protocol(handler)
         handler.connection_made(transport)
         transport.resume_reading()
@@ -1079,8 +1114,14 @@ class EdgeServer(web.Server):
         self.packer = msgpack.Packer(use_bin_type=True)
         """Answers' msgpack encoder (one loop, one thread: ``pack`` is not re-entered)."""
         self.lean_connections: set[_Connection] = set()
+        self.handed = edge.handed
+        """Connections handed to aiohttp: [last activity, requests in progress]."""
         self.fresh: dict[_Connection, None] = {}
         """Lean connections that have not completed a request yet, oldest first."""
+        self.refusing_count = 0
+        self.ip_counts: dict[str, int] = {}
+        self.handed_ips: dict[object, str] = {}
+        """Lean connections by client address (``LimitsConfig.http_connections_per_ip_max``)."""
         self._all_closed = asyncio.Event()
         self._all_closed.set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -1091,13 +1132,35 @@ class EdgeServer(web.Server):
             self._sweeper = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
         return _Connection(self)
 
+    def hand_over(self, transport: asyncio.Transport, peer_ip: str) -> None:
+        """``transport`` is aiohttp's from now on; it still counts under its address."""
+        self.handed[transport] = [self.loop.time(), 0.0]
+        self.handed_ips[transport] = peer_ip
+        self.ip_counts[peer_ip] = self.ip_counts.get(peer_ip, 0) + 1
+
+    def drop_handed(self, transport: object) -> None:
+        self.handed.pop(transport, None)
+        peer_ip = self.handed_ips.pop(transport, None)
+        if peer_ip is not None:
+            self._uncount_ip(peer_ip)
+
+    def _uncount_ip(self, peer_ip: str) -> None:
+        count = self.ip_counts.get(peer_ip, 0) - 1
+        if count > 0:
+            self.ip_counts[peer_ip] = count
+        else:
+            self.ip_counts.pop(peer_ip, None)
+
     def track(self, conn: _Connection) -> None:
         self.lean_connections.add(conn)
+        self.ip_counts[conn.peer_ip] = self.ip_counts.get(conn.peer_ip, 0) + 1
         if conn.fresh:
             self.fresh[conn] = None
         self._all_closed.clear()
 
     def forget(self, conn: _Connection) -> None:
+        if conn in self.lean_connections:
+            self._uncount_ip(conn.peer_ip)
         self.lean_connections.discard(conn)
         self.fresh.pop(conn, None)
         if not self.lean_connections:
@@ -1112,16 +1175,41 @@ class EdgeServer(web.Server):
             if idle_since_s is not None and now_s - idle_since_s > KEEPALIVE_TIMEOUT_S and (
                     conn.transport is not None):
                 conn.transport.close()
-        if self.lean_connections and not self._shutting_down:
+        # aiohttp has no deadline for a request head: a handed-over connection with no
+        # request in progress (idle, or dribbling a head) is closed after the keep-alive
+        # timeout, and is the first evicted when the node is full (``evict``).
+        for transport, (last_s, busy) in list(self.handed.items()):
+            if transport.is_closing():  # type: ignore[attr-defined]
+                self.drop_handed(transport)
+            elif not busy and now_s - last_s > KEEPALIVE_TIMEOUT_S:
+                self.drop_handed(transport)
+                transport.close()  # type: ignore[attr-defined]
+        if (self.lean_connections or self.handed) and not self._shutting_down:
             self._sweeper = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
 
     def evict(self) -> bool:
-        """Make room for a new connection (``LimitsConfig.http_connections_max``): close the
-        oldest one that has completed no request, else the longest idle keep-alive one, so
-        that a flood of silent or stalled connections cannot lock clients out."""
+        """Make room for a new connection (``LimitsConfig.http_connections_max``), so that a
+        flood of silent or stalled connections cannot lock clients out. Closed, in this
+        order: a connection handed to aiohttp with no request in progress for
+        ``EVICT_GRACE_S`` (idle, or still sending a request's head: aiohttp has no head
+        deadline), the one quiet the longest; the oldest lean connection that has completed
+        no request; the longest idle lean keep-alive connection."""
+        now_s = self.loop.time()
+        handed = min((t for t, (last_s, busy) in self.handed.items()
+                      if not busy and now_s - last_s > EVICT_GRACE_S
+                      and not t.is_closing()),  # type: ignore[attr-defined]
+                     key=lambda t: self.handed[t][0], default=None)
+        if handed is not None:
+            self.drop_handed(handed)
+            handed.abort()  # type: ignore[attr-defined]
+            return True
         victim = next(iter(self.fresh), None)
+        if victim is not None and now_s - victim.opened_s < min(FRESH_GRACE_S,
+                                                                 self.head_timeout_s / 2):
+            victim = None
         if victim is None:
-            idle = [c for c in self.lean_connections if c.idle_since_s is not None]
+            idle = [c for c in self.lean_connections if c.idle_since_s is not None
+                    and now_s - c.idle_since_s > EVICT_GRACE_S]
             victim = min(idle, key=lambda c: c.idle_since_s or 0.0, default=None)
         if victim is None or victim.transport is None:
             return False

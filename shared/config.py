@@ -496,12 +496,17 @@ class LimitsConfig:
     that has not completed a request, else it is closed."""
     data_connections_max: int = 10_000
     """Open connections to the data port (nodes and binary clients), evicting the same way."""
+    http_connections_per_ip_max: int = 1_000
+    """Open HTTP connections from one client address; past it a new one is answered 503
+    OVERLOADED and closed, so one flooding host cannot take the node's connections."""
     request_head_timeout_ms: int = 10_000
     """A new connection's first request line and headers must arrive within this."""
 
     def __post_init__(self) -> None:
         _in_range("http_connections_max", self.http_connections_max, 1, 1_000_000)
         _in_range("data_connections_max", self.data_connections_max, 1, 1_000_000)
+        _in_range("http_connections_per_ip_max", self.http_connections_per_ip_max, 1,
+                  1_000_000)
         _in_range("request_head_timeout_ms", self.request_head_timeout_ms, 10, 600_000)
 
 

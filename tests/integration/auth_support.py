@@ -69,6 +69,7 @@ def start_secure_cluster(root: Path) -> SecureCluster:
                         permissions_file=str(permissions),
                         reload_interval_ms=RELOAD_INTERVAL_MS),
         limits=LimitsConfig(http_connections_max=HTTP_CONNECTIONS_MAX,
+                            http_connections_per_ip_max=HTTP_CONNECTIONS_MAX // 2,
                             data_connections_max=DATA_CONNECTIONS_MAX,
                             request_head_timeout_ms=HEAD_TIMEOUT_MS))
     try:
