@@ -1119,6 +1119,17 @@ class EdgeServer(web.Server):
         self.fresh: dict[_Connection, None] = {}
         """Lean connections that have not completed a request yet, oldest first."""
         self.refusing_count = 0
+        inner_lost = inner.connection_lost
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            # aiohttp tells its server when a connection closes, before it lets go of the
+            # transport: a handed-over connection stops counting at once.
+            transport = handler.transport
+            if transport is not None and transport in self.handed:
+                self.drop_handed(transport)
+            inner_lost(handler, exc)
+
+        inner.connection_lost = connection_lost  # type: ignore[method-assign]
         self.ip_counts: dict[str, int] = {}
         self.handed_ips: dict[object, str] = {}
         """Lean connections by client address (``LimitsConfig.http_connections_per_ip_max``)."""
