@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -233,6 +234,16 @@ async def _http(secure: SecureCluster, method: str, path: str, token: str,
 
 def _append_body(payload: bytes = b"x") -> dict[str, str]:
     return {"payload": base64.b64encode(payload).decode()}
+
+
+async def test_the_console_api_passes_the_callers_token_to_its_peers(
+        secure: SecureCluster) -> None:
+    """The console's cluster-wide views ask every node with the caller's own token."""
+    status, _, body = await _http(secure, "GET", "/ui/api/cluster-stats",
+                                  secure.tokens["reader"])
+    assert status == 200, body
+    doc = json.loads(body)
+    assert doc["unreachable"] == [] and doc["nodes"] == 4, doc
 
 
 async def test_a_read_only_principal_gets_403_on_append_and_trim(
