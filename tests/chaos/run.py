@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run directory (default: a new one under the temp dir)")
     parser.add_argument("--large", action="store_true",
                         help="3 sequencer nodes, 4 storage nodes, R=3 (default 2, 3, R=2)")
+    parser.add_argument("--auth", action="store_true",
+                        help="client authentication on (docs/SECURITY.md)")
     parser.add_argument("--check", type=Path, default=None, metavar="HISTORY",
                         help="only run the checkers over a recorded history.jsonl")
     args = parser.parse_args(argv)
@@ -55,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {seed}", flush=True)
     run_dir = args.dir or Path(tempfile.mkdtemp(prefix=f"seqlog-chaos-{seed}-"))
     try:
-        result = asyncio.run(run(config_for(seed, args.duration_s, large=args.large), run_dir))
+        config = dataclasses.replace(config_for(seed, args.duration_s, large=args.large),
+                                     auth=args.auth)
+        result = asyncio.run(run(config, run_dir))
     except HarnessError as exc:
         print(exc, file=sys.stderr)
         return 2
