@@ -496,6 +496,7 @@ def test_fuzzing_the_binary_protocol_with_auth_on_leaves_the_node_healthy(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_fuzzing_the_binary_protocol_with_auth_on_large(secure: SecureCluster) -> None:
     _binary_fuzz(secure, 1500)
     asyncio.run(_untouched(secure))
@@ -508,6 +509,7 @@ def test_schemathesis_with_auth_on(secure: SecureCluster, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3900)
 def test_schemathesis_with_auth_on_large(secure: SecureCluster, tmp_path: Path) -> None:
     from test_schemathesis import LARGE_EXAMPLES, check_run
     check_run(secure.cluster, LARGE_EXAMPLES, timeout_s=3600, workdir=tmp_path,
