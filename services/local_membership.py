@@ -28,6 +28,7 @@ from services.local_cluster import (
     start_node,
     wait_ready,
 )
+from services.token_cli import local_admin_token
 from shared.config import (
     NodeConfig,
     ProcessConfig,
@@ -61,9 +62,12 @@ def _next_id(existing: list[str], role: Role) -> NodeId:
     return NodeId(f"{prefix}{max(taken, default=0) + 1}")
 
 
-def _listed(http: str, node_id: str) -> bool:
+def _listed(http: str, node_id: str, token: str | None = None) -> bool:
+    """``token``: the cluster's admin token when it has auth on (docs/SECURITY.md)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{http}/v1/cluster", headers=headers)
     try:
-        with urllib.request.urlopen(f"http://{http}/v1/cluster", timeout=2.0) as resp:
+        with urllib.request.urlopen(request, timeout=2.0) as resp:
             nodes = json.loads(resp.read())["nodes"]
     except (urllib.error.URLError, OSError, ValueError, KeyError):
         return False
@@ -101,8 +105,9 @@ def add_node(root: Path, role: Role, *, ready_timeout_ms: int = 30_000) -> NodeE
         with contextlib.suppress(ProcessLookupError):  # it died meanwhile: it reads the file
             os.kill(other.pid, signal.SIGHUP)          # when it starts again
     deadline_s = time.monotonic() + ready_timeout_ms / 1000
+    token = local_admin_token(root)
     for other in running:
-        while not _listed(other.http, node_id):
+        while not _listed(other.http, node_id, token):
             if time.monotonic() > deadline_s:
                 raise LocalClusterError(f"{other.node_id} did not take {node_id} into its "
                                         f"membership\n{log_tail(root, other.node_id)}")
