@@ -6,6 +6,8 @@ serves it: the lean HTTP edge (``services.http_edge``) in front of aiohttp."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Iterator
@@ -37,6 +39,7 @@ from shared.net.node_auth import NodeSecurity
 from shared.net.pool import PeerPool
 from shared.net.server import start_server
 from shared.net.types import ReplyFn
+from shared.security.auth import Authenticator
 from shared.status import Status
 from shared.types import NodeId
 from shared.wire.append import Append, GetSequencerState
@@ -51,6 +54,8 @@ MEMBERSHIP_KEY = web.AppKey("membership", Membership)
 """The node's live cluster configuration; ``services.node`` reloads it on SIGHUP."""
 SECURITY_KEY = web.AppKey("security", NodeSecurity)
 """The node's TLS contexts and cluster secrets; ``services.node`` reloads them on SIGHUP."""
+AUTH_KEY = web.AppKey("auth", Authenticator)
+"""The node's credentials (docs/SECURITY.md); ``services.node`` reloads them on SIGHUP."""
 
 DRAIN_TIMEOUT_S = 5.0
 
@@ -136,6 +141,22 @@ class _RoleCollector(Collector):
                                     value=getattr(counters, name))
 
 
+class _AuthCollector(Collector):
+    """Refused requests and credential reloads (docs/SECURITY.md), at scrape time."""
+
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        helps = {"auth_unauthenticated": "client requests refused: missing or bad credentials",
+                 "auth_denied": "client requests refused: no permission (ACCESS)",
+                 "auth_rate_limited": "client requests or connections refused by a quota",
+                 "auth_reloads": "credential file loads", "auth_reload_failures":
+                 "credential file reloads refused (bad file; the previous one stays)"}
+        for name, value in self.auth.stats().items():
+            yield GaugeMetricFamily(f"seqlog_{name}", helps[name], value=value)
+
+
 def create_app(config: ProcessConfig, *, listen_host: str | None = None,
                drain_timeout_s: float = DRAIN_TIMEOUT_S) -> web.Application:
     """``listen_host``: where the node-to-node server binds, when not the node's advertised
@@ -150,6 +171,9 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
 
     membership = Membership(config)
     security = node_security(config.tls)
+    auth = Authenticator(config.auth)
+    # A node with auth on and unreadable key or permissions files does not start open.
+    auth.load()
 
     def address(node_id: NodeId) -> tuple[str, int] | None:
         node = membership.cluster.node(node_id)
@@ -205,13 +229,16 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     registry = CollectorRegistry()
     registry.register(_RoleCollector(storage, sequencer, pool, gossip, rebuild))
     registry.register(NodeSecurityCollector(security))
+    registry.register(_AuthCollector(auth))
     registry.register(OpsCollector(epoch_store, sequencer,
                                    str(config.data_dir) if storage is not None else None))
     app = create_api_app(service, config.api, registry,
-                         logs=logs_source(sequencer, SystemClock(), config.node_id))
+                         logs=logs_source(sequencer, SystemClock(), config.node_id),
+                         auth=auth, limits=config.limits)
     app[MEMBERSHIP_KEY] = membership
     app[SECURITY_KEY] = security
     app[HTTPS_KEY] = security.tls is not None
+    app[AUTH_KEY] = auth
 
     async def shards() -> list[dict[str, Any]] | None:
         status, state, _ = await cluster_state.read()
@@ -250,9 +277,20 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         server = await start_server(listen_host or me.host, me.data_port, node_id=config.node_id,
                                     cluster_fingerprint=fingerprint,
                                     handler=_Dispatcher(service, storage, gossip),
-                                    config=config.transport, security=security)
+                                    config=config.transport, security=security, auth=auth,
+                                    connections_max=config.limits.data_connections_max)
         yield
         await server.close()
+
+    async def auth_step(_: web.Application) -> AsyncIterator[None]:
+        if not auth.enabled:
+            yield
+            return
+        watcher = asyncio.get_running_loop().create_task(auth.watch())
+        yield
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
 
     async def gossip_step(_: web.Application) -> AsyncIterator[None]:
         await gossip.start()
@@ -286,7 +324,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         gossip.begin_failover()
 
     # Started in this order, stopped in the reverse one.
-    app.cleanup_ctx.extend((epoch_store_step, storage_step, pool_step, server_step,
+    app.cleanup_ctx.extend((epoch_store_step, auth_step, storage_step, pool_step, server_step,
                             gossip_step, front_end_step, sequencer_step, ready_step))
     return app
 

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from services import local_cluster as lc
+from services import token_cli
 from shared import failpoints
-from shared.config import GossipConfig, SequencerConfig, TransportConfig
+from shared.config import AuthConfig, GossipConfig, SequencerConfig, TransportConfig
 from shared.net.pool import PeerPool
 from shared.status import Status
 from shared.types import EPOCH_MAX, ESN_MAX, Epoch, Esn, LogId, NodeId, compose_lsn, lsn_to_epoch
@@ -82,6 +83,9 @@ class ChaosConfig:
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)
     disk_faults: bool = False
     """Also replace storage nodes' disks (``wipe``), one at a time, each rebuilt first."""
+    auth: bool = False
+    """Client authentication on (docs/SECURITY.md): every request of the workload and the
+    reader check carries the cluster's admin token."""
 
 
 @dataclass(slots=True)
@@ -126,6 +130,7 @@ class ChaosCluster:
         self.data_ports: dict[str, int] = {}
         self.fingerprint = ""
         self.paused: set[str] = set()
+        self.token: str | None = None
 
     async def start(self) -> None:
         count = self.config.sequencers + self.config.storage_nodes
@@ -136,7 +141,9 @@ class ChaosCluster:
         spec = lc.LocalClusterSpec(
             dir=self.root, storage_nodes=self.config.storage_nodes,
             sequencers=self.config.sequencers, replication=self.config.replication,
-            base_port=base_port, fsync="always", sequencer=SEQUENCER, gossip=FAST_GOSSIP)
+            base_port=base_port, fsync="always", sequencer=SEQUENCER, gossip=FAST_GOSSIP,
+            auth=token_cli.write_local_auth(self.root) if self.config.auth else AuthConfig())
+        self.token = token_cli.local_admin_token(self.root) if self.config.auth else None
         configs = lc.plan(spec)
         cluster = configs[0].cluster
         self.fingerprint = cluster.fingerprint()
@@ -463,7 +470,7 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
         say(f"cluster up: {cluster.nodes}, R={config.replication}, {len(faults)} faults")
         workload = Workload(history, cluster.http, entry_nodes=cluster.nodes,
                             read_nodes=cluster.nodes, incarnation=cluster.incarnation,
-                            settings=config.workload, seed=config.seed)
+                            settings=config.workload, seed=config.seed, token=cluster.token)
         await workload.start()
         await asyncio.sleep(config.warmup_s)
         runner = FaultRunner(cluster, history, say)
@@ -487,7 +494,7 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
         say(f"settled: release reached the acks: {released}, readers caught up: {caught_up}")
         unscanned = await cluster.scan_copies(history, config.workload.logs)
         readers = await compare_readers([f"http://{h}" for h in cluster.http.values()],
-                                        config.workload.logs)
+                                        config.workload.logs, token=cluster.token)
         say(f"direct reader vs HTTP: {readers}")
         assert cluster.proxy is not None
         links = await cluster.proxy.stats()

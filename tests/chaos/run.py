@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disk-faults", action="store_true",
                         help="also replace storage nodes' disks (kill -9, wipe, restart, wait "
                         "for the rebuild), one at a time")
+    parser.add_argument("--auth", action="store_true",
+                        help="client authentication on (docs/SECURITY.md)")
     parser.add_argument("--check", type=Path, default=None, metavar="HISTORY",
                         help="only run the checkers over a recorded history.jsonl")
     args = parser.parse_args(argv)
@@ -60,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {seed}", flush=True)
     run_dir = args.dir or Path(tempfile.mkdtemp(prefix=f"seqlog-chaos-{seed}-"))
     try:
-        result = asyncio.run(run(config_for(seed, args.duration_s, large=args.large,
-                                                disk_faults=args.disk_faults), run_dir))
+        config = dataclasses.replace(config_for(seed, args.duration_s, large=args.large,
+                                                disk_faults=args.disk_faults),
+                                     auth=args.auth)
+        result = asyncio.run(run(config, run_dir))
     except HarnessError as exc:
         print(exc, file=sys.stderr)
         return 2
