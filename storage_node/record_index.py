@@ -74,13 +74,15 @@ class SegmentRefs:
     first_lsn, last_lsn]`` (a re-STORE can split an entry into two pieces; the LSNs are the
     entry's whole range, where its pieces are), and their total bytes."""
 
-    __slots__ = ("entries", "live_bytes")
+    __slots__ = ("entries", "live_bytes", "pieces")
 
     def __init__(self) -> None:
         self.entries: dict[int, dict[int, list[int]]] = {}
         self.live_bytes: dict[int, int] = {}
+        self.pieces = 0
 
     def add(self, log_id: int, location: Location) -> None:
+        self.pieces += 1
         segment = self.entries.get(location.segment_id)
         if segment is None:
             segment = self.entries[location.segment_id] = {}
@@ -98,6 +100,7 @@ class SegmentRefs:
             entry[4] = max(entry[4], location.last_lsn)
 
     def remove(self, location: Location) -> None:
+        self.pieces -= 1
         segment = self.entries[location.segment_id]
         entry = segment[location.offset]
         entry[0] -= 1
@@ -129,6 +132,17 @@ class LogIndex:
     @property
     def last_lsn(self) -> Lsn:
         return self._locations[-1].last_lsn if self._locations else Lsn(0)
+
+    def load_sorted(self, locations: list[Location]) -> None:
+        """Fill an empty index with pieces already sorted and disjoint (an index file's)."""
+        assert not self._firsts
+        self._firsts = [location.first_lsn for location in locations]
+        self._locations = locations
+        self._times = None
+        add = self._refs.add
+        log_id = self._log_id
+        for location in locations:
+            add(log_id, location)
 
     def insert(self, location: Location) -> int:
         """Add ``location``; returns how many overlapping entries it replaced."""
@@ -338,6 +352,20 @@ class RecordIndex:
             self._note_segment(log_id, segment_id)
         log_index.insert(location)
 
+    def load_memory(self, segment_id: int, log_id: LogId, locations: list[Location]) -> None:
+        """An in-memory segment's pieces of ``log_id`` from its index file (sorted, disjoint),
+        before anything else of that log in that segment."""
+        if not locations:
+            return
+        logs = self._memory.get(segment_id)
+        if logs is None:
+            logs = self._memory[segment_id] = {}
+            self._memory_refs[segment_id] = SegmentRefs()
+        assert log_id not in logs
+        log_index = logs[log_id] = LogIndex(log_id, self._memory_refs[segment_id])
+        self._note_segment(log_id, segment_id)
+        log_index.load_sorted(locations)
+
     def _note_segment(self, log_id: LogId, segment_id: int) -> None:
         segments = self._log_segments.get(log_id)
         if segments is None:
@@ -379,6 +407,10 @@ class RecordIndex:
 
     def sealed(self, segment_id: int) -> SealedSegment | None:
         return self._sealed.get(segment_id)
+
+    def memory_entries(self, segment_id: int) -> int:
+        """Pieces of an in-memory segment (what its index costs in memory)."""
+        return self._memory_refs[segment_id].pieces if segment_id in self._memory_refs else 0
 
     def memory_snapshot(self, segment_id: int) -> dict[LogId, list[Location]]:
         """The pieces of an in-memory segment, per log (list copies: the ``Location``s never

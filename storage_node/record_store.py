@@ -1017,6 +1017,8 @@ class RecordStore:
         self._segment_bytes[segment_id] = offset
         if offset - self._index_covered.get(segment_id, 0) >= self._config.index_checkpoint_bytes:
             self._write_index(segment_id, final=False)
+        if self._index.memory_entries(segment_id) >= self._config.index_memory_entries_max:
+            self._writer.roll_requested = True
         self._counts.update(stores=stores_count, store_records=records_count,
                             release_entries=len(releases))
         self._complete(batch, Status.OK)
@@ -1157,12 +1159,11 @@ class RecordStore:
                         (sink or durable.on_entry)(segment, entry)
                 return ScanFrom(0, sink=split)
             for log_id, columns in pieces.items():
-                insert = self._index.insert
-                for first, last, efirst, offset, length, time_ms in zip(
-                        *columns.columns(), strict=True):
-                    insert(LogId(log_id), Location(
-                        segment_id, offset, length, Lsn(first), Lsn(last),
-                        Lsn(efirst if efirst != first else 0), time_ms))
+                self._index.load_memory(segment_id, LogId(log_id), [
+                    Location(segment_id, offset, length, Lsn(first), Lsn(last),
+                             Lsn(efirst if efirst != first else 0), time_ms)
+                    for first, last, efirst, offset, length, time_ms in zip(
+                        *columns.columns(), strict=True)])
             self._index_covered[segment_id] = covered
             if newest:
                 self._chunk_crcs[segment_id] = list(directory.chunk_crcs[

@@ -119,6 +119,9 @@ class SegmentWriter:
         self._segment_bytes = 0
         """Data bytes in the current segment: where the next entry goes."""
         self._disk_checked_ms = -DISK_CHECK_INTERVAL_MS
+        self.roll_requested = False
+        """Set (by the record store, from any thread: a plain flag) to close the current
+        segment before the next append, whatever its size."""
         self.disk_low = False
         self.dirty_since_ms: int | None = None
         """Monotonic ms of the first write not yet fsynced; None when everything is synced."""
@@ -262,7 +265,7 @@ class SegmentWriter:
         end = start + size
         inside = False
         try:
-            if start > 0 and start + size > self._segment_bytes_max:
+            if start > 0 and (start + size > self._segment_bytes_max or self.roll_requested):
                 fsyncs += self._roll()
                 start = 0
             end = start + size
@@ -369,6 +372,7 @@ class SegmentWriter:
             self._zeroed_end = spare_bytes
             self.dirty_since_ms = None
             self._meta_dirty = False
+            self.roll_requested = False
         self._maybe_prepare()
         return fsyncs
 
