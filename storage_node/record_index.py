@@ -605,7 +605,7 @@ class RecordIndex:
                     hi = min(hi, pieces[-1].last_lsn)
             wide = max((p.last_lsn for pieces in gathered for p in pieces
                         if p.first_lsn <= hi), default=hi)
-            wide = min(max(wide, hi), until)
+            wide = max(wide, hi)  # past ``until`` too: a piece's end must be resolved
             merged = LogIndex()
             for source in sources:
                 for piece in self._gather(log_id, source[3], lo, wide, 2**62):
