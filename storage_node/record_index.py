@@ -1,15 +1,20 @@
-"""In-memory index of the record store: per log, the STORE entries sorted by first LSN.
+"""The record store's index: per log, the STORE entries sorted by first LSN.
 
 Each entry maps a batch ``[first_lsn, last_lsn]`` to where its bytes are in the segment files.
 Entries of one log never overlap: a STORE of LSNs that are already stored (a later wave of the
 same append, or a copy written by epoch recovery) replaces them. An older entry only partly
 covered by a newer one stays visible for the LSNs the newer one does not cover.
-Rebuilt from the segments at open; lives on the event loop only.
 
-The index also counts, per segment, the bytes of the entries it still points at (``SegmentRefs``):
-an entry no LSN above the trim point resolves to any more is dead, so a segment with no live
-bytes can be deleted and one with few can be compacted. Records at or below a log's trim point
-are dropped from the index (``drop_through``), so the index only ever holds what may be served.
+Memory is bounded, not proportional to the data held: only the segment being written (and a
+closed one until its index file is written) is indexed in memory, one ``LogIndex`` per log
+and segment; every other segment's pieces are in its index file (``segment_index``), of which
+memory holds the directory (a summary row per block of pieces) and a bounded LRU cache of
+blocks (``BlockCache``). Each segment resolves overlaps within itself; across segments the
+later one wins, so a lookup merges the segments that hold the log's LSNs (``RecordIndex``).
+Records at or below a log's trim point are never returned (``RecordIndex.trims``); in memory
+they are dropped at once (``drop_through``), in index files they stay until their segment is
+reclaimed. ``SegmentRefs`` counts, per in-memory segment, the bytes of the entries it still
+points at. Lives on the event loop only.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ later). Durability per ``StorageConfig.fsync``:
 ``fsync_interval_ms``; ``never`` leaves it to the kernel (a close still fsyncs). SEAL entries
 are fsynced unless the mode is ``never``, since recovery relies on them.
 
-Reads look the entries up in the in-memory index on the event loop, then pread and
+Reads look the entries up in the index (``record_index``: in memory for the segment being
+written, index files with a bounded block cache for the others) on the event loop, then pread and
 CRC-check them in a read thread; a small read of the segment being written (a tailing reader:
 what it asks for was just written, so it is in the page cache) is served right on the loop
 (``read_now``, ``READ_INLINE_BYTES_MAX``), without the thread hop.
@@ -31,7 +32,13 @@ goes, a CHECKPOINT entry of every log with entries in it is written and fsynced 
 epoch tails and index. Reads hold a ticket while in a read thread: the descriptor of a deleted
 or replaced file is closed only once every read that might still use it has ended.
 
-Lifecycle: ``open()`` (scan, cut a torn tail, rebuild the index and per-log state) ->
+Index files (``segment_index``, ``index_files``): a closed segment's index is written to
+``N.idx`` in the index thread (with the per-log state folded up to its end: the restart
+checkpoint), the one being written every ``index_checkpoint_bytes``; a restart resumes from
+the newest sound checkpoint and reads only what was written after it (``_open_plan``), and a
+scrub thread then checks the segments it did not read against their chunk CRCs.
+
+Lifecycle: ``open()`` (index files, scan the rest, cut a torn tail, per-log state) ->
 ``submit_*``/``note_release``/``read`` -> ``close()`` (drain, fsync, close files).
 """
 
