@@ -298,6 +298,8 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[dict[str, Any]]:
                 "fill_client_cpu_us_per_entry": round(client_us, 1),
                 "rss_write_peak_mib": round(writing.peak, 1),
                 "rss_write_last_mib": round(writing.samples[-1], 1),
+                "rss_write_curve_mib": [round(x) for x in writing.samples[
+                    :: max(len(writing.samples) // 10, 1)]],
                 "rss_read_peak_mib": round(reading.peak, 1), **before,
                 "restart_s": round(node.ready_s, 3), "open_s": node.open_s,
                 "rss_ready_mib": round(ready_rss, 1),

@@ -289,9 +289,9 @@ class RecordStore:
             self._scrubbing = loop.run_in_executor(self._scrub_thread, self._scrub_sync,
                                                    self._to_scrub)
             self._to_scrub = []
-        if self._segment_bytes.get(self._newest_segment_id, 0) > self._index_covered.get(
-                self._newest_segment_id, 0):
-            # A fresh restart checkpoint: the next restart starts from here.
+        if self._newest_segment_id not in self._corrupt_segments:
+            # A fresh restart checkpoint (also of an empty newest segment: it covers the
+            # segments scanned now): the next restart starts from here.
             self._write_index(self._newest_segment_id, final=False)
         self._arm_idle_timer()
         return states
