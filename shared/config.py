@@ -295,6 +295,16 @@ class StorageConfig:
     """Size at which a segment file is closed and a new one started."""
     store_queue_records_max: int = 20_000
     """STOREs waiting for the writer; more get OVERLOADED."""
+    index_cache_bytes_max: int = 32 * 1024 * 1024
+    """Index blocks of closed segments kept in memory (``record_index.BlockCache``): the
+    rest of the index stays in the per-segment index files."""
+    index_checkpoint_bytes: int = 2 * 1024 * 1024
+    """The segment being written gets its index file rewritten every this many bytes, so a
+    restart scans at most this much of it."""
+    index_memory_entries_max: int = 50_000
+    """The segment being written (the only one indexed in memory, about 0.45 KiB per entry)
+    is closed once it holds this many entries, also when it is smaller than
+    ``segment_bytes_max``: memory stays bounded whatever the entry size."""
     commit_batch_bytes_max: int = 8 * 1024 * 1024
     """Most bytes one group commit (one write, one fsync) may carry."""
     disk_free_bytes_min: int = 64 * 1024 * 1024
@@ -330,6 +340,9 @@ class StorageConfig:
         _in_range("fsync_interval_ms", self.fsync_interval_ms, 1, 60_000)
         _in_range("segment_bytes_max", self.segment_bytes_max, 1024 * 1024, 2**40)
         _in_range("store_queue_records_max", self.store_queue_records_max, 1, 10_000_000)
+        _in_range("index_cache_bytes_max", self.index_cache_bytes_max, 64 * 1024, 2**40)
+        _in_range("index_checkpoint_bytes", self.index_checkpoint_bytes, 64 * 1024, 2**40)
+        _in_range("index_memory_entries_max", self.index_memory_entries_max, 16, 2**31)
         _in_range("commit_batch_bytes_max", self.commit_batch_bytes_max, 64 * 1024, 2**31)
         _in_range("disk_free_bytes_min", self.disk_free_bytes_min, 0, 2**50)
         _in_range("retention_interval_ms", self.retention_interval_ms, 10, 86_400_000)

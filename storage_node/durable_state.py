@@ -20,6 +20,11 @@ segment must checkpoint first). Lives on the event loop after open.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from typing import Any
+
+import msgpack
+
 from shared.types import (
     EPOCH_INVALID,
     LSN_INVALID,
@@ -244,6 +249,114 @@ class DurableState:
                 trim_lsn=self._trims.get(log_id, LSN_INVALID),
                 settled=dict(self._settled.get(log_id, {})))
         return result
+
+    # ---- the restart checkpoint in index files (``segment_index``) ----
+
+    def snapshot(self) -> bytes:
+        """Everything this fold holds but the index, packed: an index file carries it, so a
+        restart folds only the entries written after that file."""
+        producers = self.producers
+        packed: bytes = msgpack.packb([
+            SNAPSHOT_VERSION, self._last, self._releases, self._seals, self._tails, self._trims,
+            self._bridges, producers._logs, producers.forgotten_count], use_bin_type=True)
+        return packed
+
+    def restore(self, data: bytes) -> bool:
+        """Start from a ``snapshot`` (before folding anything); False, nothing changed, if it
+        is malformed."""
+        parsed = parse_snapshot(data)
+        if parsed is None:
+            return False
+        (self._last, self._releases, self._seals, self._tails, self._trims, self._bridges,
+         self.producers._logs, self.producers.forgotten_count) = parsed
+        return True
+
+    def on_index_only(self, segment_id: int, scanned: ScannedEntry) -> None:
+        """An entry of a segment that a restart scans only for its index (its state is in
+        the checkpoint it restored already)."""
+        entry = scanned.entry
+        logs = self.segment_logs.get(segment_id)
+        if logs is None:
+            logs = self.segment_logs[segment_id] = set()
+        logs.add(entry.log_id)
+        if isinstance(entry, StoreMeta):
+            self._index.insert(entry.log_id, Location(
+                segment_id, scanned.offset, scanned.length, entry.first_lsn, entry.last_lsn,
+                Lsn(0), index_time(entry.flags, entry.timestamp_ms)))
+
+
+SNAPSHOT_VERSION = 1
+_Parsed = tuple[Any, ...]
+
+
+def parse_snapshot(data: bytes) -> _Parsed | None:
+    """The fields of a ``DurableState.snapshot``, every type checked; None if malformed."""
+    try:
+        document = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+    except (ValueError, TypeError, msgpack.UnpackException, RecursionError):
+        return None
+    if type(document) is not list or len(document) != 9 or document[0] != SNAPSHOT_VERSION:
+        return None
+    _version, last, releases, seals, tails, trims, bridges, producers, forgotten = document
+    if not (_int_map(releases) and _int_map(trims) and type(forgotten) is int
+            and forgotten >= 0):
+        return None
+    if not (_node_map(last) and _node_map(seals)):
+        return None
+    if type(tails) is not dict or type(bridges) is not dict or type(producers) is not dict:
+        return None
+    out_tails: dict[LogId, dict[Epoch, tuple[int, int]]] = {}
+    for log_id, epochs in tails.items():
+        if not _uint(log_id) or type(epochs) is not dict:
+            return None
+        out_epochs: dict[Epoch, tuple[int, int]] = {}
+        for epoch, pair in epochs.items():
+            if not (_uint(epoch) and type(pair) is list and len(pair) == 2
+                    and _uint(pair[0]) and _uint(pair[1])):
+                return None
+            out_epochs[Epoch(epoch)] = (pair[0], pair[1])
+        out_tails[LogId(log_id)] = out_epochs
+    if not all(_uint(k) and _int_map(v) for k, v in bridges.items()):
+        return None
+    out_producers: dict[LogId, OrderedDict[str, dict[int, list[tuple[int, int, int]]]]] = {}
+    for log_id, by_producer in producers.items():
+        if not _uint(log_id) or type(by_producer) is not dict:
+            return None
+        ordered: OrderedDict[str, dict[int, list[tuple[int, int, int]]]] = OrderedDict()
+        for producer_id, seqs in by_producer.items():
+            if type(producer_id) is not str or type(seqs) is not dict:
+                return None
+            out_seqs: dict[int, list[tuple[int, int, int]]] = {}
+            for seq, ranges in seqs.items():
+                if not _uint(seq) or type(ranges) is not list or not all(
+                        type(r) is list and len(r) == 3 and all(type(v) is int for v in r)
+                        for r in ranges):
+                    return None
+                out_seqs[seq] = [(r[0], r[1], r[2]) for r in ranges]
+            ordered[producer_id] = out_seqs
+        out_producers[LogId(log_id)] = ordered
+    return ({LogId(k): (Lsn(v[0]), NodeId(v[1]) if v[1] is not None else None)
+             for k, v in last.items()},
+            {LogId(k): Lsn(v) for k, v in releases.items()},
+            {LogId(k): (Epoch(v[0]), NodeId(v[1]) if v[1] is not None else None)
+             for k, v in seals.items()},
+            out_tails, {LogId(k): Lsn(v) for k, v in trims.items()},
+            {LogId(k): {Epoch(e): Lsn(x) for e, x in v.items()} for k, v in bridges.items()},
+            out_producers, forgotten)
+
+
+def _uint(value: object) -> bool:
+    return type(value) is int and 0 <= value < 2**64
+
+
+def _int_map(value: object) -> bool:
+    return type(value) is dict and all(_uint(k) and _uint(v) for k, v in value.items())
+
+
+def _node_map(value: object) -> bool:
+    return type(value) is dict and all(
+        _uint(k) and type(v) is list and len(v) == 2 and _uint(v[0])
+        and (v[1] is None or type(v[1]) is str) for k, v in value.items())
 
 
 def index_time(flags: int, timestamp_ms: int) -> int:

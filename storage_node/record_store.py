@@ -19,7 +19,8 @@ later). Durability per ``StorageConfig.fsync``:
 ``fsync_interval_ms``; ``never`` leaves it to the kernel (a close still fsyncs). SEAL entries
 are fsynced unless the mode is ``never``, since recovery relies on them.
 
-Reads look the entries up in the in-memory index on the event loop, then pread and
+Reads look the entries up in the index (``record_index``: in memory for the segment being
+written, index files with a bounded block cache for the others) on the event loop, then pread and
 CRC-check them in a read thread; a small read of the segment being written (a tailing reader:
 what it asks for was just written, so it is in the page cache) is served right on the loop
 (``read_now``, ``READ_INLINE_BYTES_MAX``), without the thread hop.
@@ -31,7 +32,13 @@ goes, a CHECKPOINT entry of every log with entries in it is written and fsynced 
 epoch tails and index. Reads hold a ticket while in a read thread: the descriptor of a deleted
 or replaced file is closed only once every read that might still use it has ended.
 
-Lifecycle: ``open()`` (scan, cut a torn tail, rebuild the index and per-log state) ->
+Index files (``segment_index``, ``index_files``): a closed segment's index is written to
+``N.idx`` in the index thread (with the per-log state folded up to its end: the restart
+checkpoint), the one being written every ``index_checkpoint_bytes``; a restart resumes from
+the newest sound checkpoint and reads only what was written after it (``_open_plan``), and a
+scrub thread then checks the segments it did not read against their chunk CRCs.
+
+Lifecycle: ``open()`` (index files, scan the rest, cut a torn tail, per-log state) ->
 ``submit_*``/``note_release``/``read`` -> ``close()`` (drain, fsync, close files).
 """
 
@@ -41,13 +48,16 @@ import asyncio
 import collections
 import contextlib
 import fcntl
+import functools
 import logging
 import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from isal import isal_zlib
 
 from shared import failpoints
 from shared.config import StorageConfig
@@ -59,29 +69,51 @@ from storage_node.authority import AuthorityFile
 from storage_node.core.authority import AuthorityStatus
 from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
 from storage_node.core.store_machine import LogStorageState
-from storage_node.durable_state import DurableState
+from storage_node.durable_state import DurableState, index_time
+from storage_node.index_files import (
+    TMP_SUFFIX,
+    columns_of,
+    load_directory,
+    read_pieces,
+    remove_index,
+    segment_chunk_crcs,
+    write_index,
+)
 from storage_node.producer_index import ProducerIndex
-from storage_node.record_index import Location, RecordIndex
+from storage_node.record_index import IndexDamaged, Location, RecordIndex, SealedSegment
 from storage_node.record_reads import CopiesResult, ReadResult, read_locations
-from storage_node.segment_files import AppendResult, RecoveryReport, SegmentReader, SegmentWriter
+from storage_node.segment_files import (
+    SEGMENT_SUFFIX,
+    AppendResult,
+    RecoveryReport,
+    ScanFrom,
+    ScanPlan,
+    SegmentReader,
+    SegmentWriter,
+    segment_name,
+)
 from storage_node.segment_format import (
     CheckpointEntry,
     ScannedEntry,
     SealEntry,
+    StoreMeta,
     TrimEntry,
     encode_checkpoint,
     encode_release,
     encode_seal,
     encode_store,
     encode_trim,
+    scan_segment,
     store_entry_parts,
 )
-from storage_node.segment_reclaim import ReclaimDone, run_reclaim
+from storage_node.segment_index import CHUNK_BYTES, INDEX_SUFFIX, Columns, IndexDirectory
+from storage_node.segment_reclaim import Compacted, ReclaimDone, run_reclaim
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DoneFn = Callable[[Status], None]
+_T = TypeVar("_T")
 RELEASE_LOGS_PENDING_MAX = 100_000
 """Logs whose release pointer may wait for the writer; past it a pointer is only kept in
 memory (it is re-learned from the sequencer's periodic RELEASE after a restart)."""
@@ -113,7 +145,8 @@ COUNTERS = (
     "release_entries", "releases_dropped", "reads", "read_records", "read_checksum_failures",
     "torn_tail_bytes", "corrupt_segments", "reclaim_passes", "reclaim_failures",
     "checkpoint_entries", "segments_deleted", "bytes_deleted", "segments_compacted",
-    "bytes_compacted", "bytes_copied", "segments_rolled",
+    "bytes_compacted", "bytes_copied", "segments_rolled", "index_files_written",
+    "index_write_failures", "index_rebuilds",
 )
 """Always present in ``stats()`` (monotonic totals)."""
 _ENTRY_OVERHEAD_BYTES = 96
@@ -161,7 +194,22 @@ class RecordStore:
             segments_dir, segment_bytes_max=config.segment_bytes_max, fsync=config.fsync,
             disk_free_bytes_min=config.disk_free_bytes_min)
         self._reader = SegmentReader(segments_dir)
-        self._index = RecordIndex()
+        self._index = RecordIndex(config.index_cache_bytes_max)
+        self._index_thread = ThreadPoolExecutor(1, thread_name_prefix="seqlog-index")
+        self._index_writes: set[asyncio.Future[None]] = set()
+        self._index_busy: set[int] = set()
+        """Segments with an index file write under way (one at a time per segment)."""
+        self._index_covered: dict[int, int] = {}
+        """Per in-memory segment, the data bytes its last index file write covered."""
+        self._chunk_crcs: dict[int, list[int]] = {}
+        self._to_scrub: list[tuple[int, int, tuple[int, ...]]] = []
+        """(segment id, data bytes, chunk CRCs) of every closed segment a restart took from
+        its index file without reading it: verified in the background after open."""
+        self._scrub_thread = ThreadPoolExecutor(1, thread_name_prefix="seqlog-scrub")
+        self._scrubbing: asyncio.Future[None] | None = None
+        self._segment_versions: dict[int, int] = {}
+        """File version of each compacted segment (absent: 0), as the reader numbers them."""
+        """Per segment being written, the CRCs of its complete chunks known so far."""
         self._durable = DurableState(self._index,
                                      ProducerIndex(config.producer_ids_per_log_max))
         self._segments_dir = segments_dir
@@ -226,6 +274,9 @@ class RecordStore:
             self._writer_thread.shutdown(wait=False)
             self._read_threads.shutdown(wait=False)
             self._reclaim_thread.shutdown(wait=False)
+            self._index_thread.shutdown(wait=False)
+            self._scrub_thread.shutdown(wait=False)
+            self._index.close()
             raise
         self._counts.update(torn_tail_bytes=report.torn_tail_bytes,
                             corrupt_segments=report.corrupt_segments_count)
@@ -234,6 +285,15 @@ class RecordStore:
         self._corrupt_segments = report.corrupt_segment_ids
         self._opened = True
         self._loop = loop
+        self._seal_closed(with_state=False)
+        if self._to_scrub:
+            self._scrubbing = loop.run_in_executor(self._scrub_thread, self._scrub_sync,
+                                                   self._to_scrub)
+            self._to_scrub = []
+        if self._newest_segment_id not in self._corrupt_segments:
+            # A fresh restart checkpoint (also of an empty newest segment: it covers the
+            # segments scanned now): the next restart starts from here.
+            self._write_index(self._newest_segment_id, final=False)
         self._arm_idle_timer()
         return states
 
@@ -305,7 +365,7 @@ class RecordStore:
         if not self._opened or self._closing:
             status = Status.SHUTDOWN if self._closing else Status.NOTREADY
             return CopiesResult(status, (), from_lsn)
-        locations = self._index.locate(log_id, from_lsn, until_lsn, records_max)
+        locations = self._locate(log_id, from_lsn, until_lsn, records_max)
         if not locations:
             return CopiesResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
         loop = asyncio.get_running_loop()
@@ -337,7 +397,7 @@ class RecordStore:
         the LSN after the last location (``until_lsn + 1`` when none is left)."""
         if not self._opened or self._closing:
             return None, from_lsn
-        located = self._index.locate(log_id, from_lsn, until_lsn, records_max)
+        located = self._locate(log_id, from_lsn, until_lsn, records_max)
         locations = [loc if from_lsn <= loc.first_lsn and loc.last_lsn <= until_lsn
                      else loc.narrowed(max(from_lsn, loc.first_lsn),
                                        min(until_lsn, loc.last_lsn)) for loc in located]
@@ -364,7 +424,7 @@ class RecordStore:
         assert until_lsn < 2**64 - 1 and records_max >= 1
         if not self._opened or self._closing:
             return None
-        locations = self._index.locate(log_id, from_lsn, until_lsn, records_max)
+        locations = self._locate(log_id, from_lsn, until_lsn, records_max)
         if not locations:
             return ReadResult(Status.OK, (), Lsn(max(from_lsn, until_lsn + 1)))
         newest = self._newest_segment_id
@@ -384,6 +444,20 @@ class RecordStore:
         if corrupt is not None:
             self._read_damage(log_id, corrupt)
         return ReadResult.of(result)
+
+    def _locate(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn,
+                records_max: int) -> list[Location]:
+        return self._indexed(lambda: self._index.locate(log_id, from_lsn, until_lsn,
+                                                        records_max))
+
+    def _indexed(self, lookup: Callable[[], _T]) -> _T:
+        """``lookup()``, after rebuilding any segment index file it finds damaged."""
+        for _ in range(RECLAIM_DELETES_MAX):
+            try:
+                return lookup()
+            except IndexDamaged as damaged:
+                self._rebuild_index(damaged.segment_id)
+        return lookup()
 
     def _read_damage(self, log_id: LogId, location: Location) -> None:
         """A read met a damaged entry: its LSNs are no longer vouched for (at once in
@@ -409,7 +483,7 @@ class RecordStore:
     def last_older_lsn(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
         """The last LSN held up to the first record not older than ``timestamp_ms`` (index
         lookup; see ``LogIndex.last_before_time``)."""
-        return self._index.last_before_time(log_id, timestamp_ms)
+        return self._indexed(lambda: self._index.last_before_time(log_id, timestamp_ms))
 
     def durable_trim_lsn(self, log_id: LogId) -> Lsn:
         """The trim point the files hold (written; fsynced per the fsync mode)."""
@@ -425,7 +499,7 @@ class RecordStore:
     def find_time(self, log_id: LogId, timestamp_ms: int) -> Lsn | None:
         """The first LSN this store holds a record of with a timestamp at or after
         ``timestamp_ms`` (an index lookup: no I/O)."""
-        return self._index.find_time(log_id, timestamp_ms)
+        return self._indexed(lambda: self._index.find_time(log_id, timestamp_ms))
 
     def producer_entries(self, log_id: LogId, producer_id: str) -> tuple[ProducerEntry, ...]:
         """The producer's latest idempotent appends this node holds copies of (no I/O)."""
@@ -439,20 +513,22 @@ class RecordStore:
 
     def first_copy_lsn(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> Lsn | None:
         """The first LSN in ``[from_lsn, until_lsn]`` this store holds a copy of (no I/O)."""
-        found = self._index.locate(log_id, from_lsn, until_lsn, 1)
-        return Lsn(max(found[0].first_lsn, from_lsn)) if found else None
+        return self._indexed(lambda: self._index.first_copy_lsn(log_id, from_lsn, until_lsn))
 
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
-        return self._index.ranges(log_id, from_lsn, until_lsn)
+        return self._indexed(lambda: self._index.ranges(log_id, from_lsn, until_lsn))
 
     def index_snapshot(self) -> dict[LogId, list[tuple[int, ...]]]:
         """Per log, every index location without its in-memory file version: what a restart
         must rebuild exactly (tests compare them)."""
-        return {log_id: [(loc.segment_id, loc.offset, loc.length, loc.first_lsn, loc.last_lsn,
-                          loc.stored_first_lsn, loc.timestamp_ms)
-                         for loc in self._index.locations(log_id)]
-                for log_id in sorted(self._index.log_ids())}
+        snapshot: dict[LogId, list[tuple[int, ...]]] = {}
+        for log_id in sorted(self._indexed(self._index.log_ids)):
+            locations = self._indexed(functools.partial(self._index.locations, log_id))
+            snapshot[log_id] = [(loc.segment_id, loc.offset, loc.length, loc.first_lsn,
+                                 loc.last_lsn, loc.stored_first_lsn, loc.timestamp_ms)
+                                for loc in locations]
+        return snapshot
 
     def open_files_count(self) -> int:
         """Segment descriptors open for reads (old file versions included)."""
@@ -464,7 +540,11 @@ class RecordStore:
                       index_entries=self._index.entries_count,
                       disk_bytes=sum(self._segment_bytes.values()),
                       segments=len(self._segment_bytes),
-                      live_bytes=sum(self._index.refs.live_bytes.values()),
+                      live_bytes=sum(self._index.live_bytes().values()),
+                      index_memory_segments=len(self._index.memory_segment_ids()),
+                      index_sealed_segments=len(self._index.sealed_ids()),
+                      index_cache_bytes=self._index.cache.bytes,
+                      index_cache_loads=self._index.cache.loads_count,
                       segment_id=self._writer.segment_id,
                       write_calls=self._writer.write_calls_count,
                       fdatasyncs=self._writer.fdatasyncs_count,
@@ -486,6 +566,11 @@ class RecordStore:
             await self._idle.wait()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+        newest = self._newest_segment_id
+        if (self._opened and not self._broken and newest not in self._corrupt_segments
+                and self._segment_bytes.get(newest, 0) > self._index_covered.get(newest, 0)):
+            # The next start then reads the index instead of scanning the newest segment.
+            self._write_index(newest, final=False, closing=True)
         if self._authority_saves:
             await asyncio.gather(*self._authority_saves)
         loop = asyncio.get_running_loop()
@@ -493,8 +578,13 @@ class RecordStore:
         # them.
         await asyncio.to_thread(self._read_threads.shutdown, True)
         await asyncio.to_thread(self._reclaim_thread.shutdown, True)
+        if self._index_writes:
+            await asyncio.gather(*self._index_writes, return_exceptions=True)
+        await asyncio.to_thread(self._index_thread.shutdown, True)
+        await asyncio.to_thread(self._scrub_thread.shutdown, True)
         await loop.run_in_executor(self._writer_thread, self._close_sync)
         self._writer_thread.shutdown(wait=False)
+        self._index.close()
 
     async def reclaim(self) -> ReclaimReport:
         """One bounded reclaim pass: checkpoint the logs of the segments to delete or compact,
@@ -508,18 +598,24 @@ class RecordStore:
             self._reclaiming = False
 
     def reclaim_plan(self) -> ReclaimPlan:
-        live = self._index.refs.live_bytes
+        live = self._index.live_bytes()
         return plan_reclaim(
-            (SegmentUsage(segment_id, size, live.get(segment_id, 0))
+            (SegmentUsage(segment_id, size, min(live.get(segment_id, 0), size))
              for segment_id, size in self._segment_bytes.items()),
             newest_segment_id=self._newest_segment_id,
-            excluded=self._corrupt_segments | self._reclaim_failed,
+            # A segment still indexed in memory waits for its index file.
+            excluded=(self._corrupt_segments | self._reclaim_failed
+                      | set(self._index.memory_segment_ids())),
             live_fraction_max=self._config.compaction_live_fraction_max,
             copy_bytes_max=self._config.reclaim_bytes_per_pass_max,
             deletes_max=RECLAIM_DELETES_MAX)
 
     async def _reclaim(self) -> ReclaimReport:
         await self._roll_if_dead()
+        if self._index_writes:
+            # Closed segments still indexed in memory are left alone: let their index files
+            # land first.
+            await asyncio.gather(*list(self._index_writes), return_exceptions=True)
         plan = self.reclaim_plan()
         if not plan:
             return ReclaimReport()
@@ -536,20 +632,65 @@ class RecordStore:
             return ReclaimReport(checkpoint_entries=len(checkpoints))
         # Live entries only ever die (trims, re-STOREs); none is born in a closed segment. So
         # the entries copied now cover every entry still live once the copy is swapped in.
-        refs = self._index.refs.entries
         delete = list(plan.delete)
-        compact: list[tuple[int, list[tuple[int, int]]]] = []
+        compact: list[tuple[SealedSegment, dict[int, int]]] = []
         for segment_id in plan.compact:
-            live = sorted((offset, entry[1]) for offset, entry
-                          in refs.get(segment_id, {}).items())
-            if live:
-                compact.append((segment_id, live))
-            else:
-                delete.append(segment_id)
+            sealed = self._index.sealed(segment_id)
+            if sealed is not None:
+                trims: dict[int, int] = {
+                    log_id: self._durable.trim_lsn(LogId(log_id)) for log_id in sealed.runs}
+                compact.append((sealed, trims))
         loop = asyncio.get_running_loop()
-        done = await loop.run_in_executor(self._reclaim_thread, run_reclaim,
-                                          self._segments_dir, self._reader, delete, compact)
-        return self._apply_reclaim(done, len(checkpoints))
+        done, indexed = await loop.run_in_executor(
+            self._reclaim_thread, self._reclaim_sync, delete, compact)
+        return self._apply_reclaim(done, indexed, len(checkpoints))
+
+    def _reclaim_sync(self, delete: list[int], compact: list[tuple[SealedSegment, dict[int, int]]]
+                      ) -> tuple[ReclaimDone, dict[int, tuple[IndexDirectory, int] | None]]:
+        """Reclaim thread: the live entries of each segment to compact from its index file
+        (every piece above its log's trim point: an entry a later segment replaced is copied
+        too), then ``run_reclaim``, then the compacted segments' new index files (a crash
+        before one is written leaves the old one, which no longer matches the segment's size:
+        the segment is scanned at the next start)."""
+        segments_dir = self._segments_dir
+        plans: list[tuple[int, list[tuple[int, int]]]] = []
+        pieces_of: dict[int, Any] = {}
+        for sealed, trims in compact:
+            pieces = read_pieces(sealed.fd, _directory_of(sealed))
+            if pieces is None:
+                log.error("reclaim: index of segment %d is damaged; not compacted",
+                          sealed.segment_id)
+                continue
+            live: dict[int, int] = {}
+            for log_id, columns in pieces.items():
+                trim = trims.get(log_id, 0)
+                for last, offset, length in zip(columns.lasts, columns.offsets,
+                                                columns.lengths, strict=True):
+                    if last > trim:
+                        live[offset] = length
+            pieces_of[sealed.segment_id] = (pieces, trims, sealed.logs)
+            if live:
+                plans.append((sealed.segment_id, sorted(live.items())))
+            else:
+                delete.append(sealed.segment_id)
+        done = run_reclaim(segments_dir, self._reader, delete, plans)
+        for deleted in done.deleted:
+            try:
+                remove_index(segments_dir, deleted.segment_id)
+            except OSError as error:
+                log.error("reclaim: cannot remove the index of segment %d: %s",
+                          deleted.segment_id, error)
+        indexed: dict[int, tuple[IndexDirectory, int] | None] = {}
+        for compacted in done.compacted:
+            pieces, trims, _logs = pieces_of[compacted.segment_id]
+            try:
+                indexed[compacted.segment_id] = _write_compacted_index(
+                    segments_dir, compacted, pieces, trims)
+            except OSError as error:
+                log.error("reclaim: index of compacted segment %d not written: %s",
+                          compacted.segment_id, error)
+                indexed[compacted.segment_id] = None
+        return done, indexed
 
     async def _roll_if_dead(self) -> None:
         """Close the segment being written when enough of it is dead, so that it can be
@@ -557,7 +698,7 @@ class RecordStore:
         until the segment fills up."""
         newest = self._newest_segment_id
         size = self._segment_bytes.get(newest, 0)
-        live = self._index.refs.live_bytes.get(newest, 0)
+        live = self._index.live_bytes().get(newest, 0)
         dead = size - live
         if dead < self._config.segment_bytes_max // ROLL_DEAD_FRACTION_DIVISOR or not (
                 live == 0 or live < size * self._config.compaction_live_fraction_max):
@@ -574,7 +715,10 @@ class RecordStore:
             self._thread_jobs -= 1
         self._counts.update(fsyncs=fsyncs, segments_rolled=1)
         self._segment_bytes.setdefault(segment_id, 0)
-        self._newest_segment_id = max(self._newest_segment_id, segment_id)
+        if segment_id > self._newest_segment_id:
+            # No batch landed in the new segment yet (it would have sealed the old one).
+            self._newest_segment_id = segment_id
+            self._seal_closed()
 
     async def _write_checkpoints(self, checkpoints: list[CheckpointEntry]) -> bool:
         """Queue the checkpoint entries (past the queue limit: they are few and must not
@@ -597,21 +741,33 @@ class RecordStore:
         await finished
         return all(status is Status.OK for status in results)
 
-    def _apply_reclaim(self, done: ReclaimDone, checkpoint_entries: int) -> ReclaimReport:
+    def _apply_reclaim(self, done: ReclaimDone,
+                       indexed: dict[int, tuple[IndexDirectory, int] | None],
+                       checkpoint_entries: int) -> ReclaimReport:
         self._reclaim_failed.update(done.failed)
         retired: list[tuple[int, int]] = []
         for deleted in done.deleted:
             self._segment_bytes.pop(deleted.segment_id, None)
             self._durable.segment_logs.pop(deleted.segment_id, None)
-            self._index.refs.forget_segment(deleted.segment_id)
+            self._index.forget_segment(deleted.segment_id)
+            self._segment_versions.pop(deleted.segment_id, None)
             retired.append((deleted.segment_id, deleted.version))
         for compacted in done.compacted:
             segment_id = compacted.segment_id
-            self._index.relocate(segment_id, compacted.moves, compacted.new_version)
+            self._segment_versions[segment_id] = compacted.new_version
             self._segment_bytes[segment_id] = compacted.new_bytes
-            # Only logs with a live STORE in it are left; the rest was checkpointed.
-            self._durable.segment_logs[segment_id] = {
-                LogId(entry[2]) for entry in self._index.refs.entries.get(segment_id, {}).values()}
+            written = indexed.get(segment_id)
+            if written is not None:
+                directory, fd = written
+                self._index.add_sealed(SealedSegment(directory, fd, compacted.new_version))
+                # Only logs with a live STORE in it are left; the rest was checkpointed.
+                self._durable.segment_logs[segment_id] = {LogId(x) for x in directory.runs}
+            else:
+                # No index file: the moved entries are indexed in memory from a scan of the
+                # new file, and its index file is written again.
+                self._index.forget_segment(segment_id)
+                self._rescan_into_memory(segment_id, compacted.new_version,
+                                         compacted.new_bytes)
             retired.append((segment_id, compacted.old_version))
         if retired:
             self._retired.append((self._read_ticket, retired))
@@ -866,6 +1022,10 @@ class RecordStore:
             return
         offset = result.offset
         segment_id = result.segment_id
+        if segment_id > self._newest_segment_id:
+            # The writer rolled: everything folded so far is exactly the closed segments'.
+            self._newest_segment_id = segment_id
+            self._seal_closed()
         durable = self._durable
         stores_count = 0
         records_count = 0
@@ -898,7 +1058,10 @@ class RecordStore:
             durable.on_release(segment_id, log_id, release_lsn)
             offset += length
         self._segment_bytes[segment_id] = offset
-        self._newest_segment_id = max(self._newest_segment_id, segment_id)
+        if offset - self._index_covered.get(segment_id, 0) >= self._config.index_checkpoint_bytes:
+            self._write_index(segment_id, final=False)
+        if self._index.memory_entries(segment_id) >= self._config.index_memory_entries_max:
+            self._writer.roll_requested = True
         self._counts.update(stores=stores_count, store_records=records_count,
                             release_entries=len(releases))
         self._complete(batch, Status.OK)
@@ -943,7 +1106,7 @@ class RecordStore:
             raise LogError(Status.EXISTS, f"{self._data_dir} is used by another process") from None
         try:
             self._authority_file.load(self.authority)
-            report = self._writer.recover(self._durable.on_entry)
+            report = self._writer.recover(self._durable.on_entry, self._open_plan())
         except BaseException:
             os.close(self._lock_fd)
             self._lock_fd = -1
@@ -954,6 +1117,243 @@ class RecordStore:
             self._save_authority()
         self._durable.finish_recovery()
         return self._durable.states(), report
+
+    def _open_plan(self) -> ScanPlan:
+        """How a restart reads each segment (see ``segment_index``): the newest index file
+        whose checkpoint restores is where the fold of per-log state resumes; a closed segment
+        with a good final index file up to there is not read at all; one without is scanned
+        for its index only; every byte after the checkpoint is scanned and folded. An index
+        file is trusted only while it matches its segment: the size for a closed one, the
+        chunk CRCs for the newest (the only one a crash can have torn)."""
+        segments_dir = self._segments_dir
+        os.makedirs(segments_dir, exist_ok=True)
+        names = os.listdir(segments_dir)
+        ids = sorted(int(n[: -len(SEGMENT_SUFFIX)]) for n in names
+                     if n.endswith(SEGMENT_SUFFIX) and n[: -len(SEGMENT_SUFFIX)].isdigit())
+        present = set(ids)
+        for name in names:
+            stem = name[: -len(INDEX_SUFFIX)]
+            if name.endswith(INDEX_SUFFIX + TMP_SUFFIX) or (
+                    name.endswith(INDEX_SUFFIX) and stem.isdigit()
+                    and int(stem) not in present):
+                # An unfinished write, or the index of a segment that reclaim deleted.
+                os.unlink(os.path.join(segments_dir, name))
+        directories: dict[int, tuple[IndexDirectory, int]] = {}
+        for position, segment_id in enumerate(ids):
+            loaded = load_directory(segments_dir, segment_id)
+            if loaded is None:
+                continue
+            directory, fd = loaded
+            path = os.path.join(segments_dir, segment_name(segment_id))
+            newest = position == len(ids) - 1
+            try:
+                size = os.stat(path).st_size
+                usable = directory.covered <= size and (
+                    newest or not directory.final or directory.covered == size)
+                if usable and (newest or not directory.final):
+                    usable = segment_chunk_crcs(path, directory.covered, []) == list(
+                        directory.chunk_crcs)
+            except OSError:
+                usable = False
+            if usable:
+                directories[segment_id] = (directory, fd)
+            else:
+                log.warning("index file of segment %d does not match it: scanning it",
+                            segment_id)
+                os.close(fd)
+        point = 0
+        for segment_id in reversed(ids):
+            found = directories.get(segment_id)
+            if found is None or not found[0].state:
+                continue
+            if self._durable.restore(found[0].state):
+                point = segment_id
+                break
+            log.warning("index file of segment %d: its checkpoint is malformed", segment_id)
+        durable = self._durable
+
+        def plan(segment_id: int, newest: bool) -> ScanFrom:
+            found = directories.pop(segment_id, None)
+            if not point or segment_id > point:
+                if found is not None:
+                    os.close(found[1])
+                return ScanFrom(0)
+            sink = durable.on_index_only if segment_id < point else None
+            if found is None:
+                return ScanFrom(0, sink=sink)
+            directory, fd = found
+            durable.segment_logs[segment_id] = {LogId(x) for x in directory.logs}
+            if directory.final and not newest:
+                self._index.add_sealed(SealedSegment(directory, fd))
+                self._to_scrub.append((segment_id, directory.covered, directory.chunk_crcs))
+                return ScanFrom(None, directory.covered)
+            try:
+                pieces = read_pieces(fd, directory)
+            finally:
+                os.close(fd)
+            covered = directory.covered
+            if pieces is None:
+                # Damaged blocks: the covered part is scanned for the index only (its state
+                # is in the checkpoint already), the rest folded as usual.
+                def split(segment: int, entry: ScannedEntry) -> None:
+                    if entry.offset < covered:
+                        durable.on_index_only(segment, entry)
+                    else:
+                        (sink or durable.on_entry)(segment, entry)
+                return ScanFrom(0, sink=split)
+            for log_id, columns in pieces.items():
+                self._index.load_memory(segment_id, LogId(log_id), [
+                    Location(segment_id, offset, length, Lsn(first), Lsn(last),
+                             Lsn(efirst if efirst != first else 0), time_ms)
+                    for first, last, efirst, offset, length, time_ms in zip(
+                        *columns.columns(), strict=True)])
+            self._index_covered[segment_id] = covered
+            if newest:
+                self._chunk_crcs[segment_id] = list(directory.chunk_crcs[
+                    : covered // CHUNK_BYTES])
+            return ScanFrom(covered, sink=sink)
+
+        return plan
+
+    # ---- index files (event loop side) ----
+
+    def _write_index(self, segment_id: int, *, final: bool, with_state: bool = True,
+                     closing: bool = False) -> None:
+        """Write the index file of an in-memory segment in the index thread: ``final`` once
+        the segment is closed (then its in-memory index goes), else a checkpoint of the one
+        being written. ``with_state``: the per-log state folded so far is that of the end of
+        this segment's covered bytes (not for a segment closed before this process started
+        writing: then nothing after it must be folded twice)."""
+        if segment_id in self._index_busy or (self._closing and not closing):
+            return
+        covered = self._segment_bytes.get(segment_id, 0)
+        snapshot = self._index.memory_snapshot(segment_id)
+        logs = set(self._durable.segment_logs.get(segment_id, ()))
+        state = self._durable.snapshot() if with_state else b""
+        known = list(self._chunk_crcs.get(segment_id, ()))
+        self._index_busy.add(segment_id)
+        self._index_covered[segment_id] = covered
+        segments_dir = self._segments_dir
+
+        def job() -> tuple[IndexDirectory, int, list[int]]:
+            path = os.path.join(segments_dir, segment_name(segment_id))
+            crcs = segment_chunk_crcs(path, covered, known)
+            directory, fd = write_index(segments_dir, segment_id, covered, final, crcs, logs,
+                                        columns_of(snapshot), state)
+            return directory, fd, crcs
+
+        assert self._loop is not None
+        future = self._loop.run_in_executor(self._index_thread, job)
+
+        def written(done: asyncio.Future[tuple[IndexDirectory, int, list[int]]]) -> None:
+            self._index_busy.discard(segment_id)
+            self._index_writes.discard(done)
+            error = done.exception()
+            if error is not None:
+                # The in-memory index stays (and serves); a later roll or open tries again.
+                log.error("index file of segment %d not written: %s", segment_id, error)
+                self._counts["index_write_failures"] += 1
+                return
+            directory, fd, crcs = done.result()
+            self._counts["index_files_written"] += 1
+            if final and segment_id in self._segment_bytes and not self._closing:
+                self._index.add_sealed(SealedSegment(
+                    directory, fd, self._segment_versions.get(segment_id, 0)))
+                self._chunk_crcs.pop(segment_id, None)
+                self._index_covered.pop(segment_id, None)
+            else:
+                os.close(fd)
+                self._chunk_crcs[segment_id] = crcs[: covered // CHUNK_BYTES]
+
+        future.add_done_callback(written)
+        self._index_writes.add(future)  # type: ignore[arg-type]
+
+    def _seal_closed(self, *, with_state: bool = True) -> None:
+        """Every in-memory segment but the newest is closed: write its final index file
+        (not of one found damaged: a restart must scan it again and find the damage)."""
+        for segment_id in self._index.memory_segment_ids():
+            if (segment_id < self._newest_segment_id
+                    and segment_id not in self._corrupt_segments):
+                self._write_index(segment_id, final=True, with_state=with_state)
+
+    def _rescan_into_memory(self, segment_id: int, version: int, size: int) -> bool:
+        """Index the segment in memory from a scan of it (blocking, on the loop: only after
+        a failure); False if the scan finds damage."""
+        try:
+            data = self._reader.pread(segment_id, 0, size, version)
+        except OSError as error:
+            log.error("segment %d unreadable: %s", segment_id, error)
+            data = b""
+        scan = scan_segment(data)
+        logs: set[LogId] = set()
+        for scanned in scan.entries:
+            entry = scanned.entry
+            logs.add(entry.log_id)
+            if isinstance(entry, StoreMeta):
+                self._index.insert(entry.log_id, Location(
+                    segment_id, scanned.offset, scanned.length, entry.first_lsn,
+                    entry.last_lsn, Lsn(0), index_time(entry.flags, entry.timestamp_ms),
+                    version))
+        self._durable.segment_logs[segment_id] = logs | self._durable.segment_logs.get(
+            segment_id, set())
+        if scan.bad_offset is not None or len(data) != size:
+            self._corrupt_segments = self._corrupt_segments | {segment_id}
+            self._counts["corrupt_segments"] += 1
+            if self.authority.segments_damaged(frozenset({segment_id})):
+                self._save_authority()
+            return False
+        self._write_index(segment_id, final=True, with_state=False)
+        return True
+
+    def _scrub_sync(self, segments: list[tuple[int, int, tuple[int, ...]]]) -> None:
+        """Scrub thread: read every segment a restart did not scan and compare it with the
+        chunk CRCs of its index file; a mismatch (damage since the index was written) is
+        handed to the loop, which scans that segment as a restart used to
+        (``_scrub_found``)."""
+        loop = self._loop
+        assert loop is not None
+        for segment_id, covered, crcs in segments:
+            path = os.path.join(self._segments_dir, segment_name(segment_id))
+            try:
+                with open(path, "rb") as file:
+                    for number, expected in enumerate(crcs):
+                        if self._closing:
+                            return
+                        chunk = file.read(min(CHUNK_BYTES, covered - number * CHUNK_BYTES))
+                        if isal_zlib.crc32(chunk) != expected:
+                            loop.call_soon_threadsafe(self._scrub_found, segment_id)
+                            break
+            except FileNotFoundError:
+                continue  # deleted by reclaim meanwhile
+            except OSError as error:
+                log.error("scrub: segment %d unreadable: %s", segment_id, error)
+                loop.call_soon_threadsafe(self._scrub_found, segment_id)
+
+    def _scrub_found(self, segment_id: int) -> None:
+        sealed = self._index.sealed(segment_id)
+        if sealed is None or sealed.version != 0 or self._closing:
+            return  # deleted or compacted since (the copy is checked entry by entry)
+        log.error("segment %d does not match its index file: scanning it", segment_id)
+        self._index.forget_segment(segment_id)
+        self._rescan_into_memory(segment_id, 0, self._segment_bytes.get(segment_id,
+                                                                        sealed.covered))
+
+    def scrub_done(self) -> asyncio.Future[None] | None:
+        """The background check of the segments a restart did not read (tests wait on it)."""
+        return self._scrubbing
+
+    def _rebuild_index(self, segment_id: int) -> None:
+        """A block of the segment's index file is damaged: index the segment from a scan of
+        it and write the index file again."""
+        sealed = self._index.sealed(segment_id)
+        if sealed is None:
+            return
+        log.error("index file of segment %d is damaged: rebuilding it from the segment",
+                  segment_id)
+        self._counts["index_rebuilds"] += 1
+        self._index.forget_segment(segment_id)
+        self._rescan_into_memory(segment_id, sealed.version,
+                                 self._segment_bytes.get(segment_id, sealed.covered))
 
     def _append_sync(self, batch: list[_Pending], releases: list[tuple[LogId, Lsn]],
                      fsync: bool) -> tuple[AppendResult, list[int], int]:
@@ -1015,6 +1415,34 @@ class RecordStore:
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
                 self._lock_fd = -1
+
+
+def _directory_of(sealed: SealedSegment) -> IndexDirectory:
+    return IndexDirectory(sealed.segment_id, sealed.covered, True, (), sealed.logs,
+                          sealed.runs, b"", 0)
+
+
+def _write_compacted_index(segments_dir: str, compacted: Compacted, pieces: dict[int, Any],
+                           trims: dict[int, int]) -> tuple[IndexDirectory, int]:
+    """The index file of a compacted segment: the pieces of the entries it copied, at their
+    new offsets."""
+    runs: dict[int, Columns] = {}
+    logs: set[int] = set()
+    moves = compacted.moves
+    for log_id, columns in pieces.items():
+        trim = trims.get(log_id, 0)
+        kept = Columns()
+        for first, last, efirst, offset, length, time_ms in zip(*columns.columns(),
+                                                                strict=True):
+            if last > trim and offset in moves:
+                kept.append(first, last, efirst, moves[offset], length, time_ms)
+        if len(kept):
+            runs[log_id] = kept
+            logs.add(log_id)
+    path = os.path.join(segments_dir, segment_name(compacted.segment_id))
+    crcs = segment_chunk_crcs(path, compacted.new_bytes, [])
+    return write_index(segments_dir, compacted.segment_id, compacted.new_bytes, True, crcs,
+                       logs, runs, b"")
 
 
 def _encode(source: ChunkSource) -> bytes:

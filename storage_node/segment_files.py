@@ -66,6 +66,20 @@ def segment_name(segment_id: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class ScanFrom:
+    """What a restart does with one segment: scan it from ``offset`` (an entry boundary)
+    into ``sink`` (None: the default one), or (``offset`` None) not at all, its data bytes
+    being ``data_bytes``."""
+
+    offset: int | None
+    data_bytes: int = 0
+    sink: EntrySink | None = None
+
+
+ScanPlan = Callable[[int, bool], ScanFrom]
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryReport:
     segments_count: int
     torn_tail_bytes: int
@@ -105,6 +119,9 @@ class SegmentWriter:
         self._segment_bytes = 0
         """Data bytes in the current segment: where the next entry goes."""
         self._disk_checked_ms = -DISK_CHECK_INTERVAL_MS
+        self.roll_requested = False
+        """Set (by the record store, from any thread: a plain flag) to close the current
+        segment before the next append, whatever its size."""
         self.disk_low = False
         self.dirty_since_ms: int | None = None
         """Monotonic ms of the first write not yet fsynced; None when everything is synced."""
@@ -134,9 +151,11 @@ class SegmentWriter:
         self._preparer = (ThreadPoolExecutor(1, thread_name_prefix="seqlog-prealloc")
                           if self._preallocate_bytes else None)
 
-    def recover(self, sink: EntrySink) -> RecoveryReport:
+    def recover(self, sink: EntrySink, plan: ScanPlan | None = None) -> RecoveryReport:
         """Scan every segment in order, feeding good entries to ``sink``; cut a torn tail off
-        the newest segment; open the segment that new entries go to."""
+        the newest segment; open the segment that new entries go to. ``plan(segment_id,
+        newest)`` may say where to start in a segment, or that it needs no scan at all (its
+        index file holds it: see ``record_store``), and which sink its entries go to."""
         os.makedirs(self._dir, exist_ok=True)
         names = os.listdir(self._dir)
         for name in names:
@@ -155,12 +174,17 @@ class SegmentWriter:
         roll = False
         for position, segment_id in enumerate(ids):
             path = os.path.join(self._dir, segment_name(segment_id))
+            newest = position == len(ids) - 1
+            step = plan(segment_id, newest) if plan is not None else ScanFrom(0)
+            if step.offset is None:
+                sizes[segment_id] = step.data_bytes
+                continue
             with open(path, "rb") as file:
                 data = file.read()
-            scan = scan_segment(data)
+            scan = scan_segment(data, step.offset)
+            segment_sink = step.sink or sink
             for entry in scan.entries:
-                sink(segment_id, entry)
-            newest = position == len(ids) - 1
+                segment_sink(segment_id, entry)
             sizes[segment_id] = scan.valid_bytes if scan.bad_offset is None else len(data)
             if scan.bad_offset is None:
                 if scan.zero_tail_bytes and not newest:
@@ -241,7 +265,7 @@ class SegmentWriter:
         end = start + size
         inside = False
         try:
-            if start > 0 and start + size > self._segment_bytes_max:
+            if start > 0 and (start + size > self._segment_bytes_max or self.roll_requested):
                 fsyncs += self._roll()
                 start = 0
             end = start + size
@@ -348,6 +372,7 @@ class SegmentWriter:
             self._zeroed_end = spare_bytes
             self.dirty_since_ms = None
             self._meta_dirty = False
+            self.roll_requested = False
         self._maybe_prepare()
         return fsyncs
 

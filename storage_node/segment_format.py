@@ -493,12 +493,12 @@ def _records(first_lsn: int, timestamp_ms: int, key: str | None,
     return [(first_lsn + i, timestamp_ms, key, payload) for i, payload in enumerate(payloads)]
 
 
-def scan_segment(data: bytes) -> SegmentScan:
-    """Every good entry from the start of a segment up to the first bad one, or up to a zero
-    tail (see the module docstring)."""
+def scan_segment(data: bytes, start: int = 0) -> SegmentScan:
+    """Every good entry from ``start`` (an entry boundary; 0: the start of the segment) up to
+    the first bad one, or up to a zero tail (see the module docstring)."""
     entries: list[ScannedEntry] = []
     view = memoryview(data)
-    offset = 0
+    offset = start
     while offset < len(view):
         if data[offset] == 0 and zeros_from(data, offset):
             return SegmentScan(entries, offset, None, False, len(data) - offset)

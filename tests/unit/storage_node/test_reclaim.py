@@ -41,6 +41,7 @@ from tests.unit.storage_node.helpers import (
     segment_paths,
     storage_config,
     store,
+    wait_until,
 )
 
 LOG_A = LogId(11)
@@ -393,7 +394,8 @@ async def test_segments_with_damage_are_left_alone(tmp_path: Path) -> None:
     # Now damage the first segment's first entry: at start its rest cannot be indexed.
     await asyncio.to_thread(flip_byte, first, HEADER_BYTES + 3)
     async with node_at(data_dir) as node:
-        assert node.stats()["corrupt_segments"] >= 1
+        # Found by the background check of segments taken from their index file.
+        await wait_until(lambda: node.stats()["corrupt_segments"] >= 1)
         await trim(node, LOG_B, lsn(1, 20))
         await node.retention_pass()
         assert await asyncio.to_thread(os.path.exists, first)

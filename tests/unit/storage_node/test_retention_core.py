@@ -151,31 +151,23 @@ def test_live_bytes_follow_inserts_replacements_and_trims() -> None:
     index.insert(LogId(1), loc(1, 10, segment_id=1, offset=0))
     index.insert(LogId(1), loc(11, 20, segment_id=1, offset=100))
     index.insert(LogId(2), loc(1, 5, segment_id=2, offset=0))
-    assert index.refs.live_bytes == {1: 200, 2: 100}
+    assert index.live_bytes() == {1: 200, 2: 100}
     index.insert(LogId(1), loc(4, 6, segment_id=2, offset=100))  # splits entry 1..10
-    assert index.refs.live_bytes == {1: 200, 2: 200}
-    assert index.refs.entries[1][0][0] == 2  # two pieces of one entry
+    assert index.live_bytes() == {1: 200, 2: 200}
+    index.insert(LogId(1), loc(3, 3, segment_id=1, offset=200))  # splits it in its segment
+    assert index.live_bytes() == {1: 300, 2: 200}
     index.drop_through(LogId(1), Lsn(8))
-    assert index.refs.live_bytes == {1: 200, 2: 100}  # 4..6 went; 9..10 keeps entry 1 alive
+    # 3 and 4..6 went; 9..10 keeps entry 1 alive.
+    assert index.live_bytes() == {1: 200, 2: 100}
     assert index.locations(LogId(1))[0] == Location(1, 0, 100, Lsn(9), Lsn(10), Lsn(1), 0)
+    # A later segment replacing an entry does not free it (a segment is only accounted by
+    # itself, as it is once in its index file): trims do.
     index.insert(LogId(1), loc(9, 20, segment_id=3, offset=0))
-    assert index.refs.live_bytes == {2: 100, 3: 100}
+    assert index.live_bytes() == {1: 200, 2: 100, 3: 100}
+    index.drop_through(LogId(1), Lsn(20))
     index.drop_through(LogId(2), Lsn(5))
-    assert index.refs.live_bytes == {3: 100} and index.log_ids() == [LogId(1)]
-    assert index.entries_count == 1
-
-
-def test_relocate_moves_every_piece_of_a_compacted_entry() -> None:
-    index = RecordIndex()
-    index.insert(LogId(1), loc(1, 10, segment_id=1, offset=500))
-    index.insert(LogId(1), loc(4, 5, segment_id=2, offset=0))
-    index.insert(LogId(1), loc(11, 12, segment_id=1, offset=700))
-    index.relocate(1, {500: 0, 700: 100}, version=1)
-    assert [(x.segment_id, x.offset, x.first_lsn, x.last_lsn, x.stored_first_lsn, x.version)
-            for x in index.locations(LogId(1))] == [
-        (1, 0, 1, 3, 1, 1), (2, 0, 4, 5, 4, 0), (1, 0, 6, 10, 1, 1), (1, 100, 11, 12, 11, 1)]
-    assert sorted(index.refs.entries[1]) == [0, 100]
-    assert index.refs.live_bytes[1] == 200
+    assert index.live_bytes() == {1: 0, 2: 0, 3: 0} and index.log_ids() == []
+    assert index.entries_count == 0
 
 
 def test_last_before_time_stops_at_the_first_young_record() -> None:
