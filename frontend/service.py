@@ -46,7 +46,7 @@ from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
 from shared.ports import EpochStore
 from shared.read_merge import f_majority
-from shared.read_round import ReadRound, metadata_spans, span_of
+from shared.read_round import NodesetSpan, ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
@@ -92,6 +92,7 @@ class FrontEnd:
         self.epoch_store = epoch_store
         self.started = False
         self._metadata: dict[LogId, LogMetadata] = {}
+        self._moved: frozenset[NodeId] = frozenset()
         self._release_seen: dict[LogId, Lsn] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._trims = TrimSpreader(pool)
@@ -106,6 +107,15 @@ class FrontEnd:
         node per append costs more than the rest of routing); emptied when it changes."""
         if gossip is not None:
             gossip.subscribe(self._on_view)
+
+    def set_moved_nodes(self, moved: frozenset[NodeId]) -> None:
+        """Storage nodes whose copies were all moved elsewhere (DRAINED, REMOVED in the
+        cluster state, from ``services.shard_watch``): epoch spans that held them are read
+        where their copies are now (``shared.read_round.metadata_spans``)."""
+        self._moved = moved
+
+    def _spans(self, metadata: LogMetadata) -> list[NodesetSpan]:
+        return metadata_spans(metadata, self._moved, self.config.cluster.storage_node_ids)
 
     def update_cluster(self, cluster: ClusterConfig) -> None:
         """Nodes were added or reweighted (services.membership): route with the new weights."""
@@ -422,7 +432,7 @@ class FrontEnd:
     ) -> ReadOutcome | Lsn:
         """One read round; a ``Lsn`` (the newer release pointer) when a long-poll round ended
         because a storage node's release pointer moved."""
-        span = span_of(metadata_spans(metadata), from_lsn)
+        span = span_of(self._spans(metadata), from_lsn)
         read_round = ReadRound(
             log_id=log_id, span=span, from_lsn=from_lsn, release_lsn=release,
             records_max=records_max, bytes_max=bytes_max, wait_ms=wait_ms,
@@ -437,7 +447,7 @@ class FrontEnd:
             return ReadOutcome(
                 status=Status.NOTREADY, next_lsn=from_lsn,
                 release_lsn=self._note_release(log_id, release),
-                message=f"{result.answered} of {len(metadata.nodeset)} storage nodes answered; "
+                message=f"{result.answered} of {len(span.nodeset)} storage nodes answered; "
                         f"{result.needed} are needed to read without skipping records")
         release = self._note_release(log_id, result.release_lsn)
         merged = result.merged
@@ -574,12 +584,18 @@ class FrontEnd:
         self.pool.send(owner, GetSequencerState(log_id=log_id, activate=True))
 
     async def nodesets(self, log_id: LogId) -> NodesetsOutcome:
-        status, metadata = await self._log_metadata(log_id)
+        # Fresh from the epoch store (once per reader, not per read): the spans include any
+        # nodeset the log moved to since this node cached its metadata.
+        status, metadata = await self.epoch_store.get_metadata(log_id)
+        if status is Status.OK and metadata is not None:
+            self._metadata[log_id] = metadata
+        else:
+            status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return NodesetsOutcome(status=status, message=f"log {log_id}: {status.description}")
         cluster = self.config.cluster
         spans = []
-        for span in metadata_spans(metadata):
+        for span in self._spans(metadata):
             nodes = []
             for node_id in span.nodeset:
                 # Every member is listed, so that readers count the whole nodeset for their

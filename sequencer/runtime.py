@@ -222,6 +222,9 @@ class SequencerRuntime:
         """How often log recoveries entered each phase (SEALING counts attempts, DONE and
         PREEMPTED the ends), for /metrics."""
         self._unavailable: frozenset[NodeId] = frozenset()
+        self._retired: frozenset[NodeId] = frozenset()
+        self._moved: frozenset[NodeId] = frozenset()
+        self._storage_nodes: tuple[NodeId, ...] = ()
         self._event_loop: asyncio.AbstractEventLoop | None = None
         self._broadcast_dirty: set[LogId] = set()
         """Logs the next periodic broadcast visits (``Sequencer.release_broadcast_due``)."""
@@ -422,6 +425,27 @@ class SequencerRuntime:
         for sequencer in self.sequencers.values():
             sequencer.set_unavailable_nodes(nodes)
 
+    def set_shard_states(self, retired: frozenset[NodeId], moved: frozenset[NodeId],
+                         storage_nodes: tuple[NodeId, ...]) -> None:
+        """From the cluster state (``services.shard_watch``): ``retired`` storage nodes take
+        no new copies (DRAINING, DRAINED, REMOVED), ``moved`` ones hold none any more
+        (DRAINED, REMOVED). Every active log whose nodeset holds a retired node finishes its
+        epoch and moves to a new one without it (``Sequencer.on_nodes_retired``); later
+        activations leave retired nodes out of the epoch they take."""
+        self._moved, self._storage_nodes = moved, storage_nodes
+        for sequencer in self.sequencers.values():
+            sequencer.moved_nodes, sequencer.storage_nodes = moved, storage_nodes
+        if retired == self._retired:
+            return
+        self._retired = retired
+        now_ms = self.clock.now_ms()
+        for sequencer in list(self.sequencers.values()):
+            effects = sequencer.on_nodes_retired(retired, now_ms)
+            if effects:
+                log.info("log %d: storage nodes %s leave its nodeset: moving to a new epoch",
+                         sequencer.log_id, ",".join(sorted(retired)))
+                self._apply(sequencer, effects)
+
     # ---- effects -------------------------------------------------------------------------
 
     def _sequencer(self, log_id: LogId) -> Sequencer:
@@ -431,6 +455,7 @@ class SequencerRuntime:
                                   rng=self.rng, weights=self._weights,
                                   store_latency=self.store_latency)
             sequencer.set_unavailable_nodes(self._unavailable)
+            sequencer.moved_nodes, sequencer.storage_nodes = self._moved, self._storage_nodes
             self.sequencers[log_id] = sequencer
         return sequencer
 
@@ -490,7 +515,7 @@ class SequencerRuntime:
         try:
             async with asyncio.timeout(self.config.activation_timeout_ms / 1000):
                 status, epoch, metadata = await self.epoch_store.activate(
-                    log_id, writer=self.node_id, provision=provision)
+                    log_id, writer=self.node_id, provision=provision, retired=self._retired)
                 lce = None
                 if status is Status.OK:
                     status, lce = await self.epoch_store.get_last_clean_epoch(log_id)

@@ -32,6 +32,7 @@ from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
 from services.node_security import NodeSecurityCollector, node_security
 from services.ops_metrics import OpsCollector
+from services.shard_watch import ShardWatch
 from shared import cluster_state as cs
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
@@ -304,6 +305,19 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         yield
         await service.close()
 
+    def on_shards(retired: frozenset[NodeId], moved: frozenset[NodeId]) -> None:
+        service.set_moved_nodes(moved)
+        if sequencer is not None:
+            sequencer.set_shard_states(retired, moved, membership.cluster.storage_node_ids)
+
+    shard_watch = ShardWatch(cluster_state, on_shards)
+
+    async def shard_watch_step(_: web.Application) -> AsyncIterator[None]:
+        await shard_watch.poll_once()  # before the first activation (best effort)
+        shard_watch.start()
+        yield
+        await shard_watch.close()
+
     async def sequencer_step(_: web.Application) -> AsyncIterator[None]:
         if sequencer is None:
             yield
@@ -325,7 +339,8 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
 
     # Started in this order, stopped in the reverse one.
     app.cleanup_ctx.extend((epoch_store_step, auth_step, storage_step, pool_step, server_step,
-                            gossip_step, front_end_step, sequencer_step, ready_step))
+                            gossip_step, front_end_step, shard_watch_step, sequencer_step,
+                            ready_step))
     return app
 
 

@@ -73,11 +73,47 @@ class NodesetSpan:
         assert self.nodeset and 1 <= self.replication_factor <= len(self.nodeset), self
 
 
-def metadata_spans(metadata: LogMetadata) -> list[NodesetSpan]:
-    """The log's nodeset spans as its epoch metadata records them: today one nodeset serves
-    every epoch (a nodeset change would start a new span at the epoch that takes it)."""
-    return [NodesetSpan(first_epoch=EPOCH_MIN, last_epoch=EPOCH_MAX, nodeset=metadata.nodeset,
-                        replication_factor=metadata.replication_factor)]
+def metadata_spans(metadata: LogMetadata, moved: frozenset[NodeId] = frozenset(),
+                   storage_nodes: tuple[NodeId, ...] = ()) -> list[NodesetSpan]:
+    """The log's nodeset spans: one per epoch range of its metadata, each read from the nodes
+    that hold its copies. ``moved``: storage nodes whose copies were all re-replicated
+    elsewhere (DRAINED or REMOVED in the cluster state); ``storage_nodes``: every storage node
+    of the cluster.
+
+    A drain's donors send a moved node's copies to other storage nodes, not necessarily of the
+    same nodeset, so a span that held a moved node is read from its nodeset plus every other
+    storage node, without the moved ones: its records have R copies there, so every
+    f-majority of that set holds one (reading a superset of where the copies are is always
+    correct; it only asks more nodes). A span whose nodeset is every storage node (the
+    default) simply loses the moved nodes. A span that would keep fewer than R nodes is left
+    as recorded."""
+    spans: list[NodesetSpan] = []
+    ranges = metadata.nodeset_ranges()
+    for index, item in enumerate(ranges):
+        last = (EPOCH_MAX if index + 1 == len(ranges)
+                else Epoch(ranges[index + 1].first_epoch - 1))
+        if last < item.first_epoch:
+            continue
+        nodeset = item.nodeset
+        if moved and not moved.isdisjoint(nodeset):
+            wider = tuple(n for n in dict.fromkeys((*nodeset, *storage_nodes))
+                          if n not in moved)
+            if len(wider) >= item.replication_factor:
+                nodeset = wider
+        spans.append(NodesetSpan(first_epoch=Epoch(max(item.first_epoch, EPOCH_MIN)),
+                                 last_epoch=last, nodeset=nodeset,
+                                 replication_factor=item.replication_factor))
+    return spans
+
+
+def nodes_of_epochs(spans: list[NodesetSpan], first_epoch: Epoch,
+                    last_epoch: Epoch) -> tuple[NodeId, ...]:
+    """Every node of the spans that cover any of ``first_epoch .. last_epoch``, in order."""
+    nodes: dict[NodeId, None] = {}
+    for span in spans:
+        if span.first_epoch <= last_epoch and span.last_epoch >= first_epoch:
+            nodes.update(dict.fromkeys(span.nodeset))
+    return tuple(nodes)
 
 
 def span_of(spans: list[NodesetSpan], lsn: Lsn) -> NodesetSpan:

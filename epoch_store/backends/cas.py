@@ -137,7 +137,8 @@ class CasEpochStore:
         return status, current
 
     async def activate(
-        self, log_id: LogId, *, writer: NodeId, provision: ProvisionSpec | None
+        self, log_id: LogId, *, writer: NodeId, provision: ProvisionSpec | None,
+        retired: frozenset[NodeId] = frozenset(),
     ) -> tuple[Status, Epoch, LogMetadata | None]:
         status = self._check(log_id)
         if status != Status.OK:
@@ -148,7 +149,7 @@ class CasEpochStore:
             if status != Status.OK:
                 return status, None
             status, after = core.plan_activation(
-                current, log_id=log_id, writer=writer, provision=provision
+                current, log_id=log_id, writer=writer, provision=provision, retired=retired
             )
             if status != Status.OK:
                 return status, None

@@ -10,7 +10,13 @@ changed by that commit::
     record  = u16 record_bytes u8 kind u64 log_id body
     body    = (kind 1, metadata) u32 version u32 next_epoch u8 replication_factor
                   u8 nodeset_size (u8 id_bytes id)* u8 writer_bytes (0: none) writer
+                  [u32 nodeset_since u8 earlier_count
+                   (u32 first_epoch u8 replication_factor u8 nodeset_size (u8 id_bytes id)*)*]
             | (kind 2, lce) u32 version u32 epoch u64 tail_lsn
+
+The bracketed part is there only once a log's nodeset changed (see
+``shared.epoch_metadata``); a record without it has one nodeset from epoch 1 on, as every
+record written before nodesets could change.
 
 Records hold whole values (never deltas), so the last record of an object is its value, and a
 compacted journal is simply one record per object. Records are kept in memory as these bytes,
@@ -34,7 +40,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from shared.epoch_metadata import LastCleanEpoch, LogMetadata
+from shared.epoch_metadata import NODESET_HISTORY_MAX, EpochNodeset, LastCleanEpoch, LogMetadata
 from shared.limits import NODESET_SIZE_MAX
 from shared.types import (
     EPOCH_MAX,
@@ -64,6 +70,8 @@ KIND_LCE = 2
 RECORD_HEAD = struct.Struct("<HBQ")
 _META_BODY = struct.Struct("<IIBB")
 _LCE_BODY = struct.Struct("<IIQ")
+_RANGES_HEAD = struct.Struct("<IB")
+_RANGE_HEAD = struct.Struct("<IBB")
 
 Record = LogMetadata | LastCleanEpoch
 Objects = dict[LogId, bytes]
@@ -96,6 +104,12 @@ def encode_record(value: Record) -> bytes:
             parts.append(bytes((len(raw),)) + raw)
         writer = b"" if value.last_writer is None else value.last_writer.encode()
         parts.append(bytes((len(writer),)) + writer)
+        if value.nodeset_since != EPOCH_MIN or value.earlier:
+            parts.append(_RANGES_HEAD.pack(value.nodeset_since, len(value.earlier)))
+            for earlier in value.earlier:
+                parts.append(_RANGE_HEAD.pack(earlier.first_epoch, earlier.replication_factor,
+                                              len(earlier.nodeset)))
+                parts.extend(bytes((len(n.encode()),)) + n.encode() for n in earlier.nodeset)
         body = b"".join(parts)
         return RECORD_HEAD.pack(RECORD_HEAD.size + len(body), KIND_METADATA, value.log_id) + body
     body = _LCE_BODY.pack(value.version, value.epoch, value.tail_lsn)
@@ -234,8 +248,10 @@ def decode_metadata(raw: bytes, log_id: LogId, interned: Interned) -> LogMetadat
                 raise _Bad("duplicate node in nodeset")
             nodeset = interned.nodesets[ids_raw] = tuple(NodeId(n) for n in ids)
         pos = _skip_ids(raw, end, 1)
+        since: Epoch = Epoch(EPOCH_MIN)
+        earlier: tuple[EpochNodeset, ...] = ()
         if pos != len(raw):
-            raise _Bad("bytes after the writer")
+            since, earlier = _decode_ranges(raw, pos, next_epoch, interned)
         writer: NodeId | None = None
         if pos - end > 1:
             writer_raw = raw[end:pos]
@@ -249,7 +265,53 @@ def decode_metadata(raw: bytes, log_id: LogId, interned: Interned) -> LogMetadat
     except _Bad as exc:
         return str(exc)
     return LogMetadata(log_id=log_id, next_epoch=Epoch(next_epoch), nodeset=nodeset,
-                       replication_factor=factor, last_writer=writer, version=version)
+                       replication_factor=factor, last_writer=writer, version=version,
+                       nodeset_since=since, earlier=earlier)
+
+
+def _nodeset_at(raw: bytes, pos: int, count: int, interned: Interned
+                ) -> tuple[tuple[NodeId, ...], int]:
+    if not 0 < count <= NODESET_SIZE_MAX:
+        raise _Bad(f"bad nodeset size {count}")
+    end = _skip_ids(raw, pos, count)
+    ids_raw = raw[pos:end]
+    nodeset = interned.nodesets.get(ids_raw)
+    if nodeset is None:
+        ids = _node_ids(ids_raw)
+        if len(set(ids)) != len(ids):
+            raise _Bad("duplicate node in nodeset")
+        nodeset = interned.nodesets[ids_raw] = tuple(NodeId(n) for n in ids)
+    return nodeset, end
+
+
+def _decode_ranges(raw: bytes, pos: int, next_epoch: int, interned: Interned
+                   ) -> tuple[Epoch, tuple[EpochNodeset, ...]]:
+    """``nodeset_since`` and the earlier nodesets stored from ``pos`` to the record's end."""
+    if len(raw) < pos + _RANGES_HEAD.size:
+        raise _Bad("nodeset ranges cut short")
+    since, count = _RANGES_HEAD.unpack_from(raw, pos)
+    pos += _RANGES_HEAD.size
+    if not EPOCH_MIN <= since <= next_epoch or count > NODESET_HISTORY_MAX:
+        raise _Bad(f"bad nodeset_since {since} or earlier count {count}")
+    if (count == 0) != (since == EPOCH_MIN):
+        raise _Bad(f"nodeset_since {since} with {count} earlier nodesets")
+    ranges: list[EpochNodeset] = []
+    bound = EPOCH_MIN
+    for _ in range(count):
+        if len(raw) < pos + _RANGE_HEAD.size:
+            raise _Bad("earlier nodeset cut short")
+        first, factor, size = _RANGE_HEAD.unpack_from(raw, pos)
+        pos += _RANGE_HEAD.size
+        if first < bound or first >= since or (not ranges and first != EPOCH_MIN):
+            raise _Bad(f"bad earlier first_epoch {first}")
+        nodeset, pos = _nodeset_at(raw, pos, size, interned)
+        if not 1 <= factor <= size:
+            raise _Bad(f"bad earlier replication factor {factor}")
+        ranges.append(EpochNodeset(Epoch(first), nodeset, factor))
+        bound = first + 1
+    if pos != len(raw):
+        raise _Bad("bytes after the nodeset ranges")
+    return Epoch(since), tuple(ranges)
 
 
 def decode_lce(raw: bytes, log_id: LogId) -> LastCleanEpoch | str:

@@ -13,11 +13,25 @@ stores ``next_epoch + 1``; the stored ``next_epoch`` never exceeds ``EPOCH_MAX``
 epoch ever handed out is ``EPOCH_MAX - 1`` and later activations get ``TOOBIG`` (as in
 LogDevice's ``EpochMetaDataUpdateToNextEpoch``). Planners never return ``AGAIN``: that status is
 reserved for lost compare-and-swap races.
+
+Nodeset changes: an activation may be told which storage nodes take no new copies
+(``retired``: draining, drained or removed). The epoch it takes then starts a new nodeset
+range without them (``next_nodeset``), recorded in the same compare-and-swap as the epoch, so
+every epoch's nodeset is known before anything is stored in it. A new nodeset is always a
+subset of the one before: a reader or recovery that still uses an older, larger nodeset for a
+later epoch stays correct (every f-majority of a superset of the nodes holding a record's R
+copies includes one of them). Nodes are only ever dropped, never added, and never below R.
 """
 
 from __future__ import annotations
 
-from shared.epoch_metadata import LastCleanEpoch, LogMetadata, ProvisionSpec
+from shared.epoch_metadata import (
+    EpochNodeset,
+    LastCleanEpoch,
+    LogMetadata,
+    ProvisionSpec,
+    next_nodeset,
+)
 from shared.limits import NODESET_SIZE_MAX
 from shared.status import Status
 from shared.types import (
@@ -80,10 +94,12 @@ def plan_activation(
     log_id: LogId,
     writer: NodeId,
     provision: ProvisionSpec | None,
+    retired: frozenset[NodeId] = frozenset(),
 ) -> tuple[Status, LogMetadata | None]:
     """The metadata to write for ``writer`` to take the next epoch, which is the returned
     ``next_epoch - 1``. ``NOTFOUND`` (missing, no ``provision``), ``TOOBIG`` (epochs exhausted),
-    ``INVALID_PARAM`` (bad log id, writer or provision spec)."""
+    ``INVALID_PARAM`` (bad log id, writer or provision spec). ``retired``: nodes the epoch
+    taken must not store on (see ``next_nodeset``)."""
     if check_log_id(log_id) != Status.OK or not node_id_valid(writer):
         return Status.INVALID_PARAM, None
     if current is None:
@@ -99,13 +115,23 @@ def plan_activation(
     assert EPOCH_MIN <= base.next_epoch <= EPOCH_MAX, base
     if base.next_epoch >= EPOCH_MAX:
         return Status.TOOBIG, None
+    since, earlier = base.nodeset_since, base.earlier
+    nodeset = next_nodeset(base, retired)
+    if nodeset != base.nodeset:
+        taken = base.next_epoch
+        if since < taken:
+            # Epochs since..taken-1 keep the old nodeset; the epoch taken starts the new one.
+            earlier = (*earlier, EpochNodeset(since, base.nodeset, base.replication_factor))
+            since = taken
     bumped = LogMetadata(
         log_id=log_id,
         next_epoch=Epoch(base.next_epoch + 1),
-        nodeset=base.nodeset,
+        nodeset=nodeset,
         replication_factor=base.replication_factor,
         last_writer=writer,
         version=version_of(current) + 1,
+        nodeset_since=since,
+        earlier=earlier,
     )
     return Status.OK, bumped
 

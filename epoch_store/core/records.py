@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shared.epoch_metadata import LastCleanEpoch, LogMetadata
+from shared.epoch_metadata import NODESET_HISTORY_MAX, EpochNodeset, LastCleanEpoch, LogMetadata
 from shared.limits import NODESET_SIZE_MAX
 from shared.types import (
     EPOCH_MAX,
@@ -42,7 +42,7 @@ def _is_int(value: object) -> bool:
 
 
 def metadata_to_dict(value: LogMetadata) -> dict[str, Any]:
-    return {
+    data: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "log_id": value.log_id,
         "next_epoch": value.next_epoch,
@@ -51,6 +51,14 @@ def metadata_to_dict(value: LogMetadata) -> dict[str, Any]:
         "last_writer": value.last_writer,
         "version": value.version,
     }
+    if value.nodeset_since != EPOCH_MIN or value.earlier:
+        # Only a log whose nodeset changed stores these (older readers of the store never
+        # see keys they do not know for logs that never changed).
+        data["nodeset_since"] = value.nodeset_since
+        data["earlier"] = [{"first_epoch": e.first_epoch, "nodeset": list(e.nodeset),
+                            "replication_factor": e.replication_factor}
+                           for e in value.earlier]
+    return data
 
 
 def lce_to_dict(value: LastCleanEpoch) -> dict[str, Any]:
@@ -111,23 +119,68 @@ _METADATA_KEYS = frozenset(
 _LCE_KEYS = frozenset({"format", "log_id", "epoch", "tail_lsn", "version"})
 
 
-def metadata_from_dict(data: dict[str, Any], log_id: LogId) -> LogMetadata | str:
-    """The metadata of ``log_id`` in ``data``, or why ``data`` is not valid metadata."""
-    problem = _common_problem(data, log_id, _METADATA_KEYS)
-    if problem is not None:
-        return problem
-    next_epoch, nodeset = data["next_epoch"], data["nodeset"]
-    factor, writer = data["replication_factor"], data["last_writer"]
-    if not _is_int(next_epoch) or not EPOCH_MIN <= next_epoch <= EPOCH_MAX:
-        return f"bad next_epoch {next_epoch!r}"
+_NODESET_KEYS = frozenset({"nodeset_since", "earlier"})
+"""Optional metadata keys: present together, only once a log's nodeset changed."""
+
+
+def _nodeset_problem(nodeset: Any, factor: Any) -> str | None:
     if not isinstance(nodeset, list) or not 0 < len(nodeset) <= NODESET_SIZE_MAX:
         return "bad nodeset"
     if not all(node_id_valid(n) for n in nodeset) or len(set(nodeset)) != len(nodeset):
         return "bad node id in nodeset"
     if not _is_int(factor) or not 1 <= factor <= len(nodeset):
         return f"bad replication_factor {factor!r}"
+    return None
+
+
+def _ranges_of(data: dict[str, Any], next_epoch: int
+               ) -> tuple[Epoch, tuple[EpochNodeset, ...]] | str:
+    """``nodeset_since`` and the earlier nodesets of ``data``, or why they are invalid."""
+    if not _NODESET_KEYS & set(data):
+        return Epoch(EPOCH_MIN), ()
+    since, earlier = data["nodeset_since"], data["earlier"]
+    if not _is_int(since) or not EPOCH_MIN <= since <= next_epoch:
+        return f"bad nodeset_since {since!r}"
+    if not isinstance(earlier, list) or len(earlier) > NODESET_HISTORY_MAX:
+        return "bad earlier nodesets"
+    ranges: list[EpochNodeset] = []
+    bound = EPOCH_MIN
+    for item in earlier:
+        if not isinstance(item, dict) or set(item) != {"first_epoch", "nodeset",
+                                                       "replication_factor"}:
+            return "bad earlier nodeset"
+        first = item["first_epoch"]
+        if not _is_int(first) or not bound <= first < since or (not ranges and first != bound):
+            return f"bad earlier first_epoch {first!r}"
+        problem = _nodeset_problem(item["nodeset"], item["replication_factor"])
+        if problem is not None:
+            return f"earlier nodeset: {problem}"
+        ranges.append(EpochNodeset(Epoch(first), tuple(NodeId(n) for n in item["nodeset"]),
+                                   item["replication_factor"]))
+        bound = first + 1
+    if ranges == [] and since != EPOCH_MIN:
+        return f"nodeset_since {since} without earlier nodesets"
+    return Epoch(since), tuple(ranges)
+
+
+def metadata_from_dict(data: dict[str, Any], log_id: LogId) -> LogMetadata | str:
+    """The metadata of ``log_id`` in ``data``, or why ``data`` is not valid metadata."""
+    keys = _METADATA_KEYS | _NODESET_KEYS if _NODESET_KEYS & set(data) else _METADATA_KEYS
+    problem = _common_problem(data, log_id, keys)
+    if problem is not None:
+        return problem
+    next_epoch, nodeset = data["next_epoch"], data["nodeset"]
+    factor, writer = data["replication_factor"], data["last_writer"]
+    if not _is_int(next_epoch) or not EPOCH_MIN <= next_epoch <= EPOCH_MAX:
+        return f"bad next_epoch {next_epoch!r}"
+    problem = _nodeset_problem(nodeset, factor)
+    if problem is not None:
+        return problem
     if writer is not None and not node_id_valid(writer):
         return f"bad last_writer {writer!r}"
+    ranges = _ranges_of(data, next_epoch)
+    if isinstance(ranges, str):
+        return ranges
     return LogMetadata(
         log_id=log_id,
         next_epoch=Epoch(next_epoch),
@@ -135,6 +188,8 @@ def metadata_from_dict(data: dict[str, Any], log_id: LogId) -> LogMetadata | str
         replication_factor=factor,
         last_writer=None if writer is None else NodeId(writer),
         version=data["version"],
+        nodeset_since=ranges[0],
+        earlier=ranges[1],
     )
 
 

@@ -45,9 +45,10 @@ from sequencer.core.sliding_window import SlidingWindow
 from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
 from shared.effects import Send, send_of
-from shared.epoch_metadata import LastCleanEpoch, LogMetadata
+from shared.epoch_metadata import LastCleanEpoch, LogMetadata, next_nodeset
 from shared.limits import PRODUCER_SEQS_KEPT
 from shared.ports import Rng
+from shared.read_round import metadata_spans, nodes_of_epochs
 from shared.status import Status
 from shared.types import (
     ESN_MAX,
@@ -157,6 +158,35 @@ class Sequencer:
         self._release_broadcasts_owed = 0
         """Periodic broadcasts still owed the current release pointer (see
         ``RELEASE_BROADCASTS_PER_MOVE``)."""
+        self.moved_nodes: frozenset[NodeId] = frozenset()
+        """Storage nodes whose copies were all moved elsewhere (DRAINED, REMOVED); set by the
+        driver with ``storage_nodes`` (every storage node of the cluster): recovery and the
+        purge reach each earlier epoch where its copies are (``metadata_spans``)."""
+        self.storage_nodes: tuple[NodeId, ...] = ()
+
+    def _earlier_epochs_nodes(self, metadata: LogMetadata, first_epoch: Epoch,
+                              epoch: Epoch) -> tuple[NodeId, ...]:
+        """Every node that may hold copies of epochs ``first_epoch .. epoch``: the union of
+        their nodesets (an f-majority of a superset of a record's nodeset holds one of its R
+        copies, and sealing one leaves fewer than R unsealed nodes of any of them)."""
+        spans = metadata_spans(metadata, self.moved_nodes, self.storage_nodes)
+        return nodes_of_epochs(spans, first_epoch, epoch)
+
+    def on_nodes_retired(self, retired: frozenset[NodeId], now_ms: int) -> list[Effect]:
+        """Storage nodes of the current nodeset take no new copies any more (being drained):
+        finish this epoch as an exhausted one is finished (its appends complete, up to
+        ``epoch_drain_timeout_ms``; new ones wait) and take a new epoch, whose nodeset the
+        activation picks without them. Nothing if they cannot leave the nodeset (fewer than R
+        would remain)."""
+        metadata = self.metadata
+        if (self.state is not SequencerState.ACTIVE or self._drain_until_ms is not None
+                or metadata is None or self.window is None
+                or next_nodeset(metadata, retired) == metadata.nodeset):
+            return []
+        if not self.appenders:
+            return self._advance_after_drain(True, now_ms)
+        self._drain_until_ms = now_ms + self.config.epoch_drain_timeout_ms
+        return []
 
     def set_unavailable_nodes(self, nodes: frozenset[NodeId]) -> None:
         """Storage nodes the failure detector reports DEAD: copysets avoid them."""
@@ -413,8 +443,8 @@ class Sequencer:
             effects.append(FetchLogState(self.log_id, metadata.nodeset))
             self.recovery = LogRecovery(
                 log_id=self.log_id, node_id=self.node_id, seal_epoch=Epoch(epoch - 1), lce=lce,
-                nodeset=metadata.nodeset, replication=metadata.replication_factor,
-                config=self.config)
+                nodeset=self._earlier_epochs_nodes(metadata, Epoch(lce.epoch + 1), epoch),
+                replication=metadata.replication_factor, config=self.config)
             effects.extend(self.recovery.start(now_ms))
         pending, self._pending = self._pending, deque()
         for item in pending:
@@ -479,8 +509,8 @@ class Sequencer:
             return []
         self.purge = PurgeCoordinator(
             log_id=self.log_id, node_id=self.node_id, epoch=self.epoch,
-            nodeset=self.metadata.nodeset, replication=self.metadata.replication_factor,
-            config=self.config, known=known)
+            nodeset=self._earlier_epochs_nodes(self.metadata, Epoch(1), self.epoch),
+            replication=self.metadata.replication_factor, config=self.config, known=known)
         return self.purge.start()
 
     def on_release_hint(self, release_lsn: Lsn) -> list[Effect]:

@@ -19,10 +19,12 @@ class SimEpochStore:
         self.lce: dict[LogId, LastCleanEpoch] = {}
         self.activations_count = 0
 
-    def activate(self, log_id: LogId, *, writer: NodeId,
-                 provision: ProvisionSpec | None) -> tuple[Status, Epoch, LogMetadata | None]:
+    def activate(self, log_id: LogId, *, writer: NodeId, provision: ProvisionSpec | None,
+                 retired: frozenset[NodeId] = frozenset(),
+                 ) -> tuple[Status, Epoch, LogMetadata | None]:
         status, bumped = planner.plan_activation(
-            self.metadata.get(log_id), log_id=log_id, writer=writer, provision=provision)
+            self.metadata.get(log_id), log_id=log_id, writer=writer, provision=provision,
+            retired=retired)
         if status != Status.OK:
             return status, Epoch(0), None
         assert bumped is not None
