@@ -541,7 +541,13 @@ def _epochs(args: argparse.Namespace) -> int:
     _print(f"log {meta.log_id} in {url}")
     _print(f"next_epoch {meta.next_epoch} (last epoch handed out: {meta.next_epoch - 1})")
     _print(f"last_writer {meta.last_writer or '-'}")
-    _print(f"nodeset {','.join(meta.nodeset)}  replication {meta.replication_factor}")
+    _print(f"nodeset {','.join(meta.nodeset)}  replication {meta.replication_factor}"
+           f"  (epochs {meta.nodeset_since}-)")
+    ranges = meta.nodeset_ranges()
+    for earlier, after in zip(ranges, ranges[1:], strict=False):
+        _print(f"  earlier nodeset {','.join(earlier.nodeset)}  replication "
+               f"{earlier.replication_factor}  (epochs {earlier.first_epoch}-"
+               f"{after.first_epoch - 1})")
     _print(f"version {meta.version}")
     if lce is not None:
         _print(f"last_clean_epoch {lce.epoch}  tail_lsn {format_lsn(lce.tail_lsn)} "

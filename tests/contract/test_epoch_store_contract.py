@@ -17,7 +17,7 @@ from epoch_store import (
     ZooKeeperEpochStore,
 )
 from epoch_store.zk_server import ServerHandle
-from shared.epoch_metadata import LastCleanEpoch, LogMetadata, ProvisionSpec
+from shared.epoch_metadata import EpochNodeset, LastCleanEpoch, LogMetadata, ProvisionSpec
 from shared.status import Status
 from shared.types import EPOCH_MAX, Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from tests.zk_support import unique_root
@@ -222,3 +222,31 @@ async def test_thousands_of_clean_marks_at_once_all_land(store: CasEpochStore) -
     for log in logs[::97]:
         lce = (await store.get_last_clean_epoch(log))[1]
         assert lce is not None and lce.epoch == 1
+
+
+async def test_a_nodeset_change_is_recorded_with_the_epoch_that_takes_it(
+    open_store: StoreOpener,
+) -> None:
+    # Issue 17: an activation told that s2 is draining takes its epoch on the nodeset without
+    # s2; the epochs before keep theirs; another handle (process) reads the same ranges.
+    store = open_store()
+    for _ in range(3):
+        assert (await store.activate(LOG, writer=N1, provision=SPEC))[0] == Status.OK
+    status, epoch, meta = await store.activate(LOG, writer=N2, provision=None,
+                                               retired=frozenset({NodeId("s2")}))
+    assert (status, epoch) == (Status.OK, 4) and meta is not None
+    s1, s2, s3 = SPEC.nodeset
+    assert meta.nodeset == (s1, s3) and meta.nodeset_since == 4
+    assert meta.earlier == (EpochNodeset(Epoch(1), SPEC.nodeset, 2),)
+    # Later activations keep it (a retired node that is not a member changes nothing).
+    status, epoch, again = await store.activate(LOG, writer=N1, provision=None,
+                                                retired=frozenset({NodeId("s2")}))
+    assert epoch == 5 and again is not None
+    assert (again.nodeset, again.nodeset_since, again.earlier) == (
+        meta.nodeset, meta.nodeset_since, meta.earlier)
+    other = open_store()
+    assert (await other.get_metadata(LOG)) == (Status.OK, again)
+    # Fewer than R nodes would remain: the nodeset stays.
+    status, _, kept = await other.activate(LOG, writer=N1, provision=None,
+                                           retired=frozenset({s1}))
+    assert status == Status.OK and kept is not None and kept.nodeset == (s1, s3)
