@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import itertools
 import os
 import sys
 import threading
@@ -544,7 +545,7 @@ def _epochs(args: argparse.Namespace) -> int:
     _print(f"nodeset {','.join(meta.nodeset)}  replication {meta.replication_factor}"
            f"  (epochs {meta.nodeset_since}-)")
     ranges = meta.nodeset_ranges()
-    for earlier, after in zip(ranges, ranges[1:], strict=False):
+    for earlier, after in itertools.pairwise(ranges):
         _print(f"  earlier nodeset {','.join(earlier.nodeset)}  replication "
                f"{earlier.replication_factor}  (epochs {earlier.first_epoch}-"
                f"{after.first_epoch - 1})")

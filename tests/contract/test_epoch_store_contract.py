@@ -235,7 +235,7 @@ async def test_a_nodeset_change_is_recorded_with_the_epoch_that_takes_it(
     status, epoch, meta = await store.activate(LOG, writer=N2, provision=None,
                                                retired=frozenset({NodeId("s2")}))
     assert (status, epoch) == (Status.OK, 4) and meta is not None
-    s1, s2, s3 = SPEC.nodeset
+    s1, _, s3 = SPEC.nodeset
     assert meta.nodeset == (s1, s3) and meta.nodeset_since == 4
     assert meta.earlier == (EpochNodeset(Epoch(1), SPEC.nodeset, 2),)
     # Later activations keep it (a retired node that is not a member changes nothing).
