@@ -117,6 +117,11 @@ class FrontEnd:
     def _spans(self, metadata: LogMetadata) -> list[NodesetSpan]:
         return metadata_spans(metadata, self._moved, self.config.cluster.storage_node_ids)
 
+    def _all_nodes(self, metadata: LogMetadata) -> tuple[NodeId, ...]:
+        """Every node that holds copies of some epoch of the log: the union of its spans'
+        nodesets (f-majorities over it are f-majorities of each span's superset)."""
+        return tuple(dict.fromkeys(n for span in self._spans(metadata) for n in span.nodeset))
+
     def update_cluster(self, cluster: ClusterConfig) -> None:
         """Nodes were added or reweighted (services.membership): route with the new weights."""
         self.config = replace(self.config, cluster=cluster)
@@ -644,7 +649,7 @@ class FrontEnd:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")
-        nodeset, replication = metadata.nodeset, metadata.replication_factor
+        nodeset, replication = self._all_nodes(metadata), metadata.replication_factor
         needed = max(f_majority(len(nodeset), replication), replication)
         answers = await ask_nodeset_by_node(
             self.pool, nodeset, Trim(log_id=log_id, trim_lsn=trim_lsn),
@@ -666,15 +671,16 @@ class FrontEnd:
         status, metadata = await self._log_metadata(log_id)
         if metadata is None:
             return LsnOutcome(status=status, message=f"log {log_id}: {status.description}")
+        nodeset = self._all_nodes(metadata)
         answers = await ask_nodeset(
-            self.pool, metadata.nodeset, metadata.replication_factor, message,
+            self.pool, nodeset, metadata.replication_factor, message,
             lambda r: type(r) is answer_type and getattr(r, "status", None) is Status.OK,
             timeout_ms=STORAGE_CALL_TIMEOUT_MS)
         if answers is None:
-            needed = f_majority(len(metadata.nodeset), metadata.replication_factor)
+            needed = f_majority(len(nodeset), metadata.replication_factor)
             return LsnOutcome(
                 status=Status.NOTREADY,
-                message=f"fewer than {needed} of {len(metadata.nodeset)} storage nodes "
+                message=f"fewer than {needed} of {len(nodeset)} storage nodes "
                         "answered; retry")
         return [a for a in answers if type(a) is answer_type]
 

@@ -20,7 +20,7 @@ from sequencer.core.producers import lookup_candidates
 from shared.epoch_metadata import LogMetadata
 from shared.net.nodeset_call import STORAGE_CALL_TIMEOUT_MS, ask_nodeset
 from shared.net.read_driver import RoundTransport, run_round
-from shared.read_round import ReadRound, metadata_spans, span_of
+from shared.read_round import NodesetSpan, ReadRound, metadata_spans, span_of
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, lsn_to_epoch
 from shared.wire.producer import GetProducer, ProducerEntry, ProducerState
@@ -36,12 +36,16 @@ async def lookup_producer(
     *, transport: RoundTransport, metadata: LogMetadata, producer_id: str, epoch: Epoch,
     release_lsn: Callable[[], Lsn],
     wait_release_above: Callable[[Lsn], Awaitable[None]],
+    spans: list[NodesetSpan] | None = None,
 ) -> list[ProducerEntry] | None:
     """The producer's verified appends to the log, or None if the cluster could not tell
-    (too few storage nodes answered, or a candidate could not be read)."""
+    (too few storage nodes answered, or a candidate could not be read). ``spans``: where
+    each epoch range is read (default: as the metadata records them)."""
     log_id = metadata.log_id
+    spans = spans if spans is not None else metadata_spans(metadata)
+    everywhere = tuple(dict.fromkeys(n for span in spans for n in span.nodeset))
     answers = await ask_nodeset(
-        transport, metadata.nodeset, metadata.replication_factor,
+        transport, everywhere, metadata.replication_factor,
         GetProducer(log_id=log_id, producer_id=producer_id),
         lambda r: type(r) is ProducerState and r.status is Status.OK,
         timeout_ms=STORAGE_CALL_TIMEOUT_MS)
@@ -52,7 +56,7 @@ async def lookup_producer(
     verified: list[ProducerEntry] = []
     candidates = lookup_candidates([a.entries for a in answers if type(a) is ProducerState])
     checks = {entry: asyncio.ensure_future(_records_exist(
-        transport, metadata, Lsn(entry[1]), Lsn(entry[2]), epoch, release_lsn,
+        transport, metadata, spans, Lsn(entry[1]), Lsn(entry[2]), epoch, release_lsn,
         wait_release_above))
         for ranges in candidates.values() for entry in ranges}
     try:
@@ -81,8 +85,8 @@ async def lookup_producer(
 
 
 async def _records_exist(
-    transport: RoundTransport, metadata: LogMetadata, first_lsn: Lsn, last_lsn: Lsn,
-    epoch: Epoch, release_lsn: Callable[[], Lsn],
+    transport: RoundTransport, metadata: LogMetadata, spans: list[NodesetSpan],
+    first_lsn: Lsn, last_lsn: Lsn, epoch: Epoch, release_lsn: Callable[[], Lsn],
     wait_release_above: Callable[[Lsn], Awaitable[None]],
 ) -> bool | None:
     """True if every LSN of ``first_lsn..last_lsn`` reads as a record, False if one is a gap
@@ -96,7 +100,6 @@ async def _records_exist(
         if release_lsn() < last_lsn:
             return None
     log_id: LogId = metadata.log_id
-    spans = metadata_spans(metadata)
     loop = asyncio.get_running_loop()
     from_lsn = first_lsn
     while from_lsn <= last_lsn:

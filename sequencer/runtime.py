@@ -47,6 +47,7 @@ from shared.config import ClusterConfig, SequencerConfig
 from shared.effects import Send
 from shared.epoch_metadata import ProvisionSpec
 from shared.ports import EpochStore, Rng
+from shared.read_round import metadata_spans
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.store import Store
@@ -536,6 +537,10 @@ class SequencerRuntime:
                      log_id, epoch, lce.epoch if lce else -1)
         self._apply(sequencer, sequencer.on_activated(status, epoch, metadata, lce,
                                                       self.clock.now_ms()))
+        if status is Status.OK and self._retired:
+            # A drain that began while this activation was under way: move on at once.
+            self._apply(sequencer, sequencer.on_nodes_retired(self._retired,
+                                                              self.clock.now_ms()))
         if sequencer.idle_unavailable() and self.sequencers.get(log_id) is sequencer:
             # Nothing to remember: a log id that never activated (e.g. NOTFOUND).
             del self.sequencers[log_id]
@@ -576,7 +581,8 @@ class SequencerRuntime:
         return await lookup_producer(
             transport=self.transport, metadata=metadata, producer_id=effect.producer_id,
             epoch=effect.epoch, release_lsn=lambda: sequencer.release_lsn,
-            wait_release_above=wait_release_above)
+            wait_release_above=wait_release_above,
+            spans=metadata_spans(metadata, self._moved, self._storage_nodes))
 
     # ---- timers --------------------------------------------------------------------------
 
