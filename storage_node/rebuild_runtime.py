@@ -67,6 +67,9 @@ ReplyFn = Callable[[Message], None]
 RequestFn = Callable[[NodeId, Message, Callable[[Any], None], int], None]
 """``request(node, message, callback, timeout_ms)``: ``callback`` gets the answer or a Status."""
 START_STATE_WAIT_MS = 15_000
+DRAIN_SETTLE_POLLS = 2
+DRAIN_SETTLE_MARGIN_MS = 1_000
+DRAIN_SETTLE_MAX_MS = 60_000
 _NO_NEW_COPIES = (ShardStatus.DRAINING, ShardStatus.DRAINED, ShardStatus.REMOVED)
 """How long a start waits for the cluster state before deciding without it."""
 
@@ -354,6 +357,16 @@ class RebuildRuntime:
 
     async def _donate(self, donation: _Donation, progress: DonorProgress) -> None:
         node = self._node
+        shard = self.state.shard(donation.shard)
+        if shard is not None and shard.status is ShardStatus.DRAINING:
+            # A drained node keeps taking copies until its own poll sees DRAINING; a copy it
+            # took after this walk's bounds were read would never be sent elsewhere (the walk
+            # stops at each log's last LSN when it starts). So the bounds are read once that
+            # node has surely stopped: two of its polls after the drain began.
+            settle_ms = (shard.since_ms + DRAIN_SETTLE_POLLS * self._config.poll_interval_ms
+                         + DRAIN_SETTLE_MARGIN_MS - self._wall_ms())
+            if settle_ms > 0:  # bounded: a clock far ahead on the operator's host
+                await asyncio.sleep(min(settle_ms, DRAIN_SETTLE_MAX_MS) / 1000)
         now_ms = self._wall_ms()
         logs = [(int(log_id), int(node.log_state(log_id).last_lsn))
                 for log_id in node.log_ids()]
