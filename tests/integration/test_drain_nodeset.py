@@ -41,10 +41,11 @@ from tests.integration.test_disk_replacement import (
 pytestmark = pytest.mark.integration
 
 
-def _start(root: Path) -> lc.ClusterState:
+def _start(root: Path, *, with_zookeeper: bool = False) -> lc.ClusterState:
     return lc.up(lc.LocalClusterSpec(
         dir=root, storage_nodes=4, sequencers=2, replication=REPLICATION,
-        base_port=lc.free_base_port(6), fsync="always"), ready_timeout_ms=READY_TIMEOUT_MS)
+        base_port=lc.free_base_port(6), fsync="always", with_zookeeper=with_zookeeper),
+        ready_timeout_ms=READY_TIMEOUT_MS)
 
 
 def _ranges(state: lc.ClusterState, log_id: int) -> list[tuple[int, tuple[str, ...]]]:
@@ -54,9 +55,12 @@ def _ranges(state: lc.ClusterState, log_id: int) -> list[tuple[int, tuple[str, .
     return [(r.first_epoch, tuple(r.nodeset)) for r in meta.nodeset_ranges()]
 
 
+@pytest.mark.parametrize("store", ["file", "zookeeper"])
 async def test_drained_node_leaves_the_nodesets_and_everything_reads_back(
-        cluster_dir: Path) -> None:
-    state = _start(cluster_dir)
+        cluster_dir: Path, store: str) -> None:
+    # The epoch metadata (with its nodeset ranges) and the cluster state live in the file
+    # store or in a real ZooKeeper server.
+    state = _start(cluster_dir, with_zookeeper=store == "zookeeper")
     acked: dict[int, dict[int, bytes]] = {log_id: {} for log_id in LOGS}
     st1 = _node(cluster_dir, "st1").http
     everyone = ("st1", "st2", "st3", "st4")
