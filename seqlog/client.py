@@ -43,7 +43,7 @@ from seqlog import body as wire
 from seqlog.binary import Connections
 from seqlog.binary_appends import GROUP_PAYLOAD_BYTES_MAX, BinaryAppends
 from seqlog.buffered_writer import BufferedWriter, BufferedWriterOptions
-from seqlog.reader import LogReader, nodesets_release_lsn, parse_nodesets
+from seqlog.reader import LogReader, Spans, nodesets_release_lsn, parse_nodesets
 from seqlog.results import (
     AppendResult,
     BatchResult,
@@ -410,7 +410,14 @@ class Client:
             raise LogError(Status.INVALID_PARAM, "from_lsn, until_lsn or wait_ms out of range")
         answer = await self._call("GET", log, f"/v1/logs/{log}/nodesets", None, writes=False)
         spans, addresses, fingerprint = parse_nodesets(answer.data)
-        return LogReader(release_lsn=nodesets_release_lsn(answer.data),
+
+        async def refresh() -> Spans:
+            again = await self._call("GET", log, f"/v1/logs/{log}/nodesets", None,
+                                     writes=False)
+            new_spans, new_addresses, _ = parse_nodesets(again.data)
+            return new_spans, new_addresses
+
+        return LogReader(release_lsn=nodesets_release_lsn(answer.data), refresh=refresh,
             log_id=log, from_lsn=Lsn(from_lsn), spans=spans, addresses=addresses,
             cluster_fingerprint=fingerprint, follow=follow,
             until_lsn=None if until_lsn is None else Lsn(until_lsn),

@@ -23,7 +23,7 @@ import asyncio
 import collections
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from ssl import SSLContext
 from types import TracebackType
 from typing import Any
@@ -41,6 +41,11 @@ Entry = Record | Gap
 READ_REQUEST_TIMEOUT_MS = 5_000
 """How long one node may take to answer a READ (beyond its long-poll wait)."""
 RETRY_MS_MIN, RETRY_MS_MAX = 20, 1_000
+SPANS_REFRESH_MS = 2_000
+"""While rounds fall short of an f-majority, the nodesets are fetched again at most this
+often: a drained node may have left a span since the reader was made (issue 17)."""
+
+Spans = tuple[list[NodesetSpan], Mapping[NodeId, tuple[str, int]]]
 """Backoff between rounds that could not reach an f-majority."""
 IDLE_MS = 10
 """Pause before asking again when a round brought nothing new without waiting."""
@@ -103,13 +108,16 @@ class LogReader:
         read_ahead_records_max: int = 10_000, read_ahead_bytes_max: int = 32 * 1024 * 1024,
         round_records_max: int = 1_000, wait_ms: int = 5_000, speculative_delay_ms: int = 20,
         stall_timeout_ms: int = 60_000, release_lsn: int = 0, ssl: SSLContext | None = None,
-        token: str = "",
+        token: str = "", refresh: Callable[[], Awaitable[Spans]] | None = None,
     ) -> None:
         if not lsn_valid(from_lsn) or from_lsn < 1 or min(
                 read_ahead_records_max, read_ahead_bytes_max, round_records_max) < 1:
             raise LogError(Status.INVALID_PARAM, "bad from_lsn or read-ahead limits")
         self.log_id = log_id
         self._spans = spans
+        self._refresh = refresh
+        self._refreshed_s = 0.0
+        self._addresses = dict(addresses)
         self._follow = follow
         self._until_lsn = until_lsn
         self._records_max = read_ahead_records_max
@@ -136,7 +144,7 @@ class LogReader:
         self._pool = PeerPool(
             node_id=NodeId(f"{CLIENT_ID_PREFIX}{os.urandom(6).hex()}"),
             cluster_fingerprint=cluster_fingerprint, config=TransportConfig(),
-            addresses=dict(addresses).get, client_ssl=ssl, token=token)
+            addresses=self._addresses.get, client_ssl=ssl, token=token)
         self._task: asyncio.Task[None] | None = None
         # Readers start at different nodes, so that catch-up reads spread over the copies.
         nodes = list(dict.fromkeys(n for span in spans for n in span.nodeset))
@@ -223,6 +231,7 @@ class LogReader:
                     raise LogError(Status.NOTREADY, (
                         f"log {self.log_id}: {result.answered} storage nodes answered, "
                         f"{result.needed} needed to read on without skipping ({failures})"))
+                await self._refresh_spans(loop.time())
                 await asyncio.sleep(retry_ms / 1000)
                 retry_ms = min(retry_ms * 2, RETRY_MS_MAX)
                 continue
@@ -237,6 +246,25 @@ class LogReader:
                 return  # caught up with everything released
             elif self._cursor <= self._release or self._wait_ms == 0:
                 await asyncio.sleep(IDLE_MS / 1000)
+
+    async def _refresh_spans(self, now_s: float) -> None:
+        """Fetch the nodesets again (at most every ``SPANS_REFRESH_MS``): spans made before a
+        drain still count the drained node, which may be gone now. Failures keep the spans
+        (they stay correct: a span only ever loses nodes whose copies are elsewhere)."""
+        if self._refresh is None or (now_s - self._refreshed_s) * 1000 < SPANS_REFRESH_MS:
+            return
+        self._refreshed_s = now_s
+        try:
+            spans, addresses = await self._refresh()
+        except (TimeoutError, LogError, OSError):
+            return
+        if not spans:
+            return
+        self._spans = spans
+        self._addresses.update(addresses)
+        fresh = dict.fromkeys(n for span in spans for n in span.nodeset)
+        self._order = [*(n for n in self._order if n in fresh),
+                       *(n for n in fresh if n not in self._order)]
 
     def _finished(self) -> bool:
         return self._until_lsn is not None and self._cursor > self._until_lsn

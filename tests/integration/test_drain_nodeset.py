@@ -13,6 +13,7 @@ would need 3 answers of the 2 nodes alive and never finish."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from epoch_store.factory import read_log_state
-from seqlog import Client
+from seqlog import Client, Record
 from services import local_cluster as lc
 from services.cli import main as cli_main
 from shared.types import LogId, lsn_to_epoch
@@ -62,6 +63,14 @@ async def test_drained_node_leaves_the_nodesets_and_everything_reads_back(
     # store or in a real ZooKeeper server.
     state = _start(cluster_dir, with_zookeeper=store == "zookeeper")
     acked: dict[int, dict[int, bytes]] = {log_id: {} for log_id in LOGS}
+    exits = contextlib.AsyncExitStack()
+    early = await exits.enter_async_context(Client(state.sequencer_urls, timeout_ms=20_000))
+    await early.append(LOGS[0], b"before the drain")
+    # A direct reader made before the drain: its spans still count st4. Its read-ahead stops
+    # it early; it is read to the end only after st4 and st1 are gone, when it must fetch the
+    # nodesets again to get on (``LogReader._refresh_spans``).
+    old_reader = await exits.enter_async_context(await early.reader(
+        LOGS[0], 1, follow=True, read_ahead_records_max=50, stall_timeout_ms=30_000))
     st1 = _node(cluster_dir, "st1").http
     everyone = ("st1", "st2", "st3", "st4")
 
@@ -117,3 +126,16 @@ async def test_drained_node_leaves_the_nodesets_and_everything_reads_back(
         records = {lo: payload for kind, lo, _, payload in views[0] if kind == "R"}
         lost = [lsn for lsn, payload in acked[log_id].items() if records.get(lsn) != payload]
         assert not lost, f"log {log_id}: {len(lost)} acknowledged records lost or changed"
+    last = max(acked[LOGS[0]])
+    seen: dict[int, bytes] = {}
+
+    async def read_old() -> None:
+        async for entry in old_reader:
+            if isinstance(entry, Record):
+                seen[entry.lsn] = entry.payload
+            if (entry.lsn if isinstance(entry, Record) else entry.hi) >= last:
+                return
+
+    await asyncio.wait_for(read_old(), 60)
+    assert all(seen.get(lsn) == payload for lsn, payload in acked[LOGS[0]].items())
+    await exits.aclose()
