@@ -433,9 +433,11 @@ class SequencerRuntime:
         (DRAINED, REMOVED). Every active log whose nodeset holds a retired node finishes its
         epoch and moves to a new one without it (``Sequencer.on_nodes_retired``); later
         activations leave retired nodes out of the epoch they take."""
-        self._moved, self._storage_nodes = moved, storage_nodes
-        for sequencer in self.sequencers.values():
-            sequencer.moved_nodes, sequencer.storage_nodes = moved, storage_nodes
+        if (moved, storage_nodes) != (self._moved, self._storage_nodes):
+            # Only on a change: this runs every second, and a node may hold a million logs.
+            self._moved, self._storage_nodes = moved, storage_nodes
+            for sequencer in self.sequencers.values():
+                sequencer.moved_nodes, sequencer.storage_nodes = moved, storage_nodes
         if retired == self._retired:
             return
         self._retired = retired
