@@ -496,8 +496,13 @@ class FrontEnd:
         epoch = Epoch(0)
         releasing = False
         if answered and seq_epoch > 0:
+            # A recovered sequencer releases at least the recovered tail. A pointer below it
+            # was read while the sequencer still recovered (the last clean epoch, read after
+            # its answer, moved meanwhile): it is no release, and may be below tails reported
+            # before (simulation seed 215).
             releasing = lsn_to_epoch(seq_release) == seq_epoch or (
-                lce is not None and lce.epoch >= seq_epoch - 1)
+                lce is not None and lce.epoch >= seq_epoch - 1
+                and seq_release >= lce.tail_lsn)
             unsealed = sealed < seq_epoch and storage_answers >= min(
                 metadata.replication_factor, len(metadata.nodeset))
             if releasing and unsealed:

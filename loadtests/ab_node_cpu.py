@@ -7,6 +7,9 @@ only.
 
 Run from the repo root, e.g. the edge before and after a change:
 ``.venv/bin/python -m loadtests.ab_node_cpu --tree before=/path/to/main --tree after=.``
+The cost of client authentication (docs/SECURITY.md), same tree with and without:
+``... --tree open=. --tree auth=. --auth auth [--client seqlog]`` (labels given to ``--auth``
+run ``local up --auth`` and the bench with its admin token).
 """
 
 from __future__ import annotations
@@ -32,19 +35,24 @@ def _run(label: str, tree: Path, args: argparse.Namespace, here: Path) -> dict[s
     root = Path(tempfile.mkdtemp(prefix=f"ab-{label}-"))
     env = dict(os.environ, PYTHONPATH=str(tree))
     cli = [sys.executable, "-m", "services.cli", "local"]
+    secure = label in (args.auth or [])
     subprocess.run([*cli, "up", "--dir", str(root), "--storage-nodes", "3", "--sequencers", "1",
                     "--replication", "3", "--fsync", args.fsync, "--base-port",
-                    str(args.base_port)], env=env, cwd=tree, check=True, capture_output=True)
+                    str(args.base_port), *(["--auth"] if secure else [])],
+                   env=env, cwd=tree, check=True, capture_output=True)
+    bench_env = dict(os.environ, PYTHONPATH=str(here))
+    bench_env.pop("SEQLOG_TOKEN", None)
+    if secure:
+        bench_env["SEQLOG_TOKEN"] = (root / "auth" / "admin.token").read_text().strip()
     try:
         state = json.loads((root / "cluster.json").read_text())
         pids = {n["node_id"]: n["pid"] for n in state["nodes"]}
         before = {node: _cpu_s(pid) for node, pid in pids.items()}
         bench = subprocess.run(
             [sys.executable, "-m", "loadtests.bench_append", "--dir", str(root), "--client",
-             "raw", "--inflight", str(args.inflight), "--records", str(args.records),
+             args.client, "--inflight", str(args.inflight), "--records", str(args.records),
              "--warmup", str(WARMUP_RECORDS), "--loop", "uvloop"],
-            env=dict(os.environ, PYTHONPATH=str(here)), cwd=here, capture_output=True,
-            text=True, check=True)
+            env=bench_env, cwd=here, capture_output=True, text=True, check=True)
         after = {node: _cpu_s(pid) for node, pid in pids.items()}
     finally:
         subprocess.run([*cli, "down", "--dir", str(root)], env=env, cwd=tree,
@@ -57,7 +65,8 @@ def _run(label: str, tree: Path, args: argparse.Namespace, here: Path) -> dict[s
         spent_s = sum(after[n] - before[n] for n in pids if n.startswith("seq") == sequencers)
         return round(spent_s / appends * 1e6, 1)
 
-    return {"bench": "seqlog_ab_node_cpu", "tree": label, "inflight": args.inflight,
+    return {"bench": "seqlog_ab_node_cpu", "tree": label, "auth": secure,
+            "client": args.client, "inflight": args.inflight,
             "records_per_s": result.get("records_per_s"), "p50_ms": result.get("p50_ms"),
             "p99_ms": result.get("p99_ms"), "errors": result.get("errors"),
             "sequencer_cpu_us_per_append": per_append_us(True),
@@ -72,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inflight", type=int, default=256)
     p.add_argument("--fsync", choices=("always", "interval", "never"), default="always")
     p.add_argument("--base-port", type=int, default=19100)
+    p.add_argument("--client", choices=("raw", "seqlog", "seqlog-http"), default="raw",
+                   help="bench_append's client (raw: lean HTTP; seqlog: binary protocol)")
+    p.add_argument("--auth", action="append",
+                   help="a tree label to run with client authentication on (repeatable)")
     args = p.parse_args(argv)
     here = Path(__file__).resolve().parent.parent
     for spec in args.tree:

@@ -8,6 +8,9 @@ PATH. Prints one JSON line per edge.
 
 Run from the repo root:
 ``.venv/bin/python -m loadtests.bench_http_edge [--connections 256] [--edge lean|aiohttp|both]``.
+``--auth both`` runs each edge without and with client authentication (docs/SECURITY.md: a
+bearer token on every request, checked against a principal's grants), alternating, to
+measure what authentication costs per request.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import resource
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +33,9 @@ from prometheus_client import CollectorRegistry
 from frontend.outcomes import AppendOutcome
 from services.http_api import create_api_app
 from services.http_edge import EdgeRunner
-from shared.config import ApiConfig
+from shared.config import ApiConfig, AuthConfig
+from shared.security.auth import Authenticator
+from shared.security.tokens import mint, new_key
 from shared.status import Status
 from shared.types import Lsn, NodeId
 
@@ -66,15 +72,33 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def bench(args: argparse.Namespace, edge: str) -> dict[str, object]:
-    app = create_api_app(_InstantService(), ApiConfig(), CollectorRegistry())  # type: ignore[arg-type]
+def _authenticator(tmp: Path) -> tuple[Authenticator, str]:
+    key = new_key()
+    (tmp / "keys.txt").write_text(key + "\n")
+    (tmp / "permissions.json").write_text(json.dumps(
+        {"principals": {"bench": {"grants": ["append:1-1000", "read:*"]}}}))
+    auth = Authenticator(AuthConfig(enabled=True, key_file=str(tmp / "keys.txt"),
+                                    permissions_file=str(tmp / "permissions.json")))
+    auth.load()
+    return auth, mint(key.encode(), "bench", ttl_s=3600)
+
+
+async def bench(args: argparse.Namespace, edge: str, secure: bool = False
+                ) -> dict[str, object]:
+    token = ""
+    auth = None
+    if secure:
+        auth, token = _authenticator(Path(tempfile.mkdtemp(prefix="bench-auth-")))
+    app = create_api_app(_InstantService(), ApiConfig(), CollectorRegistry(),  # type: ignore[arg-type]
+                         auth=auth)
     runner_type = EdgeRunner if edge == "lean" else web.AppRunner
     runner = runner_type(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port)
     await site.start()
     env = dict(os.environ, SEQLOG_LOG="1", SEQLOG_SIZE=str(args.size),
-               SEQLOG_BATCH=str(args.batch), SEQLOG_PIPELINE=str(args.pipeline))
+               SEQLOG_BATCH=str(args.batch), SEQLOG_PIPELINE=str(args.pipeline),
+               SEQLOG_TOKEN=token)
     try:
         cpu0_s, t0_s = _cpu_s(), time.perf_counter()
         wrk = await asyncio.create_subprocess_exec(
@@ -89,7 +113,8 @@ async def bench(args: argparse.Namespace, edge: str) -> dict[str, object]:
     if wrk.returncode != 0 or not lines:
         raise SystemExit(json.dumps({"error": f"wrk failed: {out.decode()[-500:]}"}))
     requests = int(lines[0].split()[0])
-    return {"bench": "seqlog_http_edge", "edge": edge, "connections": args.connections,
+    return {"bench": "seqlog_http_edge", "edge": edge, "auth": secure,
+            "connections": args.connections,
             "size": args.size,
             "batch": args.batch, "pipeline": args.pipeline, "requests": requests,
             "requests_per_s": round(requests / elapsed_s),
@@ -107,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline", type=int, default=1,
                    help="requests each wrk connection writes back to back")
     p.add_argument("--edge", choices=("lean", "aiohttp", "both"), default="both")
+    p.add_argument("--auth", choices=("off", "on", "both"), default="off")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the runs (interleaved)")
     args = p.parse_args(argv)
     if shutil.which("wrk") is None:
         print(json.dumps({"error": "wrk is not installed (apt-get install wrk)"}))
@@ -114,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     edges = ("aiohttp", "lean") if args.edge == "both" else (args.edge,)
-    for edge in edges:
-        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            print(json.dumps(runner.run(bench(args, edge))), flush=True)
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.auth]
+    for _ in range(args.rounds):
+        for edge in edges:
+            for secure in modes:
+                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                    print(json.dumps(runner.run(bench(args, edge, secure))), flush=True)
     return 0
 
 

@@ -9,6 +9,9 @@ Self-contained on purpose (stdlib, msgpack and locust only) so that ``locust -f`
 any directory and in ``--processes`` workers. Settings are Locust custom arguments, each
 defaulting to a ``SEQLOG_LT_*`` environment variable; ``loadtests/run_locust.py`` drives it.
 
+With ``SEQLOG_TOKEN`` set, every request carries it as a bearer token (docs/SECURITY.md);
+401 and 403 answers are failures.
+
 Outcome accounting follows API.md: a 429 ``SEQNOBUFS`` is backpressure and is reported as a
 success under its own name (``append [429 backpressure]``) so that it never counts as a
 crash nor pollutes the append latency; 503s are failures ("nothing written"), 504/500 are
@@ -36,7 +39,10 @@ from locust.contrib.fasthttp import ResponseContextManager
 from locust.env import Environment
 
 MSGPACK = "application/msgpack"
-HEADERS = {"Content-Type": MSGPACK, "Accept": MSGPACK}
+AUTH_HEADERS = ({"Authorization": f"Bearer {os.environ['SEQLOG_TOKEN']}"}
+                if os.environ.get("SEQLOG_TOKEN") else {})
+"""A cluster with auth on (docs/SECURITY.md): every user sends ``SEQLOG_TOKEN``."""
+HEADERS = {"Content-Type": MSGPACK, "Accept": MSGPACK, **AUTH_HEADERS}
 SEQUENCER_HEADER = "X-Seqlog-Sequencer"
 FIND_TIME_PATH = "/v1/logs/{log_id}/find-time"
 DISCOVERY_TIMEOUT_S = 10.0
@@ -175,7 +181,8 @@ VIEW = ClusterView()
 
 
 def _get_json(url: str) -> Any:
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    request = urllib.request.Request(url, headers={"Accept": "application/json",
+                                                   **AUTH_HEADERS})
     with urllib.request.urlopen(request, timeout=DISCOVERY_TIMEOUT_S) as resp:
         return json.loads(resp.read())
 

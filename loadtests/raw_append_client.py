@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from urllib.parse import urlsplit
 
 import msgpack
@@ -47,8 +48,10 @@ def append_request(host: str, log_id: int, payloads: list[bytes]) -> bytes:
     else:
         path, body = f"/v1/logs/{log_id}/append-batch", {"payloads": payloads}
     packed: bytes = msgpack.packb(body, use_bin_type=True)
+    token = os.environ.get("SEQLOG_TOKEN")
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
     head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {wire.MSGPACK}\r\n"
-            f"Accept: {wire.MSGPACK}\r\nX-Seqlog-No-Forward: 1\r\n"
+            f"Accept: {wire.MSGPACK}\r\nX-Seqlog-No-Forward: 1\r\n{auth}"
             f"Content-Length: {len(packed)}\r\n\r\n")
     return head.encode("ascii") + packed
 

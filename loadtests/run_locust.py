@@ -34,7 +34,8 @@ from loadtests.locust_report import (
     write_run_report,
 )
 from services import local_cluster as lc
-from shared.config import FSYNC_MODES
+from services import token_cli
+from shared.config import FSYNC_MODES, AuthConfig
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 LOCUST_GRACE_S = 60.0
@@ -48,6 +49,8 @@ class Target:
     url: str
     cluster_pids: list[int]
     description: str
+    token: str | None = None
+    """Bearer token of a cluster with auth on: the users send it (``SEQLOG_TOKEN``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,7 +71,8 @@ def cluster(args: argparse.Namespace) -> Iterator[Target]:
         if state is None or not state.sequencer_urls:
             raise lc.LocalClusterError(f"no running cluster recorded in {args.dir}")
         yield Target(url=state.sequencer_urls[0], cluster_pids=[n.pid for n in state.nodes],
-                     description=f"local cluster in {args.dir}")
+                     description=f"local cluster in {args.dir}",
+                     token=token_cli.local_admin_token(Path(args.dir)))
         return
     with tempfile.TemporaryDirectory(prefix="seqlog-locust-") as tmp:
         root = Path(tmp)
@@ -76,6 +80,7 @@ def cluster(args: argparse.Namespace) -> Iterator[Target]:
             dir=root, storage_nodes=args.storage_nodes, sequencers=args.sequencers,
             replication=args.replication, fsync=args.fsync,
             base_port=lc.free_base_port(args.storage_nodes + args.sequencers),
+            auth=token_cli.write_local_auth(root) if args.auth else AuthConfig(),
         )
         state = lc.up(spec, ready_timeout_ms=60_000)
         try:
@@ -83,7 +88,8 @@ def cluster(args: argparse.Namespace) -> Iterator[Target]:
                 url=state.sequencer_urls[0], cluster_pids=[n.pid for n in state.nodes],
                 description=(f"new local cluster: {args.storage_nodes} storage, "
                              f"{args.sequencers} sequencers, R={args.replication}, "
-                             f"fsync={args.fsync}"))
+                             f"fsync={args.fsync}{', auth on' if args.auth else ''}"),
+                token=token_cli.local_admin_token(root) if args.auth else None)
         finally:
             lc.down(root)
 
@@ -101,8 +107,11 @@ def run_locust(target: Target, *, prefix: Path, users: int, spawn_rate: float,
         command += ["--processes", str(processes)]
     command += extra
     with open(f"{prefix}.log", "wb") as log:
+        env = dict(os.environ)
+        if target.token:
+            env["SEQLOG_TOKEN"] = target.token
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, env=env)
         watch = CpuWatch(process.pid, target.cluster_pids, warmup_s=CPU_WARMUP_S)
         watch.start()
         try:
@@ -190,6 +199,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--sequencers", type=int, default=2)
     where.add_argument("--replication", type=int, default=3)
     where.add_argument("--fsync", choices=list(FSYNC_MODES), default="always")
+    where.add_argument("--auth", action="store_true",
+                       help="a new local cluster with auth on; the users send its admin "
+                            "token (docs/SECURITY.md)")
     load = common.add_argument_group("load")
     load.add_argument("--report-dir", default="locust-report")
     load.add_argument("--processes", type=int, default=1, help="Locust worker processes")

@@ -35,6 +35,8 @@ wrk.method = "POST"
 wrk.body = body
 wrk.headers["Content-Type"] = "application/msgpack"
 wrk.headers["Accept"] = "application/msgpack"
+local token = os.getenv("SEQLOG_TOKEN")
+if token and token ~= "" then wrk.headers["Authorization"] = "Bearer " .. token end
 
 local requests
 function request()

@@ -210,10 +210,12 @@ class Connections:
     """One ``BinaryConnection`` per data address, opened on first use."""
 
     def __init__(self, *, cluster_fingerprint: str, connect_timeout_ms: int,
-                 timeout_ms: int, ssl: SSLContext | None = None) -> None:
+                 timeout_ms: int, ssl: SSLContext | None = None, token: str = "") -> None:
         self.cluster_fingerprint = cluster_fingerprint
         self._ssl = ssl
         """TLS to the data ports (the nodes' certificates checked against the client's CA)."""
+        self._token = token
+        """The bearer token sent in HELLO (docs/SECURITY.md); empty: none."""
         self._connect_timeout_s = connect_timeout_ms / 1000
         self._timeout_ms = timeout_ms
         self._node_id = client_id()
@@ -275,7 +277,8 @@ class Connections:
                     lambda: kind(self.counters, self._timeout_ms), host,
                     int(port_text), ssl=self._ssl)
                 conn.send(encode(Hello(node_id=self._node_id, protocol_version=PROTOCOL_VERSION,
-                                       cluster_fingerprint=self.cluster_fingerprint)))
+                                       cluster_fingerprint=self.cluster_fingerprint,
+                                       token=self._token)))
                 reply = await conn.hello_reply
         except (OSError, TimeoutError) as exc:
             if conn is not None:
@@ -289,6 +292,10 @@ class Connections:
             self.connected_once = True
             return conn
         conn.abort(Status.CONNFAILED)
+        if isinstance(reply, HelloReply) and reply.status in (Status.UNAUTHENTICATED,
+                                                              Status.RATE_LIMITED):
+            return LogError(reply.status, f"{address} ({reply.node_id}) refused our HELLO: "
+                                          f"{reply.status.description}")
         if isinstance(reply, HelloReply):
             return LogError(Status.PROTONOSUPPORT,
                             f"{address} ({reply.node_id}) refused our HELLO "

@@ -310,7 +310,7 @@ class BinaryAppends:
             except LogError as exc:
                 if exc.status is Status.PROTONOSUPPORT:
                     raise BinaryUnavailable(exc.message) from None
-                if exc.status is Status.SHUTDOWN:
+                if exc.status in (Status.SHUTDOWN, Status.UNAUTHENTICATED):
                     raise
                 failures.append(exc.message)
                 router.demote_node(node)

@@ -39,6 +39,8 @@ JSON = http_contract.JSON
 # 413/404 pages).
 _HTTP_FALLBACK: dict[int, Status] = {
     400: Status.BADMSG,
+    401: Status.UNAUTHENTICATED,
+    403: Status.ACCESS,
     404: Status.NOTFOUND,
     413: Status.TOOBIG,
     429: Status.SEQNOBUFS,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import ssl
 import time
@@ -56,10 +57,13 @@ from seqlog.routing import Router, normalize_url
 from shared.append_validation import check_key, check_producer
 from shared.compression import CODEC_NAMES, compress_whole, worth_compressing
 from shared.http_contract import (
+    AUTHORIZATION_HEADER,
+    BEARER_PREFIX,
     NO_FORWARD_HEADER,
     NOTHING_WRITTEN,
     OUTCOME_UNKNOWN,
     SEQUENCER_HEADER,
+    TOKEN_ENV,
     TRY_ELSEWHERE,
 )
 from shared.limits import FRAME_BYTES_MAX
@@ -105,6 +109,7 @@ class Client:
         redirects_max: int = 3,
         protocol: Literal["binary", "http"] = "binary",
         ca: str | None = None,
+        token: str | None = None,
     ) -> None:
         seeds = [urls] if isinstance(urls, str) else list(urls)
         if not seeds:
@@ -135,6 +140,11 @@ class Client:
         self._default_timeout = self._timeout(0)
         self._rng = random.Random()
         self._protocol = protocol
+        self._token = token or os.environ.get(TOKEN_ENV) or ""
+        """Bearer token (docs/SECURITY.md): the argument, else ``SEQLOG_TOKEN``."""
+        self._headers = ({**_HEADERS, AUTHORIZATION_HEADER: BEARER_PREFIX + self._token}
+                         if self._token else _HEADERS)
+        self._no_forward_headers = {**self._headers, NO_FORWARD_HEADER: "1"}
         self._binary: BinaryAppends | None = None
         self._binary_off = protocol == "http"
         """Set once appends go over HTTP for good: asked to, or the cluster does not offer the
@@ -144,6 +154,12 @@ class Client:
         """Payload bytes of the append-batches sent with ``compression``, plain ..."""
         self.batch_bytes_sent = 0
         """... and as sent (the blob when it shrank the batch): the compression ratio."""
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header of this client's token (empty without one), for
+        callers that make their own HTTP requests to the cluster."""
+        return {AUTHORIZATION_HEADER: BEARER_PREFIX + self._token} if self._token else {}
 
     async def __aenter__(self) -> Client:
         self._ensure_session()
@@ -325,7 +341,8 @@ class Client:
             router=self._router,
             connections=Connections(cluster_fingerprint=info.cluster_fingerprint,
                                     connect_timeout_ms=self._connect_timeout_ms,
-                                    timeout_ms=self._timeout_ms, ssl=self._ssl),
+                                    timeout_ms=self._timeout_ms, ssl=self._ssl,
+                                    token=self._token),
             retries_max=self._retries_max, redirects_max=self._redirects_max,
             backoff_ms=self._backoff_after_ms,
             refresh_cluster=self._refresh_cluster, http_fallback=self._http_fallback,
@@ -400,7 +417,7 @@ class Client:
             read_ahead_records_max=read_ahead_records_max,
             read_ahead_bytes_max=read_ahead_bytes_max, wait_ms=wait_ms,
             speculative_delay_ms=speculative_delay_ms, stall_timeout_ms=stall_timeout_ms,
-            ssl=self._ssl)
+            ssl=self._ssl, token=self._token)
 
     async def tail(self, log_id: int) -> TailResult:
         log = _check_log(log_id)
@@ -539,7 +556,7 @@ class Client:
         session = self._ensure_session()
         # Passing timeout=None would switch aiohttp's timeout off, so always pass one.
         timeout = self._timeout(extra_ms) if extra_ms else self._default_timeout
-        headers = {**_HEADERS, NO_FORWARD_HEADER: "1"} if no_forward else _HEADERS
+        headers = self._no_forward_headers if no_forward else self._headers
         failures: list[str] = []
         for url in self._router.candidates(log):
             try:

@@ -103,6 +103,7 @@ class LogReader:
         read_ahead_records_max: int = 10_000, read_ahead_bytes_max: int = 32 * 1024 * 1024,
         round_records_max: int = 1_000, wait_ms: int = 5_000, speculative_delay_ms: int = 20,
         stall_timeout_ms: int = 60_000, release_lsn: int = 0, ssl: SSLContext | None = None,
+        token: str = "",
     ) -> None:
         if not lsn_valid(from_lsn) or from_lsn < 1 or min(
                 read_ahead_records_max, read_ahead_bytes_max, round_records_max) < 1:
@@ -135,7 +136,7 @@ class LogReader:
         self._pool = PeerPool(
             node_id=NodeId(f"{CLIENT_ID_PREFIX}{os.urandom(6).hex()}"),
             cluster_fingerprint=cluster_fingerprint, config=TransportConfig(),
-            addresses=dict(addresses).get, client_ssl=ssl)
+            addresses=dict(addresses).get, client_ssl=ssl, token=token)
         self._task: asyncio.Task[None] | None = None
         # Readers start at different nodes, so that catch-up reads spread over the copies.
         nodes = list(dict.fromkeys(n for span in spans for n in span.nodeset))

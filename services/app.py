@@ -6,6 +6,8 @@ serves it: the lean HTTP edge (``services.http_edge``) in front of aiohttp."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Iterator
@@ -17,29 +19,34 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epoch_store import open_epoch_store
+from epoch_store.cluster_state import open_cluster_state
 from frontend.service import FrontEnd
 from gossip.core.failure_detector import NodeState
 from gossip.runtime import GossipRuntime
 from sequencer.core.recovery import Phase
 from sequencer.runtime import SequencerRuntime
 from services.console_api import add_console
-from services.http_api import create_api_app
+from services.http_api import SHARDS_KEY, create_api_app
 from services.http_edge import HTTPS_KEY, EdgeRunner
 from services.log_stats import logs_source
 from services.membership import ClusterChange, Membership
 from services.node_security import NodeSecurityCollector, node_security
 from services.ops_metrics import OpsCollector
+from shared import cluster_state as cs
 from shared.clock import SystemClock
 from shared.config import ClusterConfig, ProcessConfig
 from shared.net.node_auth import NodeSecurity
 from shared.net.pool import PeerPool
 from shared.net.server import start_server
 from shared.net.types import ReplyFn
+from shared.security.auth import Authenticator
+from shared.status import Status
 from shared.types import NodeId
 from shared.wire.append import Append, GetSequencerState
 from shared.wire.codec import Message
 from shared.wire.gossip import Gossip
 from storage_node.core.retention import BacklogTable
+from storage_node.rebuild_runtime import RebuildConfig, RebuildRuntime
 from storage_node.runtime import StorageNode
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,8 @@ MEMBERSHIP_KEY = web.AppKey("membership", Membership)
 """The node's live cluster configuration; ``services.node`` reloads it on SIGHUP."""
 SECURITY_KEY = web.AppKey("security", NodeSecurity)
 """The node's TLS contexts and cluster secrets; ``services.node`` reloads them on SIGHUP."""
+AUTH_KEY = web.AppKey("auth", Authenticator)
+"""The node's credentials (docs/SECURITY.md); ``services.node`` reloads them on SIGHUP."""
 
 DRAIN_TIMEOUT_S = 5.0
 
@@ -76,14 +85,20 @@ class _RoleCollector(Collector):
     """Exposes the roles' counters to Prometheus at scrape time."""
 
     def __init__(self, storage: StorageNode | None, sequencer: SequencerRuntime | None,
-                 pool: PeerPool, gossip: GossipRuntime) -> None:
+                 pool: PeerPool, gossip: GossipRuntime,
+                 rebuild: RebuildRuntime | None = None) -> None:
         self.storage, self.sequencer, self.pool = storage, sequencer, pool
         self.gossip = gossip
+        self.rebuild = rebuild
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         if self.storage is not None:
             for name, value in self.storage.stats().items():
                 yield GaugeMetricFamily(f"seqlog_storage_{name}", f"storage node {name}",
+                                        value=value)
+        if self.rebuild is not None:
+            for name, value in self.rebuild.metrics().items():
+                yield GaugeMetricFamily(f"seqlog_storage_{name}", f"rebuilding: {name}",
                                         value=value)
         if self.sequencer is not None:
             sequencers = self.sequencer.sequencers.values()
@@ -126,6 +141,22 @@ class _RoleCollector(Collector):
                                     value=getattr(counters, name))
 
 
+class _AuthCollector(Collector):
+    """Refused requests and credential reloads (docs/SECURITY.md), at scrape time."""
+
+    def __init__(self, auth: Authenticator) -> None:
+        self.auth = auth
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        helps = {"auth_unauthenticated": "client requests refused: missing or bad credentials",
+                 "auth_denied": "client requests refused: no permission (ACCESS)",
+                 "auth_rate_limited": "client requests or connections refused by a quota",
+                 "auth_reloads": "credential file loads", "auth_reload_failures":
+                 "credential file reloads refused (bad file; the previous one stays)"}
+        for name, value in self.auth.stats().items():
+            yield GaugeMetricFamily(f"seqlog_{name}", helps[name], value=value)
+
+
 def create_app(config: ProcessConfig, *, listen_host: str | None = None,
                drain_timeout_s: float = DRAIN_TIMEOUT_S) -> web.Application:
     """``listen_host``: where the node-to-node server binds, when not the node's advertised
@@ -140,6 +171,9 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
 
     membership = Membership(config)
     security = node_security(config.tls)
+    auth = Authenticator(config.auth)
+    # A node with auth on and unreadable key or permissions files does not start open.
+    auth.load()
 
     def address(node_id: NodeId) -> tuple[str, int] | None:
         node = membership.cluster.node(node_id)
@@ -154,6 +188,21 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     if "storage" in me.roles:
         storage = StorageNode(node_id=config.node_id, data_dir=config.data_dir,
                               config=config.storage, backlogs=BacklogTable.of(cluster))
+    rebuild = None
+    cluster_state = open_cluster_state(_epoch_store_url(config))
+    if storage is not None:
+        def storage_nodes() -> tuple[str, ...]:
+            return tuple(n.node_id for n in membership.cluster.nodes if "storage" in n.roles)
+
+        def request(node: NodeId, message: Message, callback: Any, timeout_ms: int) -> None:
+            pool.request(node, message, callback, timeout_ms=timeout_ms)
+
+        rebuild = RebuildRuntime(
+            node=storage, data_dir=config.data_dir, cluster_name=cluster.cluster_name,
+            state_store=cluster_state, storage_nodes=storage_nodes, request=request,
+            config=RebuildConfig(rate_bytes_per_s=config.storage.rebuild_rate_bytes_per_s,
+                                 poll_interval_ms=config.storage.rebuild_poll_interval_ms,
+                                 by_copyset=config.storage.rebuild_by_copyset))
     sequencer = None
     if "sequencer" in me.roles:
         sequencer = SequencerRuntime(
@@ -178,15 +227,24 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
 
     membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
-    registry.register(_RoleCollector(storage, sequencer, pool, gossip))
+    registry.register(_RoleCollector(storage, sequencer, pool, gossip, rebuild))
     registry.register(NodeSecurityCollector(security))
+    registry.register(_AuthCollector(auth))
     registry.register(OpsCollector(epoch_store, sequencer,
                                    str(config.data_dir) if storage is not None else None))
     app = create_api_app(service, config.api, registry,
-                         logs=logs_source(sequencer, SystemClock(), config.node_id))
+                         logs=logs_source(sequencer, SystemClock(), config.node_id),
+                         auth=auth, limits=config.limits)
     app[MEMBERSHIP_KEY] = membership
     app[SECURITY_KEY] = security
     app[HTTPS_KEY] = security.tls is not None
+    app[AUTH_KEY] = auth
+
+    async def shards() -> list[dict[str, Any]] | None:
+        status, state, _ = await cluster_state.read()
+        return cs.as_json(state) if status is Status.OK else None
+
+    app[SHARDS_KEY] = shards
     tls = security.tls
     add_console(app, service, registry,
                 peer_ssl=None if tls is None else lambda: tls.node_client)
@@ -197,13 +255,18 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     async def epoch_store_step(_: web.Application) -> AsyncIterator[None]:
         yield
         await epoch_store.close()
+        await cluster_state.close()
 
     async def storage_step(_: web.Application) -> AsyncIterator[None]:
         if storage is None:
             yield
             return
+        assert rebuild is not None
+        await rebuild.before_start()
         await storage.start()
+        await rebuild.after_start()
         yield
+        await rebuild.close()
         await storage.close()
 
     async def pool_step(_: web.Application) -> AsyncIterator[None]:
@@ -214,9 +277,20 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         server = await start_server(listen_host or me.host, me.data_port, node_id=config.node_id,
                                     cluster_fingerprint=fingerprint,
                                     handler=_Dispatcher(service, storage, gossip),
-                                    config=config.transport, security=security)
+                                    config=config.transport, security=security, auth=auth,
+                                    connections_max=config.limits.data_connections_max)
         yield
         await server.close()
+
+    async def auth_step(_: web.Application) -> AsyncIterator[None]:
+        if not auth.enabled:
+            yield
+            return
+        watcher = asyncio.get_running_loop().create_task(auth.watch())
+        yield
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
 
     async def gossip_step(_: web.Application) -> AsyncIterator[None]:
         await gossip.start()
@@ -250,7 +324,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         gossip.begin_failover()
 
     # Started in this order, stopped in the reverse one.
-    app.cleanup_ctx.extend((epoch_store_step, storage_step, pool_step, server_step,
+    app.cleanup_ctx.extend((epoch_store_step, auth_step, storage_step, pool_step, server_step,
                             gossip_step, front_end_step, sequencer_step, ready_step))
     return app
 

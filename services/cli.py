@@ -39,11 +39,12 @@ from epoch_store import read_log_state
 from seqlog import Client, LogError
 from seqlog.demo import run_demo
 from seqlog.results import ClusterInfo
-from services import cli_top, ingest_cli
+from services import cli_rebuild, cli_top, ingest_cli, token_cli
 from services import local_cluster as lc
 from services.cli_output import FORMATS, EntryWriter, iso_time, text_line
 from services.local_membership import add_node
-from shared.config import FSYNC_MODES
+from shared.config import FSYNC_MODES, AuthConfig
+from shared.http_contract import TOKEN_ENV
 from shared.status import Status
 from shared.types import LOG_ID_MAX, LOG_ID_MIN, LogId, format_lsn, parse_lsn
 
@@ -114,6 +115,9 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
                         help="CA file to verify the nodes' TLS certificates with (https and "
                              "the binary protocol; default: SEQLOG_CA, or the CA of a secure "
                              "--dir cluster)")
+    parser.add_argument("--token", default=None,
+                        help=f"bearer token (default: {TOKEN_ENV}, else the admin token of a "
+                             "local cluster's --dir when it has one)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--with-zookeeper", action="store_true",
                     help="start a local ZooKeeper server (data in DIR/zookeeper) and use it")
     up.add_argument("--fsync", choices=FSYNC_MODES, default="always")
+    up.add_argument("--auth", action="store_true",
+                    help="require bearer tokens: a signing key, a permissions file and an "
+                         "admin token are made in DIR/auth (docs/SECURITY.md)")
     up.add_argument("--log-backlog-ms", type=_non_negative, default=0,
                     help="retention of every log: storage nodes trim and delete records older "
                          "than this (0: keep forever)")
@@ -218,11 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "\"${fpath[1]}/_seqlog\"")
     completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
 
+    cli_rebuild.add_parsers(commands, _add_target)
+
     demo = commands.add_parser("demo", help="write, read back and check a small workload")
     _add_target(demo)
     demo.add_argument("--logs", type=_positive, default=3)
     demo.add_argument("--seed", type=int)
     ingest_cli.add_parser(commands)
+    token_cli.add_parser(commands)
     return parser
 
 
@@ -466,8 +476,16 @@ async def _demo(client: Client, args: argparse.Namespace) -> int:
 Handler = Callable[[Client, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
+def target_token(args: argparse.Namespace) -> str | None:
+    """``--token``, else ``SEQLOG_TOKEN``, else a local cluster's admin token."""
+    token: str | None = getattr(args, "token", None) or os.environ.get(TOKEN_ENV)
+    if token is None and getattr(args, "dir", None) is not None:
+        token = token_cli.local_admin_token(args.dir)
+    return token
+
+
 async def _with_client(urls: list[str], handler: Handler, args: argparse.Namespace) -> int:
-    async with Client(urls, ca=target_ca(args)) as client:
+    async with Client(urls, ca=target_ca(args), token=target_token(args)) as client:
         return await handler(client, args)
 
 
@@ -478,6 +496,9 @@ def _local(args: argparse.Namespace) -> int:
             replication=args.replication, base_port=args.base_port,
             epoch_store=args.epoch_store, fsync=args.fsync, with_zookeeper=args.with_zookeeper,
             log_backlog_ms=args.log_backlog_ms, secure=args.secure,
+            # --secure (TLS, docs/SECURITY.md) implies client authentication too.
+            auth=(token_cli.write_local_auth(args.dir.resolve())
+                  if args.auth or args.secure else AuthConfig()),
         )
         started_s = time.monotonic()
         state = lc.up(spec, ready_timeout_ms=args.ready_timeout_ms)
@@ -545,10 +566,16 @@ def run(args: argparse.Namespace) -> int:
         return _epochs(args)
     if args.command == "ingest":
         return ingest_cli.run(args, DEFAULT_URL)
+    if args.command == "token":
+        return token_cli.run(args)
     if args.command == "completion":
         sys.stdout.write(shtab.complete(build_parser(), shell=args.shell))
         return 0
+    if args.command == "node":
+        return cli_rebuild.run(args, [])
     urls = target_urls(args)
+    if args.command == "rebuild":
+        return cli_rebuild.run(args, urls)
     if args.command == "append":
         if not args.payloads:
             return asyncio.run(_with_client(urls, _append_stdin, args))

@@ -149,7 +149,8 @@ async def run_top(client: Client, *, interval_ms: int, iterations: int | None, r
     # The client's TLS (docs/SECURITY.md) for the nodes' own pages too.
     context = client.ssl_context
     connector = aiohttp.TCPConnector(ssl=context if context is not None else True)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                     headers=client.auth_headers) as session:
         live = Live(console=console, auto_refresh=False) if console.is_terminal else None
         if live is not None:
             live.start()

@@ -133,18 +133,24 @@ class _Peers:
         assert isinstance(session, aiohttp.ClientSession)
         return session
 
-    async def get(self, node: NodeOut, path: str) -> Any:
+    async def get(self, node: NodeOut, path: str, authorization: str | None = None) -> Any:
+        """``authorization``: the console request's own credentials (docs/SECURITY.md),
+        passed on so that a node with auth on answers its peers' consoles."""
+        headers = {"Accept": "application/json"}
+        if authorization is not None:
+            headers["Authorization"] = authorization
         scheme, context = ("http", None) if self.peer_ssl is None else ("https", self.peer_ssl())
         async with self.session().get(f"{scheme}://{node.http}{path}", ssl=context or True,
-                                      headers={"Accept": "application/json"}) as answer:
+                                      headers=headers) as answer:
             answer.raise_for_status()
             return await answer.json()
 
-    async def node_logs(self, node: NodeOut) -> list[dict[str, Any]]:
+    async def node_logs(self, node: NodeOut, authorization: str | None = None
+                        ) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         after = 0
         for _ in range(_NODE_PAGES_MAX):
-            page = await self.get(node, f"/v1/logs?after={after}&limit=10000")
+            page = await self.get(node, f"/v1/logs?after={after}&limit=10000", authorization)
             for row in page["logs"]:
                 row["sequencer"] = node.node_id
             rows.extend(page["logs"])
@@ -194,8 +200,9 @@ def add_console(app: web.Application, service: LogService, registry: CollectorRe
 
     async def on_cluster_stats(request: web.Request) -> web.StreamResponse:
         nodes = others()
-        answers = await asyncio.gather(*(peers.get(n, "/ui/api/stats") for n in nodes),
-                                       return_exceptions=True)
+        authorization = request.headers.get("Authorization")
+        answers = await asyncio.gather(*(peers.get(n, "/ui/api/stats", authorization)
+                                         for n in nodes), return_exceptions=True)
         good = [a for a in answers if isinstance(a, dict)]
         doc = sum_stats(good)
         doc["unreachable"] = [n.node_id for n, a in zip(nodes, answers, strict=True)
@@ -205,7 +212,8 @@ def add_console(app: web.Application, service: LogService, registry: CollectorRe
 
     async def on_logs(request: web.Request) -> web.StreamResponse:
         nodes = others("sequencer")
-        answers = await asyncio.gather(*(peers.node_logs(n) for n in nodes),
+        authorization = request.headers.get("Authorization")
+        answers = await asyncio.gather(*(peers.node_logs(n, authorization) for n in nodes),
                                        return_exceptions=True)
         merged: dict[int, dict[str, Any]] = {}
         unreachable = []

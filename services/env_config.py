@@ -26,7 +26,11 @@ Variables (``SEQLOG_`` prefix):
 ``EPOCH_STORE``           ``zk://host:port[,host:port]/root`` or ``file`` (default ``file``)
 ``EPOCH_STORE_DIR``       directory of the ``file`` epoch store
 ``SETTINGS_FILE``         JSON with the sections ``cluster`` (without ``nodes``),
-                          ``sequencer``, ``storage``, ``api``, ``transport``, ``gossip``
+                          ``sequencer``, ``storage``, ``api``, ``transport``, ``gossip``,
+                          ``auth``, ``limits``
+``AUTH_KEY_FILE``         token signing keys (``auth.key_file``; a mounted Secret): set, it
+                          turns client authentication on (docs/SECURITY.md)
+``AUTH_PERMISSIONS_FILE`` principals and revoked tokens (``auth.permissions_file``)
 ``CONNECT_TO``            ``host:port=addr:port[|addr:port],...``: connect to ``addr:port``
                           whenever a peer or ZooKeeper server is named ``host:port`` (for
                           running without cluster DNS; empty in Kubernetes)
@@ -62,7 +66,8 @@ SHUTDOWN_TIMEOUT_MS_MIN = 1_000
 SHUTDOWN_TIMEOUT_MS_MAX = 600_000
 REPLICAS_MAX = 1_000
 SETTINGS_FILE_BYTES_MAX = 1024 * 1024
-SETTINGS_SECTIONS = ("cluster", "sequencer", "storage", "api", "transport", "gossip", "tls")
+SETTINGS_SECTIONS = ("cluster", "sequencer", "storage", "api", "transport", "gossip", "tls",
+                     "auth", "limits")
 TLS_VARIABLES = {"TLS_CERT_FILE": "cert_file", "TLS_KEY_FILE": "key_file",
                  "TLS_CA_FILE": "ca_file", "CLUSTER_SECRET_FILE": "cluster_secret_file"}
 # Set by the node's environment, never by the shared settings file: one file serves all nodes.
@@ -121,8 +126,16 @@ def config_from_env(env: Mapping[str, str]) -> EnvNodeConfig:
     elif not env.get(PREFIX + "EPOCH_STORE_DIR", "").strip():
         raise EnvConfigError(f"{PREFIX}EPOCH_STORE=file needs {PREFIX}EPOCH_STORE_DIR "
                              "(in Kubernetes use zk://...)")
+    auth = dict(settings.get("auth", {}))
+    for variable, key in (("AUTH_KEY_FILE", "key_file"),
+                          ("AUTH_PERMISSIONS_FILE", "permissions_file")):
+        path = env.get(PREFIX + variable, "").strip()
+        if path:
+            auth[key] = path
+            auth.setdefault("enabled", True)
     data: dict[str, Any] = {
         **{k: v for k, v in settings.items() if k != "cluster"},
+        "auth": auth,
         "node_id": node_id,
         "data_dir": _required(env, "DATA_DIR"),
         "epoch_store": epoch_store,

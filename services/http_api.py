@@ -22,13 +22,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from aiohttp import ClientPayloadError, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from frontend.outcomes import AppendOutcome, LogService, ReadOutcome, TailOutcome
+from services.http_auth import authorize
 from services.http_parse import (
     AppendRequest,
     Rejection,
@@ -47,15 +48,20 @@ from services.http_parse import (
 from services.log_stats import LOGS_PAGE_DEFAULT, LOGS_PAGE_MAX, LogsSource
 from services.metrics import UNMATCHED_ROUTE, HttpMetrics
 from services.openapi import build_openapi
-from shared.config import ApiConfig
+from shared.config import ApiConfig, LimitsConfig
 from shared.http_contract import (
+    AUTHORIZATION_HEADER,
+    BEARER_PREFIX,
     NO_FORWARD_HEADER,
     NO_FORWARD_QUERY,
     SEQUENCER_HEADER,
+    WWW_AUTHENTICATE_HEADER,
     MediaType,
     http_code,
     wants_retry_after,
 )
+from shared.security.auth import Authenticator, Denied, Identity
+from shared.security.quotas import retry_after_header_s
 from shared.status import Status
 from shared.types import LOG_ID_MAX, LogId, Lsn, NodeId, format_lsn
 from shared.wire.hello import PROTOCOL_VERSION
@@ -82,9 +88,21 @@ class Edge:
     body_read_timeout_ms: int
     logs: LogsSource | None = None
     """``GET /v1/logs`` (``services.log_stats``); None: an empty list."""
+    auth: Authenticator | None = None
+    """Client authentication and quotas (docs/SECURITY.md); None or disabled: open."""
+    limits: LimitsConfig = LimitsConfig()
+    """Connection bounds and the request head deadline of the lean edge."""
+    handed: dict[object, list[float]] = field(default_factory=dict)
+    """Connections the lean edge handed to aiohttp, by transport: [last activity (loop
+    time), requests in progress]; the middleware keeps it, the edge's sweep closes those
+    that stall (docs/SECURITY.md)."""
 
 
 SERVICE_KEY = web.AppKey[LogService]("log_service")
+SHARDS_KEY = web.AppKey[Callable[[], Awaitable[list[dict[str, Any]] | None]]]("shards")
+"""The cluster's storage shards (``shared.cluster_state``), read from the epoch store."""
+IDENTITY_KEY = "seqlog_identity"
+"""Request key: the ``Identity`` an authenticated request runs as."""
 EDGE_KEY = web.AppKey("http_edge", Edge)
 """The edge settings and metrics of an API app, which the lean edge (``services.http_edge``)
 shares."""
@@ -137,6 +155,30 @@ def _error(
     if wants_retry_after(status):
         response.headers["Retry-After"] = str(request.app[EDGE_KEY].api.retry_after_s)
     return response
+
+
+def denied_response(request: web.Request, denied: Denied) -> web.Response:
+    """401, 403 or 429 for a request refused by ``services.http_auth`` or a quota."""
+    response = _error(request, denied.status, denied.message)
+    if denied.status is Status.UNAUTHENTICATED:
+        response.headers[WWW_AUTHENTICATE_HEADER] = BEARER_PREFIX.strip()
+    if denied.retry_after_s > 0:
+        response.headers["Retry-After"] = str(retry_after_header_s(denied.retry_after_s))
+    if request.can_read_body and not request.content.is_eof():
+        # The body is unread and stays so: the connection cannot carry another request.
+        response.force_close()
+    return response
+
+
+def _quota_denied(request: web.Request, append: AppendRequest) -> web.Response | None:
+    """RATE_LIMITED (429, nothing written) when the principal's append quota is used up."""
+    identity: Identity | None = request.get(IDENTITY_KEY)
+    auth = request.app[EDGE_KEY].auth
+    if identity is None or auth is None:
+        return None
+    records = append.records if append.compression else len(append.payloads)
+    denied = auth.admit_append(identity, records, sum(len(p) for p in append.payloads))
+    return None if denied is None else denied_response(request, denied)
 
 
 def _rejected(request: web.Request, rejection: Rejection) -> web.Response:
@@ -251,6 +293,9 @@ async def on_append(request: web.Request) -> web.StreamResponse:
     no_forward = _no_forward(request)
     if isinstance(no_forward, Rejection):
         return _rejected(request, no_forward)
+    limited = _quota_denied(request, append)
+    if limited is not None:
+        return limited
     outcome = await _run_append(request, log_id, append, no_forward)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
@@ -269,6 +314,9 @@ async def on_append_batch(request: web.Request) -> web.StreamResponse:
     no_forward = _no_forward(request)
     if isinstance(no_forward, Rejection):
         return _rejected(request, no_forward)
+    limited = _quota_denied(request, append)
+    if limited is not None:
+        return limited
     outcome = await _run_append(request, log_id, append, no_forward)
     if outcome.status is not Status.OK:
         return _append_failed(request, outcome)
@@ -391,9 +439,16 @@ async def on_cluster(request: web.Request) -> web.StreamResponse:
         for n in service.cluster_nodes()
     ]
     # What a binary client's HELLO must carry (docs/PROTOCOL.md).
-    return _answer(request, {"cluster": service.cluster_name, "nodes": nodes,
-                             "cluster_fingerprint": service.cluster_fingerprint,
-                             "protocol_version": PROTOCOL_VERSION})
+    answer: dict[str, Any] = {"cluster": service.cluster_name, "nodes": nodes,
+                              "cluster_fingerprint": service.cluster_fingerprint,
+                              "protocol_version": PROTOCOL_VERSION}
+    shards = request.app.get(SHARDS_KEY)
+    if shards is not None:
+        # Disk generations and rebuilding/drain state; absent when the store is unreadable.
+        found = await shards()
+        if found is not None:
+            answer["shards"] = found
+    return _answer(request, answer)
 
 
 def _query_int(request: web.Request, name: str, default: int, low: int, high: int
@@ -472,8 +527,22 @@ async def _edge_middleware(request: web.Request, handler: Handler) -> web.Stream
     started_s = time.perf_counter()
     code = 500
     metrics.in_flight += 1
+    handed = edge.handed.get(request.transport) if edge.handed else None
+    if handed is not None:
+        handed[1] += 1
     try:
         try:
+            auth = edge.auth
+            checked = None if auth is None else authorize(
+                auth, request.path, request.match_info.route.resource.canonical
+                if request.match_info.route.resource is not None else None,
+                request.match_info.get("log_id"), request.headers.get(AUTHORIZATION_HEADER))
+            if isinstance(checked, Denied):
+                refused = denied_response(request, checked)
+                code = refused.status
+                return refused
+            if checked is not None:
+                request[IDENTITY_KEY] = checked
             response = await handler(request)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -496,6 +565,9 @@ async def _edge_middleware(request: web.Request, handler: Handler) -> web.Stream
         return response
     finally:
         metrics.in_flight -= 1
+        if handed is not None:
+            handed[1] -= 1
+            handed[0] = asyncio.get_running_loop().time()
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else UNMATCHED_ROUTE
         metrics.observe(route, request.method, code,
@@ -509,6 +581,8 @@ def create_api_app(
     *,
     body_read_timeout_ms: int = BODY_READ_TIMEOUT_MS_DEFAULT,
     logs: LogsSource | None = None,
+    auth: Authenticator | None = None,
+    limits: LimitsConfig | None = None,
 ) -> web.Application:
     """The API app over ``service``; registers its HTTP metrics in ``registry`` (so one
     registry serves one app)."""
@@ -522,9 +596,12 @@ def create_api_app(
         api=api,
         registry=registry,
         metrics=HttpMetrics(registry),
-        openapi_json=encode_body(build_openapi(api), "application/json"),
+        openapi_json=encode_body(build_openapi(
+            api, auth.config if auth is not None else None), "application/json"),
         body_read_timeout_ms=body_read_timeout_ms,
         logs=logs,
+        auth=auth if auth is not None and auth.enabled else None,
+        limits=limits or LimitsConfig(),
     )
     app.router.add_post("/v1/logs/{log_id}/append", on_append)
     app.router.add_post("/v1/logs/{log_id}/append-batch", on_append_batch)

@@ -56,6 +56,7 @@ from services.http_api import (
     reused_pair,
     tail_doc,
 )
+from services.http_auth import LOG_ROUTE_ACTIONS
 from services.http_parse import (
     NO_FORWARD_VALUES,
     AppendRequest,
@@ -71,7 +72,9 @@ from services.http_parse import (
     parse_read_query,
 )
 from services.metrics import UNMATCHED_ROUTE
+from shared.config import LimitsConfig
 from shared.http_contract import (
+    BEARER_PREFIX,
     MSGPACK,
     NO_FORWARD_QUERY,
     SEQUENCER_HEADER,
@@ -79,6 +82,8 @@ from shared.http_contract import (
     http_code,
     wants_retry_after,
 )
+from shared.security.auth import Authenticator, Denied, Identity, bearer_token
+from shared.security.quotas import retry_after_header_s
 from shared.status import Status
 from shared.types import LogId
 
@@ -92,6 +97,16 @@ PIPELINED_MAX = 256
 KEEPALIVE_TIMEOUT_S = 75.0
 """An idle keep-alive connection is closed after this long (aiohttp's default)."""
 SWEEP_INTERVAL_S = 5.0
+REFUSING_MAX = 256
+"""Connections over the bound that are being answered 503 (each lives until its request
+head arrives or the head deadline); past it new ones are reset at once."""
+FRESH_GRACE_S = 0.5
+"""A new connection is not evicted for a newer one before this (its client is sending its
+request): a reconnecting flood cannot cycle a client's connection out before it is served."""
+_FULL = "the node is at its connection limit; nothing written, retry"
+EVICT_GRACE_S = 1.0
+"""A connection handed to aiohttp is evicted for a new one only after this long without a
+request in progress (a client between two requests keeps it)."""
 ANCHOR_BYTES_MAX = 1024 * 1024
 """Raw bytes kept since the last known request boundary, for a handover to aiohttp."""
 CLIENT_CLOSED_CODE = 499
@@ -108,10 +123,11 @@ _HOT_ROUTES: dict[tuple[bytes, bytes], str] = {
     (b"GET", b"tail"): ROUTE_TAIL,
 }
 _LOGS_PREFIX = b"/v1/logs/"
-_OTHER, _CONTENT_TYPE, _ACCEPT, _NO_FORWARD, _CONTENT_LENGTH, _EXPECT = range(6)
+_OTHER, _CONTENT_TYPE, _ACCEPT, _NO_FORWARD, _CONTENT_LENGTH, _EXPECT, _AUTHORIZATION = range(7)
 _HEADER_KINDS: dict[bytes, int] = {
     b"content-type": _CONTENT_TYPE, b"accept": _ACCEPT, b"x-seqlog-no-forward": _NO_FORWARD,
-    b"content-length": _CONTENT_LENGTH, b"expect": _EXPECT, b"host": _OTHER,
+    b"content-length": _CONTENT_LENGTH, b"expect": _EXPECT, b"authorization": _AUTHORIZATION,
+    b"host": _OTHER,
     b"user-agent": _OTHER, b"connection": _OTHER, b"accept-encoding": _OTHER,
 }
 """What ``on_header`` keeps, by lower-cased name; the usual spellings are added below, so
@@ -122,12 +138,14 @@ _METHOD_NAMES = {b"GET": "GET", b"POST": "POST"}
 _NO_FORWARD_BYTES: dict[bytes, bool] = {
     value.encode(): flag for value, flag in NO_FORWARD_VALUES.items()}
 _REASONS: dict[int, bytes] = {
-    200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 404: b"Not Found",
+    200: b"OK", 307: b"Temporary Redirect", 400: b"Bad Request", 401: b"Unauthorized",
+    403: b"Forbidden", 404: b"Not Found",
     409: b"Conflict", 413: b"Payload Too Large", 429: b"Too Many Requests",
     500: b"Internal Server Error",
     503: b"Service Unavailable", 504: b"Gateway Timeout",
 }
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_WWW_AUTHENTICATE = b"WWW-Authenticate: %s\r\n" % BEARER_PREFIX.strip().encode()
 
 
 class AppendNowait(Protocol):
@@ -246,6 +264,8 @@ def _message_end(raw: bytes, count: int) -> int:
 
 
 ROUTES_CACHED_MAX = 4096
+PERMITTED_CACHED_MAX = 1024
+"""(route, log) pairs a connection remembers as allowed for its identity."""
 _routes_cache: dict[tuple[bytes, bytes], tuple[str | None, LogId | Rejection]] = {}
 """``_route_of`` answers by (method, path): clients send to the same few logs over and over."""
 
@@ -316,14 +336,23 @@ class _Request:
                             time.perf_counter() - self.started_s)
 
     def error(self, status: Status, message: str = "", *, code: int | None = None,
-              headers: bytes = b"") -> None:
+              headers: bytes = b"", retry_after_s: int | None = None) -> None:
         if wants_retry_after(status):
-            headers += b"Retry-After: %d\r\n" % self.conn.edge.api.retry_after_s
+            headers += b"Retry-After: %d\r\n" % (
+                self.conn.edge.api.retry_after_s if retry_after_s is None else retry_after_s)
         self.answer(code or http_code(status),
                     {"status": status.name, "message": message or status.description}, headers)
 
     def rejected(self, rejection: Rejection) -> None:
         self.error(rejection.status, rejection.message)
+
+    def denied(self, denied: Denied) -> None:
+        """401, 403 or 429 (``services.http_auth``, quotas): nothing was done."""
+        self.error(denied.status, denied.message,
+                   headers=_WWW_AUTHENTICATE if denied.status is Status.UNAUTHENTICATED
+                   else b"",
+                   retry_after_s=retry_after_header_s(denied.retry_after_s)
+                   if denied.retry_after_s > 0 else None)
 
     def internal(self) -> None:
         logger.exception("unhandled error answering %s %s", self.method,
@@ -423,12 +452,16 @@ class _Connection(asyncio.Protocol):
     """One client connection on the lean path (httptools parser callbacks are methods)."""
 
     # Slots: the parser callbacks set a dozen attributes per request.
-    __slots__ = ("_accept", "_body", "_body_bytes", "_chunks", "_chunks_bytes", "_closing",
-                 "_completed", "_content_length", "_content_type", "_expect", "_feeding",
+    __slots__ = ("_accept", "_auth_header", "_auth_token", "_body", "_body_bytes", "_chunks",
+                 "_chunks_bytes", "_closing",
+                 "_completed", "_content_length", "_content_type", "_counted", "_expect",
+                 "_feeding",
                  "_flush_scheduled", "_handover", "_head_bytes", "_headers_count",
-                 "_in_message", "_keep_alive", "_log_id", "_method", "_no_forward",
+                 "_identity", "_in_message", "_keep_alive", "_log_id", "_method",
+                 "_no_forward", "_permitted",
                  "_read_paused", "_route", "_started_s", "_timer", "_url", "_write_paused",
-                 "edge", "idle_since_s", "lost", "parser", "queue", "tasks", "transport")
+                 "edge", "fresh", "idle_since_s", "lost", "opened_s", "parser", "peer_ip",
+                 "queue", "refusing", "tasks", "transport")
 
     def __init__(self, edge: EdgeServer) -> None:
         self.edge = edge
@@ -469,6 +502,21 @@ class _Connection(asyncio.Protocol):
         self._body_bytes = 0
         self._keep_alive = True
         self._started_s = 0.0
+        # Credentials (docs/SECURITY.md): the last token seen on this connection and whom it
+        # authenticated, so that a token is checked once per connection, not per request.
+        self._auth_header: bytes | None = None
+        self._auth_token: bytes | None = None
+        self._identity: Identity | None = None
+        self._counted = False
+        """The connection counts under ``_identity``'s principal."""
+        self._permitted: set[tuple[str, int]] = set()
+        """(route, log id) pairs ``_identity`` was allowed on this connection."""
+        self.fresh = True
+        """No request completed yet: the first one evicted when the node is full."""
+        self.opened_s = 0.0
+        self.peer_ip = ""
+        self.refusing = False
+        """Over ``http_connections_max`` with nothing to evict: its request gets 503."""
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
 
@@ -478,22 +526,49 @@ class _Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.idle_since_s = self.edge.loop.time()
-        self.edge.track(self)
+        edge = self.edge
+        self.idle_since_s = self.opened_s = edge.loop.time()
+        peer = transport.get_extra_info("peername")
+        self.peer_ip = peer[0] if isinstance(peer, tuple) and peer else ""
+        if (edge.ip_counts.get(self.peer_ip, 0) >= edge.limits.http_connections_per_ip_max
+                or (edge.connections_count >= edge.limits.http_connections_max
+                    and not edge.evict())):
+            if edge.refusing_count >= REFUSING_MAX:
+                self._closing = True
+                self.transport.abort()
+                return
+            # Full, and nothing may be evicted: this connection's request is answered 503
+            # OVERLOADED (nothing written; clients retry after Retry-After) and it closes.
+            self.refusing = True
+            edge.refusing_count += 1
+            self._timer = edge.loop.call_later(edge.head_timeout_s, self._timed_out)
+            return
+        edge.track(self)
+        # The first request's head must arrive in time (a slowloris client holds nothing).
+        self._timer = edge.loop.call_later(edge.head_timeout_s, self._timed_out)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.refusing:
+            self.refusing = False
+            self.edge.refusing_count -= 1
         if self._in_message and self._route is not None and self._handover is None:
             # The client gave up in the middle of a request: counted as what it is.
             self.edge.metrics.observe(self._route, _METHOD_NAMES.get(self._method, "OTHER"),
                                       CLIENT_CLOSED_CODE, time.perf_counter() - self._started_s)
         self._closing = True
         self.edge.forget(self)
+        self._uncount()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         for task in self.tasks:
             task.cancel()
+
+    def _uncount(self) -> None:
+        if self._counted and self._identity is not None and self.edge.auth is not None:
+            self._counted = False
+            self.edge.auth.connection_closed(self._identity)
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -544,8 +619,10 @@ class _Connection(asyncio.Protocol):
             self._chunks_bytes = len(raw) - end
             self._completed = 0
         if self._timer is None:
-            self._timer = self.edge.loop.call_later(self.edge.body_read_timeout_s,
-                                                    self._timed_out)
+            edge = self.edge
+            self._timer = edge.loop.call_later(
+                edge.head_timeout_s if self._route is None else edge.body_read_timeout_s,
+                self._timed_out)
 
     def eof_received(self) -> bool | None:
         # A half-closed client still gets its answers; the connection closes after them.
@@ -565,6 +642,7 @@ class _Connection(asyncio.Protocol):
         self._route = None
         self._content_type = self._accept = None
         self._no_forward = None
+        self._auth_header = None
         self._expect = False
         self._content_length = None
         self._body = []
@@ -587,6 +665,9 @@ class _Connection(asyncio.Protocol):
             if len(_routes_cache) < ROUTES_CACHED_MAX:
                 _routes_cache[key] = found
         route, log_id = found
+        if route is None and self.refusing:
+            self._refuse(Status.OVERLOADED, _FULL)
+            raise _Stop
         if route is None:
             self._hand_over()
         self._route = route
@@ -611,6 +692,8 @@ class _Connection(asyncio.Protocol):
             self._accept = value
         elif kind == _NO_FORWARD:
             self._no_forward = value
+        elif kind == _AUTHORIZATION:
+            self._auth_header = value
         elif kind == _CONTENT_LENGTH:
             # llhttp has checked the digits; an absurd length is refused like any too big one.
             self._content_length = int(value) if len(value) <= 20 and value.isdigit() else 2**64
@@ -623,6 +706,12 @@ class _Connection(asyncio.Protocol):
         if self.parser.should_upgrade():
             self._hand_over()
         self._keep_alive = self.parser.should_keep_alive()
+        timer = self._timer
+        if timer is not None:
+            # The head is in: the body gets its own (longer) deadline.
+            timer.cancel()
+            self._timer = self.edge.loop.call_later(self.edge.body_read_timeout_s,
+                                                    self._timed_out)
         cap = self.edge.api.request_bytes_max
         if self._content_length is not None and self._content_length > cap:
             self._refuse(Status.TOOBIG, f"request body over request_bytes_max={cap}",
@@ -644,6 +733,9 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         self._in_message = False
         self._completed += 1
+        if self.fresh:
+            self.fresh = False
+            self.edge.fresh.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -654,7 +746,8 @@ class _Connection(asyncio.Protocol):
                  or _answer_media(accept, content_type))
         method = self._method
         request = _Request(self, route, _METHOD_NAMES.get(method) or method.decode("ascii"),
-                           media, self._url, self._started_s, not self._keep_alive)
+                           media, self._url, self._started_s,
+                           not self._keep_alive or self.refusing)
         self.edge.metrics.in_flight += 1
         self.queue.append(request)
         try:
@@ -670,8 +763,53 @@ class _Connection(asyncio.Protocol):
 
     # ---- requests --------------------------------------------------------------------------
 
+    def _authorize(self, request: _Request) -> Identity | None:
+        """Who the request runs as, or None once it is refused (401, 403, 429)."""
+        auth = self.edge.auth
+        assert auth is not None
+        header = self._auth_header
+        identity = self._identity
+        if (header is None or header != self._auth_token or identity is None
+                or identity.generation != auth.generation
+                or identity.expires_s <= auth.now_s()):
+            found = auth.authenticate(bearer_token(_text(header)))
+            if isinstance(found, Denied):
+                request.denied(found)
+                return None
+            if identity is None or found.principal != identity.principal:
+                self._uncount()
+                self._identity = found
+                denied = auth.connection_opened(found)
+                if denied is not None:
+                    self._identity = None
+                    request.denied(denied)
+                    self._closing = True
+                    return None
+                self._counted = True
+            self._identity = identity = found
+            self._auth_token = header
+            self._permitted = set()
+        log_id = self._log_id
+        if not isinstance(log_id, Rejection):
+            # A connection writes and reads the same few logs: each (route, log) is checked
+            # once per identity (keyed by the route's string: an Enum's hash is Python code).
+            key = (request.route, log_id)
+            if key not in self._permitted:
+                denied = auth.permit(identity, LOG_ROUTE_ACTIONS[request.route], log_id)
+                if denied is not None:
+                    request.denied(denied)
+                    return None
+                if len(self._permitted) < PERMITTED_CACHED_MAX:
+                    self._permitted.add(key)
+        return identity
+
     def _dispatch(self, request: _Request) -> None:
         edge = self.edge
+        if self.refusing:
+            request.error(Status.OVERLOADED, _FULL)
+            return
+        if edge.auth is not None and self._authorize(request) is None:
+            return
         log_id = self._log_id
         if isinstance(log_id, Rejection):
             request.rejected(log_id)
@@ -726,6 +864,13 @@ class _Connection(asyncio.Protocol):
                 return
             no_forward = parsed
         request.count = append.records if append.compression else len(append.payloads)
+        auth = self.edge.auth
+        if auth is not None and self._identity is not None and self._identity.metered:
+            limited = auth.admit_append(self._identity, request.count,
+                                        sum(len(p) for p in append.payloads))
+            if limited is not None:
+                request.denied(limited)
+                return
         local = self.edge.append_local
         if local is not None and not append.compression:
             local(log_id, append.payloads, append.key, producer=producer,
@@ -835,7 +980,17 @@ class _Connection(asyncio.Protocol):
 
     def _timed_out(self) -> None:
         self._timer = None
-        if self._closing or self._handover is not None or not self._in_message:
+        if self._closing or self._handover is not None:
+            return
+        if not self._in_message:
+            if self.fresh and not self.queue and self.transport is not None:
+                # Connected and sent nothing within the head deadline.
+                self._closing = True
+                self.transport.close()
+            return
+        if self._route is None:
+            self._refuse(Status.BADMSG, f"request head not received within "
+                         f"{self.edge.head_timeout_s * 1000:.0f} ms", code=400)
             return
         self._refuse(Status.BADMSG, f"request body not received within "
                      f"{self.edge.body_read_timeout_s * 1000:.0f} ms", code=400,
@@ -859,8 +1014,11 @@ class _Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         self.edge.forget(self)
+        # aiohttp's connections are not counted per principal.
+        self._uncount()
         self._closing = True
         handler = self.edge.inner()
+        self.edge.hand_over(transport, self.peer_ip)
         transport.set_protocol(handler)
         handler.connection_made(transport)
         transport.resume_reading()
@@ -944,6 +1102,12 @@ class EdgeServer(web.Server):
         self.api = edge.api
         self.metrics = edge.metrics
         self.body_read_timeout_s = edge.body_read_timeout_ms / 1000
+        self.auth: Authenticator | None = edge.auth
+        self.limits: LimitsConfig = edge.limits
+        self.head_timeout_s = min(self.limits.request_head_timeout_ms / 1000,
+                                  self.body_read_timeout_s)
+        """The request line and headers must arrive within this (never later than the body
+        deadline would allow)."""
         nowait = getattr(self.service, "append_nowait", None)
         self.append_nowait: AppendNowait = (
             nowait if nowait is not None else _task_append(self.service))
@@ -957,6 +1121,25 @@ class EdgeServer(web.Server):
         self.packer = msgpack.Packer(use_bin_type=True)
         """Answers' msgpack encoder (one loop, one thread: ``pack`` is not re-entered)."""
         self.lean_connections: set[_Connection] = set()
+        self.handed = edge.handed
+        """Connections handed to aiohttp: [last activity, requests in progress]."""
+        self.fresh: dict[_Connection, None] = {}
+        """Lean connections that have not completed a request yet, oldest first."""
+        self.refusing_count = 0
+        inner_lost = inner.connection_lost
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            # aiohttp tells its server when a connection closes, before it lets go of the
+            # transport: a handed-over connection stops counting at once.
+            transport = handler.transport
+            if transport is not None and transport in self.handed:
+                self.drop_handed(transport)
+            inner_lost(handler, exc)
+
+        inner.connection_lost = connection_lost  # type: ignore[method-assign]
+        self.ip_counts: dict[str, int] = {}
+        self.handed_ips: dict[object, str] = {}
+        """Lean connections by client address (``LimitsConfig.http_connections_per_ip_max``)."""
         self._all_closed = asyncio.Event()
         self._all_closed.set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -967,12 +1150,37 @@ class EdgeServer(web.Server):
             self._sweeper = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
         return _Connection(self)
 
+    def hand_over(self, transport: asyncio.Transport, peer_ip: str) -> None:
+        """``transport`` is aiohttp's from now on; it still counts under its address."""
+        self.handed[transport] = [self.loop.time(), 0.0]
+        self.handed_ips[transport] = peer_ip
+        self.ip_counts[peer_ip] = self.ip_counts.get(peer_ip, 0) + 1
+
+    def drop_handed(self, transport: object) -> None:
+        self.handed.pop(transport, None)
+        peer_ip = self.handed_ips.pop(transport, None)
+        if peer_ip is not None:
+            self._uncount_ip(peer_ip)
+
+    def _uncount_ip(self, peer_ip: str) -> None:
+        count = self.ip_counts.get(peer_ip, 0) - 1
+        if count > 0:
+            self.ip_counts[peer_ip] = count
+        else:
+            self.ip_counts.pop(peer_ip, None)
+
     def track(self, conn: _Connection) -> None:
         self.lean_connections.add(conn)
+        self.ip_counts[conn.peer_ip] = self.ip_counts.get(conn.peer_ip, 0) + 1
+        if conn.fresh:
+            self.fresh[conn] = None
         self._all_closed.clear()
 
     def forget(self, conn: _Connection) -> None:
+        if conn in self.lean_connections:
+            self._uncount_ip(conn.peer_ip)
         self.lean_connections.discard(conn)
+        self.fresh.pop(conn, None)
         if not self.lean_connections:
             self._all_closed.set()
 
@@ -985,8 +1193,47 @@ class EdgeServer(web.Server):
             if idle_since_s is not None and now_s - idle_since_s > KEEPALIVE_TIMEOUT_S and (
                     conn.transport is not None):
                 conn.transport.close()
-        if self.lean_connections and not self._shutting_down:
+        # aiohttp has no deadline for a request head: a handed-over connection with no
+        # request in progress (idle, or dribbling a head) is closed after the keep-alive
+        # timeout, and is the first evicted when the node is full (``evict``).
+        for transport, (last_s, busy) in list(self.handed.items()):
+            if transport.is_closing():  # type: ignore[attr-defined]
+                self.drop_handed(transport)
+            elif not busy and now_s - last_s > KEEPALIVE_TIMEOUT_S:
+                self.drop_handed(transport)
+                transport.close()  # type: ignore[attr-defined]
+        if (self.lean_connections or self.handed) and not self._shutting_down:
             self._sweeper = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def evict(self) -> bool:
+        """Make room for a new connection (``LimitsConfig.http_connections_max``), so that a
+        flood of silent or stalled connections cannot lock clients out. Closed, in this
+        order: a connection handed to aiohttp with no request in progress for
+        ``EVICT_GRACE_S`` (idle, or still sending a request's head: aiohttp has no head
+        deadline), the one quiet the longest; the oldest lean connection that has completed
+        no request; the longest idle lean keep-alive connection."""
+        now_s = self.loop.time()
+        handed = min((t for t, (last_s, busy) in self.handed.items()
+                      if not busy and now_s - last_s > EVICT_GRACE_S
+                      and not t.is_closing()),  # type: ignore[attr-defined]
+                     key=lambda t: self.handed[t][0], default=None)
+        if handed is not None:
+            self.drop_handed(handed)
+            handed.abort()  # type: ignore[attr-defined]
+            return True
+        victim = next(iter(self.fresh), None)
+        if victim is not None and now_s - victim.opened_s < min(FRESH_GRACE_S,
+                                                                 self.head_timeout_s / 2):
+            victim = None
+        if victim is None:
+            idle = [c for c in self.lean_connections if c.idle_since_s is not None
+                    and now_s - c.idle_since_s > EVICT_GRACE_S]
+            victim = min(idle, key=lambda c: c.idle_since_s or 0.0, default=None)
+        if victim is None or victim.transport is None:
+            return False
+        self.forget(victim)
+        victim.abort()
+        return True
 
     @property
     def connections_count(self) -> int:

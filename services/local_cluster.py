@@ -37,9 +37,11 @@ from typing import Any
 from epoch_store import zk_server
 from epoch_store.zk_server import ServerHandle
 from shared.config import (
+    AuthConfig,
     ClusterConfig,
     FsyncMode,
     GossipConfig,
+    LimitsConfig,
     LogBacklog,
     NodeConfig,
     ProcessConfig,
@@ -108,6 +110,9 @@ class LocalClusterSpec:
     tls: TlsConfig | None = None
     """``tls`` settings for every node instead of ``secure``'s (tests: a cluster secret
     without TLS)."""
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    """Client authentication for every node (``local up --auth``: ``DIR/auth``)."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,6 +196,8 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
                 transport=TransportConfig(
                     peer_addresses=dict(spec.peer_addresses.get(node.node_id, {}))),
                 tls=tls,
+                auth=spec.auth,
+                limits=spec.limits,
             )
             for node in nodes
         ]

@@ -30,6 +30,7 @@ from services.local_cluster import (
     start_node,
     wait_ready,
 )
+from services.token_cli import local_admin_token
 from shared.config import (
     NodeConfig,
     ProcessConfig,
@@ -63,11 +64,14 @@ def _next_id(existing: list[str], role: Role) -> NodeId:
     return NodeId(f"{prefix}{max(taken, default=0) + 1}")
 
 
-def _listed(http: str, node_id: str, context: ssl.SSLContext | None = None) -> bool:
+def _listed(http: str, node_id: str, context: ssl.SSLContext | None = None,
+            token: str | None = None) -> bool:
+    """``token``: the cluster's admin token when it has auth on (docs/SECURITY.md)."""
     scheme = "http" if context is None else "https"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"{scheme}://{http}/v1/cluster", headers=headers)
     try:
-        with urllib.request.urlopen(f"{scheme}://{http}/v1/cluster", timeout=2.0,
-                                    context=context) as resp:
+        with urllib.request.urlopen(request, timeout=2.0, context=context) as resp:
             nodes = json.loads(resp.read())["nodes"]
     except (urllib.error.URLError, OSError, ValueError, KeyError):
         return False
@@ -106,8 +110,9 @@ def add_node(root: Path, role: Role, *, ready_timeout_ms: int = 30_000) -> NodeE
             os.kill(other.pid, signal.SIGHUP)          # when it starts again
     deadline_s = time.monotonic() + ready_timeout_ms / 1000
     context = local_ssl(root)
+    token = local_admin_token(root)
     for other in running:
-        while not _listed(other.http, node_id, context):
+        while not _listed(other.http, node_id, context, token):
             if time.monotonic() > deadline_s:
                 raise LocalClusterError(f"{other.node_id} did not take {node_id} into its "
                                         f"membership\n{log_tail(root, other.node_id)}")

@@ -30,6 +30,7 @@ import sys
 from aiohttp import web
 
 from services.app import (
+    AUTH_KEY,
     DRAIN_TIMEOUT_S,
     MEMBERSHIP_KEY,
     SECURITY_KEY,
@@ -91,19 +92,25 @@ async def serve(config: ProcessConfig, *, listen_host: str | None = None,
         # Membership changes (added nodes, weights) apply without a restart; the file is read
         # off the loop (aiofiles), one reload at a time.
         reloads = ConfigReloads(app[MEMBERSHIP_KEY], config_path)
+        auth = app[AUTH_KEY]
 
         def on_sighup() -> None:
             reloads.request()
             security.reload()
+            # Credentials too (docs/SECURITY.md); they are also re-read when they change.
+            auth.request_reload()
 
         loop.add_signal_handler(signal.SIGHUP, on_sighup)
     else:
-        # Configured from the environment: only certificates and secrets to re-read, and
-        # SIGHUP must not kill.
+        # Configured from the environment: only certificates, secrets and credentials to
+        # re-read, and SIGHUP must not kill.
+        auth = app[AUTH_KEY]
+
         def on_sighup_env() -> None:
             log.warning("SIGHUP: a node configured from the environment changes membership "
-                        "by a restart; re-reading certificates and secrets only")
+                        "by a restart; re-reading certificates, secrets and credentials only")
             security.reload()
+            auth.request_reload()
 
         loop.add_signal_handler(signal.SIGHUP, on_sighup_env)
     status = 1

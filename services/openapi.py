@@ -14,7 +14,7 @@ from typing import Any
 from services.http_parse import NO_FORWARD_VALUES, READ_LIMIT_DEFAULT
 from services.log_stats import LOGS_PAGE_DEFAULT, LOGS_PAGE_MAX
 from shared.compression import CODEC_NAMES
-from shared.config import ApiConfig
+from shared.config import ApiConfig, AuthConfig
 from shared.http_contract import JSON, MSGPACK
 from shared.limits import KEY_BYTES_MAX, PRODUCER_ID_BYTES_MAX
 from shared.status import Status
@@ -172,7 +172,11 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "cluster": {"type": "string"}, "nodes": {"type": "array", "items": _ref("Node")},
             "cluster_fingerprint": {"type": "string"},
             "protocol_version": _uint(2**31 - 1),
-        }),
+            "shards": {"type": "array", "items": {"type": "object"},
+                       "description": "storage shards: disk generation, AUTHORITATIVE / "
+                       "REBUILDING / DRAINING / DRAINED / REMOVED, donors' progress "
+                       "(docs/RELIABILITY.md); absent when the epoch store is unreadable"},
+        }, required=("cluster", "nodes", "cluster_fingerprint", "protocol_version")),
     }
 
 
@@ -275,14 +279,38 @@ def _get_op(summary: str, answer: str, errors: tuple[int, ...], **extra: Any) ->
     }
 
 
-def build_openapi(api: ApiConfig) -> dict[str, Any]:
-    """The document served at ``/openapi.json``."""
+_LOG_ROUTES_FORBIDDEN = 403
+
+
+def _secure(paths: dict[str, Any], auth: AuthConfig | None) -> None:
+    """docs/SECURITY.md: every operation but ``open_paths`` takes a bearer token (required
+    when the node has auth on, optional otherwise) and may answer 401 UNAUTHENTICATED; those
+    on a log also 403 ACCESS, appends also 429 RATE_LIMITED."""
+    open_paths = auth.open_paths if auth is not None else AuthConfig().open_paths
+    required = auth is not None and auth.enabled
+    for path, operations in paths.items():
+        for operation in operations.values():
+            if path in open_paths:
+                operation["security"] = []
+                continue
+            operation["security"] = [{"bearer": []}] if required else [{"bearer": []}, {}]
+            responses = operation["responses"]
+            responses.setdefault("401", _answer(
+                "missing, malformed, expired or revoked token (WWW-Authenticate: Bearer)",
+                "Error"))
+            if path.startswith("/v1/logs/{log_id}/"):
+                responses.setdefault(str(_LOG_ROUTES_FORBIDDEN), _answer(
+                    "the token's principal lacks the permission on this log", "Error"))
+
+
+def build_openapi(api: ApiConfig, auth: AuthConfig | None = None) -> dict[str, Any]:
+    """The document served at ``/openapi.json``; ``auth``: the node's (security schemes)."""
     tail = _get_op("the log's release and trim points and sequencer", "TailResponse",
                    (400, 404, 500, 503, 504), parameters=[_LOG_ID_PARAM])
     tail["responses"]["200"] = _answer("success", "TailResponse", ("X-Seqlog-Sequencer",))
     metrics = {"200": {"description": "Prometheus text format",
                        "content": {"text/plain": {"schema": {"type": "string"}}}}}
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "Seqlog", "version": "1"},
         "paths": {
@@ -330,5 +358,11 @@ def build_openapi(api: ApiConfig) -> dict[str, Any]:
                 "200": {"description": "OpenAPI 3.1",
                         "content": {JSON: {"schema": {"type": "object"}}}}}}},
         },
-        "components": {"schemas": _schemas(api), "headers": _HEADERS},
+        "components": {"schemas": _schemas(api), "headers": _HEADERS,
+                       "securitySchemes": {"bearer": {
+                           "type": "http", "scheme": "bearer", "bearerFormat": "JWT",
+                           "description": "a token from `seqlog token create` "
+                                          "(docs/SECURITY.md)"}}},
     }
+    _secure(document["paths"], auth)
+    return document

@@ -23,6 +23,9 @@ SECTIONS = (
     ("transport", config.TransportConfig, "Node-to-node connections."),
     ("gossip", config.GossipConfig, "The gossip failure detector."),
     ("tls", config.TlsConfig, "TLS and node authentication (docs/SECURITY.md)."),
+    ("auth", config.AuthConfig, "Client authentication, permissions and append quotas "
+     "(docs/SECURITY.md)."),
+    ("limits", config.LimitsConfig, "Connection bounds and request deadlines."),
 )
 
 

@@ -314,6 +314,15 @@ class StorageConfig:
     """Producers per log whose latest appends the node remembers for idempotent appends
     (``PRODUCER_SEQS_KEPT`` each); past it the least recently written producer is forgotten,
     and a retry of its appends would be written again."""
+    rebuild_rate_bytes_per_s: int = 32 * 1024 * 1024
+    """Rate limit of each donor of a rebuild (bytes of copies sent per second; 0: none), so
+    that appends keep their latency while a lost disk is rebuilt."""
+    rebuild_poll_interval_ms: int = 1_000
+    """How often the node reads the cluster's shard state (rebuilds to donate to, its own
+    rebuild finished)."""
+    rebuild_by_copyset: bool = False
+    """Donors send only copies whose copyset names the lost shard (less traffic; exact only
+    for records whose copies all came from their last wave, see docs/RELIABILITY.md)."""
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_MODES:
@@ -328,6 +337,8 @@ class StorageConfig:
         _in_range("reclaim_bytes_per_pass_max", self.reclaim_bytes_per_pass_max, 64 * 1024,
                   2**40)
         _in_range("producer_ids_per_log_max", self.producer_ids_per_log_max, 1, 10_000_000)
+        _in_range("rebuild_rate_bytes_per_s", self.rebuild_rate_bytes_per_s, 0, 2**40)
+        _in_range("rebuild_poll_interval_ms", self.rebuild_poll_interval_ms, 10, 600_000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -380,7 +391,8 @@ class TransportConfig:
     """Longest wait before reconnecting to a peer that failed."""
     client_appends_inflight_max: int = 1024
     """Appends one binary client connection may have in flight on this node; past it the node
-    answers OVERLOADED at once and writes nothing (docs/PROTOCOL.md)."""
+    answers OVERLOADED at once and writes nothing (docs/PROTOCOL.md). Its other requests
+    (reads, long polls) are bounded by the same number, separately."""
     peer_addresses: dict[str, str] = field(default_factory=dict)
     """Per peer node id, a `host:port` to connect to instead of the peer's `host` and
     `data_port` in the cluster config: a proxy, sidecar or NAT in between (the fault-injection
@@ -487,6 +499,64 @@ class GossipConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class AuthConfig:
+    """Client authentication, permissions and append quotas (docs/SECURITY.md). Off by
+    default: a cluster on loopback is open for a first try."""
+
+    enabled: bool = False
+    """Require a bearer token on every client request (HTTP and the binary protocol)."""
+    key_file: str = ""
+    """Token signing keys, one per line: the first signs, all verify (rotation)."""
+    permissions_file: str = ""
+    """JSON: principals with their grants and quotas, and revoked token ids; re-read when it
+    changes and on SIGHUP."""
+    reload_interval_ms: int = 1_000
+    """How often the key and permissions files are checked for changes."""
+    append_records_per_s: int = 0
+    """Default per-principal append rate in records/s (0: unlimited); the permissions file
+    may set each principal's own."""
+    append_bytes_per_s: int = 0
+    """Default per-principal append rate in payload bytes/s (0: unlimited)."""
+    connections_per_principal_max: int = 1_000
+    """Client connections one principal may hold on this node (HTTP and binary each)."""
+    open_paths: tuple[str, ...] = ("/healthz", "/readyz")
+    """HTTP paths served without a token (probes)."""
+
+    def __post_init__(self) -> None:
+        _in_range("reload_interval_ms", self.reload_interval_ms, 10, 3_600_000)
+        _in_range("append_records_per_s", self.append_records_per_s, 0, 10**12)
+        _in_range("append_bytes_per_s", self.append_bytes_per_s, 0, 10**15)
+        _in_range("connections_per_principal_max", self.connections_per_principal_max, 1,
+                  1_000_000)
+        object.__setattr__(self, "open_paths", tuple(self.open_paths))
+        if self.enabled and not self.key_file:
+            raise ValueError("auth.enabled needs auth.key_file")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitsConfig:
+    """Bounds that keep one client from holding a node's sockets (docs/SECURITY.md)."""
+
+    http_connections_max: int = 10_000
+    """Open HTTP connections per node; past it a new connection first evicts the oldest one
+    that has not completed a request, else it is closed."""
+    data_connections_max: int = 10_000
+    """Open connections to the data port (nodes and binary clients), evicting the same way."""
+    http_connections_per_ip_max: int = 1_000
+    """Open HTTP connections from one client address; past it a new one is answered 503
+    OVERLOADED and closed, so one flooding host cannot take the node's connections."""
+    request_head_timeout_ms: int = 10_000
+    """A new connection's first request line and headers must arrive within this."""
+
+    def __post_init__(self) -> None:
+        _in_range("http_connections_max", self.http_connections_max, 1, 1_000_000)
+        _in_range("data_connections_max", self.data_connections_max, 1, 1_000_000)
+        _in_range("http_connections_per_ip_max", self.http_connections_per_ip_max, 1,
+                  1_000_000)
+        _in_range("request_head_timeout_ms", self.request_head_timeout_ms, 10, 600_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessConfig:
     """Everything one node process needs: who it is, where its data lives, and each role's
     settings."""
@@ -503,6 +573,8 @@ class ProcessConfig:
     transport: TransportConfig = field(default_factory=TransportConfig)
     gossip: GossipConfig = field(default_factory=GossipConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def __post_init__(self) -> None:
         if self.cluster.node(self.node_id) is None:
@@ -550,6 +622,8 @@ def process_from_dict(data: dict[str, Any]) -> ProcessConfig:
         "transport": TransportConfig,
         "gossip": GossipConfig,
         "tls": TlsConfig,
+        "auth": AuthConfig,
+        "limits": LimitsConfig,
     }
     built: dict[str, Any] = {k: v for k, v in data.items() if k not in sections and k != "cluster"}
     built["cluster"] = cluster_from_dict(data.get("cluster", {}))

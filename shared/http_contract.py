@@ -11,6 +11,8 @@ API.md fixes the codes of the statuses a caller is told about. The rest are chos
 - ``STALE``, ``UPTODATE`` and ``EXISTS`` are 409: the request conflicts with stored state.
 - ``PEER_CLOSED`` (a node-to-node request was sent, then its connection dropped) is 504, like
   ``TIMEDOUT``: the outcome is unknown.
+- ``UNAUTHENTICATED`` is 401 (with ``WWW-Authenticate: Bearer``), ``ACCESS`` 403 and
+  ``RATE_LIMITED`` 429 (docs/SECURITY.md): the request was refused before anything was done.
 - ``CHECKSUM_MISMATCH`` and ``DATALOSS`` are 500: something the cluster stored is damaged,
   which the caller cannot fix by retrying and must treat like a bug (outcome unknown).
 
@@ -29,6 +31,12 @@ NO_FORWARD_HEADER = "X-Seqlog-No-Forward"
 """Request header (or ``no_forward`` query): redirect instead of forwarding the append."""
 NO_FORWARD_QUERY = "no_forward"
 RETRY_AFTER_HEADER = "Retry-After"
+AUTHORIZATION_HEADER = "Authorization"
+"""Request header: ``Bearer <token>`` (docs/SECURITY.md)."""
+WWW_AUTHENTICATE_HEADER = "WWW-Authenticate"
+BEARER_PREFIX = "Bearer "
+TOKEN_ENV = "SEQLOG_TOKEN"
+"""The environment variable the ``seqlog`` client and CLI take a bearer token from."""
 
 MediaType = Literal["application/json", "application/msgpack"]
 JSON: MediaType = "application/json"
@@ -42,8 +50,11 @@ MEDIA_TYPE_ALIASES: dict[str, MediaType] = {
 """Content-Type / Accept values the server understands, by the media type they mean."""
 
 NOTHING_WRITTEN: frozenset[Status] = frozenset(
-    {Status.SEQNOBUFS, Status.NOSEQUENCER, Status.NOTREADY, Status.SHUTDOWN, Status.OVERLOADED})
-"""Append answers after which nothing was written: retrying cannot duplicate a record."""
+    {Status.SEQNOBUFS, Status.NOSEQUENCER, Status.NOTREADY, Status.SHUTDOWN, Status.OVERLOADED,
+     Status.RATE_LIMITED})
+"""Append answers after which nothing was written: retrying cannot duplicate a record (and
+clients retry them). ``UNAUTHENTICATED`` and ``ACCESS`` write nothing too but are final:
+retrying with the same credentials cannot help."""
 OUTCOME_UNKNOWN: frozenset[Status] = frozenset({Status.TIMEDOUT, Status.PEER_CLOSED})
 """Append answers after which the records may or may not have been written."""
 TRY_ELSEWHERE: frozenset[Status] = frozenset({Status.NOTREADY, Status.SHUTDOWN})
@@ -75,6 +86,9 @@ HTTP_STATUS: dict[Status, int] = {
     Status.PROTONOSUPPORT: 503,
     Status.EXISTS: 409,
     Status.DATALOSS: 500,
+    Status.UNAUTHENTICATED: 401,
+    Status.ACCESS: 403,
+    Status.RATE_LIMITED: 429,
 }
 
 RETRY_AFTER_HTTP_CODES: frozenset[int] = frozenset({429, 503})

@@ -36,6 +36,9 @@ class Status(IntEnum):
     EXISTS = 22
     DATALOSS = 23
     PEER_CLOSED = 24
+    UNAUTHENTICATED = 25
+    ACCESS = 26
+    RATE_LIMITED = 27
 
     @property
     def description(self) -> str:
@@ -72,6 +75,12 @@ _DESCRIPTIONS: dict[Status, str] = {
     Status.EXISTS: "the object already exists",
     Status.DATALOSS: "records that may have been acknowledged cannot be found",
     Status.PEER_CLOSED: "the connection closed after the request was sent; outcome unknown",
+    Status.UNAUTHENTICATED: "missing, malformed, expired or revoked credentials; nothing "
+                            "was done",
+    Status.ACCESS: "the principal lacks the permission for this operation on this log; "
+                   "nothing was done",
+    Status.RATE_LIMITED: "the principal's append rate, bytes/s or connection quota is used "
+                         "up; nothing was written",
 }
 
 RETRYABLE: frozenset[Status] = frozenset(
@@ -87,6 +96,7 @@ RETRYABLE: frozenset[Status] = frozenset(
         Status.NOSPC,
         Status.CONNFAILED,
         Status.PEER_CLOSED,
+        Status.RATE_LIMITED,
     }
 )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from shared.types import LOG_ID_MAX, LOG_ID_MIN, parse_lsn
@@ -51,6 +51,9 @@ class SourceOptions:
     ca: str | None = None
     """CA file to verify the nodes' TLS certificates with (option ``ca``, default
     ``SEQLOG_CA``; docs/SECURITY.md)."""
+    token: str | None = field(default=None, repr=False)
+    """Option ``token``: the bearer token of a cluster with auth on (docs/SECURITY.md); else
+    the executors' ``SEQLOG_TOKEN``. Kept out of ``repr`` so it is not logged."""
 
 
 def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -103,6 +106,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptio
         timeout_ms=get.positive("timeoutMs", 30_000) or 30_000,
         stall_timeout_ms=get.positive("stallTimeoutMs", 60_000) or 60_000,
         ca=get.text("ca") or os.environ.get("SEQLOG_CA") or None,
+        token=get.text("token"),
     )
 
 

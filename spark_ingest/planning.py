@@ -57,7 +57,8 @@ class LogRange:
 
 
 def new_client(options: SourceOptions) -> Client:
-    return Client(list(options.urls), timeout_ms=options.timeout_ms, ca=options.ca)
+    return Client(list(options.urls), timeout_ms=options.timeout_ms, ca=options.ca,
+                  token=options.token)
 
 
 async def gather_bounded(calls: Iterable[Callable[[], Awaitable[T]]]) -> list[T]:

@@ -56,6 +56,8 @@ class DurableState:
         self._seals: dict[LogId, tuple[Epoch, NodeId | None]] = {}
         self._tails: dict[LogId, dict[Epoch, tuple[int, int]]] = {}
         self._trims: dict[LogId, Lsn] = {}
+        self._settled: dict[LogId, dict[Epoch, int]] = {}
+        """Per log, the epochs a CLEAN or drained release settled (only in checkpoints)."""
         self._bridges: dict[LogId, dict[Epoch, Lsn]] = {}
         """Per log and epoch, the highest LSN where a bridge was written: a READ that starts
         past it in its epoch carries it, so that no reader is served a stray copy behind it
@@ -189,6 +191,11 @@ class DurableState:
             for epoch, lng, last_esn in entry.tails:
                 old_lng, old_last = tails.get(Epoch(epoch), (0, 0))
                 tails[Epoch(epoch)] = (max(old_lng, lng), max(old_last, last_esn))
+        if entry.settled:
+            settled = self._settled.setdefault(log_id, {})
+            for epoch, esn in entry.settled:
+                if esn > settled.get(Epoch(epoch), 0):
+                    settled[Epoch(epoch)] = esn
         self._raise_trim(log_id, entry.trim_lsn)
 
     def _raise_trim(self, log_id: LogId, trim_lsn: Lsn) -> None:
@@ -208,9 +215,10 @@ class DurableState:
         sealed_epoch, sealed_by = self._seals.get(log_id, (EPOCH_INVALID, None))
         tails = tuple((epoch, lng, last) for epoch, (lng, last)
                       in sorted(self._tails.get(log_id, {}).items()))
+        settled = tuple(sorted(self._settled.get(log_id, {}).items()))
         return CheckpointEntry(log_id, last_lsn, last_node, self._releases.get(log_id, LSN_INVALID),
                                sealed_epoch, sealed_by, self._trims.get(log_id, LSN_INVALID),
-                               tails)
+                               tails, settled)
 
     def trim_lsn(self, log_id: LogId) -> Lsn:
         return self._trims.get(log_id, LSN_INVALID)
@@ -223,7 +231,7 @@ class DurableState:
         epoch exists, which rebuilds the soft seal it caused."""
         result: dict[LogId, LogStorageState] = {}
         for log_id in (self._last.keys() | self._releases.keys() | self._seals.keys()
-                       | self._trims.keys()):
+                       | self._trims.keys() | self._settled.keys()):
             last_lsn, newest_sequencer = self._last.get(log_id, (LSN_INVALID, None))
             sealed_epoch, sealed_by = self._seals.get(log_id, (EPOCH_INVALID, None))
             soft_epoch = Epoch(max(lsn_to_epoch(last_lsn) - 1, EPOCH_INVALID))
@@ -233,7 +241,8 @@ class DurableState:
                 soft_sealed_by=newest_sequencer if soft_epoch > EPOCH_INVALID else None,
                 release_lsn=self._releases.get(log_id, LSN_INVALID), last_lsn=last_lsn,
                 epoch_tails=dict(self._tails.get(log_id, {})),
-                trim_lsn=self._trims.get(log_id, LSN_INVALID))
+                trim_lsn=self._trims.get(log_id, LSN_INVALID),
+                settled=dict(self._settled.get(log_id, {})))
         return result
 
 

@@ -70,8 +70,9 @@ class StoragePorts(Protocol):
 
     def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int,
                           done: DoneFn) -> Status:
-        """Queue a durable mark that ``epoch`` is settled here up to ``esn``; same contract
-        as ``submit_store``, same FIFO queue."""
+        """Queue a durable mark that ``epoch`` is settled here up to ``esn``
+        (``LogStorageState.settled``, never its last-known-good ESN); same contract as
+        ``submit_store``, same FIFO queue."""
         ...
 
     def note_release(self, log_id: LogId, release_lsn: Lsn) -> None:
@@ -335,9 +336,11 @@ class StorageHandlers:
         machine, ports = self.machine, self.ports
         held = [(lsn_to_esn(lo), lsn_to_esn(hi)) for lo, hi in ports.held_ranges(
             clean.log_id, compose_lsn(clean.epoch, Esn(1)), compose_lsn(clean.epoch, ESN_MAX))]
+        # What the purge covers: a copy that arrives after this was not purged.
+        purged_last_esn = machine.epoch_last_esn(clean.log_id, clean.epoch)
         stores = recovery_hole_stores(clean, purge_ranges(held, clean), 0)
         if not stores:
-            self._mark_clean(clean, Status.OK, reply)
+            self._mark_clean(clean, Status.OK, purged_last_esn, reply)
             return
         pending = [len(stores)]
         failed: list[Status] = []
@@ -347,7 +350,8 @@ class StorageHandlers:
                 failed.append(status)
             pending[0] -= 1
             if pending[0] == 0:
-                self._mark_clean(clean, failed[0] if failed else Status.OK, reply)
+                self._mark_clean(clean, failed[0] if failed else Status.OK, purged_last_esn,
+                                 reply)
 
         for store in stores:
             decision = machine.on_purge_store(store, disk_low=ports.disk_low)
@@ -365,11 +369,12 @@ class StorageHandlers:
             if status is not Status.OK:
                 persisted(status)
 
-    def _mark_clean(self, clean: Clean, status: Status, reply: ReplyFn) -> None:
+    def _mark_clean(self, clean: Clean, status: Status, purged_last_esn: int,
+                    reply: ReplyFn) -> None:
         """Once the purge is written: mark the epoch settled here (``clean_mark``), then
         answer the CLEAN."""
         machine = self.machine
-        esn = machine.clean_mark(clean) if status is Status.OK else None
+        esn = machine.clean_mark(clean, purged_last_esn) if status is Status.OK else None
         if esn is None:
             reply(machine.cleaned_after_purge(clean, status))
             return

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from shared import failpoints
 from shared.config import StorageConfig
@@ -78,6 +79,7 @@ from storage_node.segment_format import (
 from storage_node.segment_reclaim import ReclaimDone, run_reclaim
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DoneFn = Callable[[Status], None]
 RELEASE_LOGS_PENDING_MAX = 100_000
@@ -255,14 +257,13 @@ class RecordStore:
         return self._enqueue(_Pending(seal, done, 1, _ENTRY_OVERHEAD_BYTES))
 
     def submit_clean_mark(self, log_id: LogId, epoch: Epoch, esn: int, done: DoneFn) -> Status:
-        """Queue a durable raise of ``epoch``'s last-known-good ESN to ``esn`` (the epoch is
-        settled here: ``StoreMachine.clean_mark``, ``drained_mark``); same contract as
-        ``submit_store``. Written as a
-        checkpoint entry holding only that tail: a restart's scan and a live write merge
-        checkpoints field by field, highest wins, so the entry changes nothing else, and the
-        raised tail is in every later checkpoint."""
+        """Queue a durable mark that ``epoch`` is settled here up to ``esn``
+        (``StoreMachine.clean_mark``, ``drained_mark``; not its last-known-good ESN); same
+        contract as ``submit_store``. Written as a checkpoint entry holding only that mark: a
+        restart's scan and a live write merge checkpoints field by field, highest wins, so the
+        entry changes nothing else, and the mark is in every later checkpoint."""
         entry = CheckpointEntry(log_id, LSN_INVALID, None, LSN_INVALID, EPOCH_INVALID, None,
-                                LSN_INVALID, ((epoch, esn, esn),))
+                                LSN_INVALID, (), ((epoch, esn),))
         return self._enqueue(_Pending(entry, done, 1, _ENTRY_OVERHEAD_BYTES + 16))
 
     def submit_trim(self, trim: TrimEntry, done: DoneFn) -> Status:
@@ -326,6 +327,36 @@ class RecordStore:
             self._read_damage(log_id, corrupt)
         return result
 
+    async def read_entries(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn,
+                           records_max: int,
+                           read_fn: Callable[[SegmentReader, LogId, list[Location]], T],
+                           ) -> tuple[T | None, Lsn]:
+        """``read_fn(reader, log_id, locations)`` in a read thread over the index locations
+        of ``[from_lsn, until_lsn]`` (narrowed to that range, enough for ``records_max``
+        records; rebuilding's donors), safe against reclaim like every read. Also returns
+        the LSN after the last location (``until_lsn + 1`` when none is left)."""
+        if not self._opened or self._closing:
+            return None, from_lsn
+        located = self._index.locate(log_id, from_lsn, until_lsn, records_max)
+        locations = [loc if from_lsn <= loc.first_lsn and loc.last_lsn <= until_lsn
+                     else loc.narrowed(max(from_lsn, loc.first_lsn),
+                                       min(until_lsn, loc.last_lsn)) for loc in located]
+        next_lsn = Lsn(locations[-1].last_lsn + 1 if locations else until_lsn + 1)
+        if not locations:
+            return read_fn(self._reader, log_id, []), next_lsn
+        loop = asyncio.get_running_loop()
+        self._read_ticket += 1
+        ticket = self._read_ticket
+        self._reads_active.add(ticket)
+        try:
+            result = await loop.run_in_executor(self._read_threads, read_fn, self._reader,
+                                                log_id, locations)
+        finally:
+            self._reads_active.discard(ticket)
+            if self._retired:
+                self._release_retired()
+        return result, next_lsn
+
     def read_now(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn, records_max: int,
                  bytes_max: int) -> ReadResult | None:
         """``read`` done at once on the loop when it is small (``READ_INLINE_BYTES_MAX``) and
@@ -361,6 +392,12 @@ class RecordStore:
             saving = asyncio.get_running_loop().run_in_executor(None, self._save_authority)
             self._authority_saves.add(saving)
             saving.add_done_callback(self._authority_saves.discard)
+
+    async def save_authority(self) -> None:
+        """Write the authoritative status now (rebuilding: before the cluster is told).
+        Raises OSError if it cannot."""
+        await asyncio.get_running_loop().run_in_executor(
+            None, self._authority_file.save, self.authority)
 
     def _save_authority(self) -> None:
         try:
@@ -554,7 +591,7 @@ class RecordStore:
                 finished.set_result(None)
 
         for entry in checkpoints:
-            estimate = _ENTRY_OVERHEAD_BYTES + 16 * len(entry.tails)
+            estimate = _ENTRY_OVERHEAD_BYTES + 16 * (len(entry.tails) + len(entry.settled))
             self._queue.append(_Pending(entry, done, 0, estimate))
         self._kick()
         await finished

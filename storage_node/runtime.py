@@ -226,6 +226,24 @@ class StorageNode:
             reply = annotated_reply(self._store.authority, message, reply)
         handler(message, reply)
 
+    def add_handler(self, message_type: type[Any],
+                    handler: Callable[[Any, ReplyFn], None]) -> None:
+        """Serve ``message_type`` with ``handler`` (rebuilding's REBUILD_STORE)."""
+        self._handlers[message_type] = handler
+
+    @property
+    def accepts_writes(self) -> bool:
+        """Whether the configuration lets this node take copies (``accept_writes``)."""
+        return self._config.accept_writes
+
+    @property
+    def machine(self) -> StoreMachine:
+        return self._machine
+
+    @property
+    def core(self) -> StorageHandlers:
+        return self._core
+
     def log_state(self, log_id: LogId) -> LogStorageState:
         return self._machine.state(log_id)
 

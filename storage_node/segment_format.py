@@ -29,10 +29,11 @@ body is a msgpack array:
 * SEAL: ``[log_id, epoch, sealed_by]``;
 * TRIM: ``[log_id, trim_lsn]``;
 * CHECKPOINT: ``[log_id, last_lsn, last_sequencer_node, release_lsn, sealed_epoch, sealed_by,
-  trim_lsn, [[epoch, last_known_good, last_esn], ...]]``: everything a restart derives about
-  one log from all its entries (``""`` for an absent node id). It is written before segments
-  are deleted or compacted, so that dropping their RELEASE, SEAL, TRIM and STORE entries loses
-  no state.
+  trim_lsn, [[epoch, last_known_good, last_esn], ...], [[epoch, settled_esn], ...]]``:
+  everything a restart derives about one log from all its entries (``""`` for an absent node
+  id; the last field, the epochs a CLEAN settled, is absent when empty and in entries written
+  before it existed). It is written before segments are deleted or compacted, so that dropping
+  their RELEASE, SEAL, TRIM and STORE entries loses no state.
 
 Zero tail: a segment may end in zero bytes after its last entry. The writer zero-fills (and
 fsyncs) the space ahead of its write position, so that a commit overwrites blocks that are
@@ -140,6 +141,9 @@ class CheckpointEntry:
     trim_lsn: Lsn
     tails: tuple[tuple[int, int, int], ...]
     """(epoch, highest last-known-good ESN, highest ESN) per epoch with copies."""
+    settled: tuple[tuple[int, int], ...] = ()
+    """(epoch, ESN up to which its copies are settled) per epoch a CLEAN or a drained
+    release settled (``LogStorageState.settled``)."""
 
 
 Entry = StoreMeta | ReleaseEntry | SealEntry | TrimEntry | CheckpointEntry
@@ -233,6 +237,7 @@ def encode_checkpoint(entry: CheckpointEntry) -> bytes:
         entry.log_id, entry.last_lsn, entry.last_sequencer or "", entry.release_lsn,
         entry.sealed_epoch, entry.sealed_by or "", entry.trim_lsn,
         [list(tail) for tail in entry.tails],
+        *([[list(mark) for mark in entry.settled]] if entry.settled else []),
     ]))
 
 
@@ -318,19 +323,24 @@ def decode_meta(entry_type: EntryType, body: bytes | memoryview) -> Entry | None
 
 
 def _decode_checkpoint(fields: Any) -> CheckpointEntry | None:
-    if not isinstance(fields, list) or len(fields) != 8:
+    if not isinstance(fields, list) or len(fields) not in (8, 9):
         return None
-    log_id, last_lsn, last_node, release_lsn, sealed_epoch, sealed_by, trim_lsn, tails = fields
+    log_id, last_lsn, last_node, release_lsn, sealed_epoch, sealed_by, trim_lsn, tails = (
+        fields[:8])
+    settled = fields[8] if len(fields) == 9 else []
     if not (_ints(log_id, last_lsn, release_lsn, sealed_epoch, trim_lsn)
             and isinstance(last_node, str) and isinstance(sealed_by, str)
-            and isinstance(tails, list)):
+            and isinstance(tails, list) and isinstance(settled, list)):
         return None
     if not all(isinstance(t, list) and len(t) == 3 and _ints(*t) for t in tails):
+        return None
+    if not all(isinstance(m, list) and len(m) == 2 and _ints(*m) for m in settled):
         return None
     return CheckpointEntry(
         LogId(log_id), Lsn(last_lsn), NodeId(last_node) if last_node else None,
         Lsn(release_lsn), Epoch(sealed_epoch), NodeId(sealed_by) if sealed_by else None,
-        Lsn(trim_lsn), tuple((t[0], t[1], t[2]) for t in tails))
+        Lsn(trim_lsn), tuple((t[0], t[1], t[2]) for t in tails),
+        tuple((m[0], m[1]) for m in settled))
 
 
 def _producer_tags(value: Any) -> tuple[ProducerTag, ...] | None:

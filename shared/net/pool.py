@@ -243,7 +243,8 @@ class _Peer:
         security = pool.security
         nonce = new_nonce() if security.secrets else b""
         hello = Hello(node_id=pool.node_id, protocol_version=NODE_PROTOCOL_VERSION,
-                      cluster_fingerprint=pool.cluster_fingerprint, auth_nonce=nonce)
+                      cluster_fingerprint=pool.cluster_fingerprint, auth_nonce=nonce,
+                      token=pool.token)
         context = pool.ssl_context()
         try:
             async with asyncio.timeout(pool.config.connect_timeout_ms / 1000):
@@ -338,9 +339,11 @@ class PeerPool:
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, config: TransportConfig,
                  addresses: AddressFn, security: NodeSecurity | None = None,
-                 client_ssl: ssl.SSLContext | None = None) -> None:
+                 client_ssl: ssl.SSLContext | None = None, token: str = "") -> None:
         self.node_id = node_id
         self.cluster_fingerprint = cluster_fingerprint
+        self.token = token
+        """A client's bearer token for its HELLO (docs/SECURITY.md); empty from nodes."""
         self.config = config
         self.addresses = addresses
         self.security = security if security is not None else NodeSecurity.open()

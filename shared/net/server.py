@@ -32,6 +32,8 @@ from shared.net.connection import FramedProtocol, TlsReads, wait_lost
 from shared.net.node_auth import NONCE_BYTES, Exchange, NodeSecurity, new_nonce
 from shared.net.tls_listener import TlsListener, start_tls_listener
 from shared.net.types import Counters, MessageHandler, ReplyFn
+from shared.security.auth import Authenticator, Denied
+from shared.security.data_port import ClientGuard, refusal
 from shared.status import Status
 from shared.tls import is_node_cert
 from shared.types import Lsn, NodeId, is_client_id, node_id_valid
@@ -93,6 +95,19 @@ class _AppendReply(_Reply):
             super().__call__(message)
 
 
+class _ReadReply(_Reply):
+    """The reply of one client READ, GET_LOG_STATE or FIND_TIME: also frees its place under
+    the connection's in-flight bound."""
+
+    __slots__ = ()
+
+    def __call__(self, message: Message) -> None:
+        conn = self._conn
+        if conn is not None:
+            conn.reads_inflight -= 1
+            super().__call__(message)
+
+
 def _overloaded(message: Append, inflight_max: int) -> Appended:
     return Appended(status=Status.OVERLOADED, log_id=message.log_id, first_lsn=Lsn(0),
                     last_lsn=Lsn(0), timestamp_ms=0, sequencer_node=None,
@@ -104,8 +119,11 @@ class _ServerProtocol(FramedProtocol):
     __slots__ = (
         "_allowed",
         "_appends_inflight_max",
+        "_auth",
         "_connections",
+        "_connections_max",
         "_fingerprint",
+        "_guard",
         "_handler",
         "_hello_timeout_s",
         "_hello_timer",
@@ -115,17 +133,23 @@ class _ServerProtocol(FramedProtocol):
         "_pending_auth",
         "_security",
         "appends_inflight",
+        "reads_inflight",
     )
 
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, handler: MessageHandler,
                  config: TransportConfig, counters: Counters,
-                 connections: set[_ServerProtocol], security: NodeSecurity) -> None:
+                 connections: dict[_ServerProtocol, None], security: NodeSecurity,
+                 auth: Authenticator | None = None, connections_max: int = 0) -> None:
         super().__init__(counters)
         self._security = security
         self._node_cert = False
         """Whether the peer showed a node certificate signed by the cluster CA."""
         self._pending_auth: tuple[NodeId, Exchange] | None = None
         """A node peer that must send AUTH next: its id, the exchange its proof covers."""
+        self._auth = auth if auth is not None and auth.enabled else None
+        self._guard: ClientGuard | None = None
+        """A client's credentials (docs/SECURITY.md), when auth is on."""
+        self._connections_max = connections_max
         self._node_id = node_id
         self._fingerprint = cluster_fingerprint
         self._handler = handler
@@ -138,12 +162,25 @@ class _ServerProtocol(FramedProtocol):
         self._appends_inflight_max = config.client_appends_inflight_max
         self.appends_inflight = 0
         """Client APPENDs handed to the handler and not answered yet."""
+        self.reads_inflight = 0
+        """Other client requests (READ, GET_LOG_STATE, FIND_TIME) not answered yet."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         if self._security.tls is not None:
             self._node_cert = is_node_cert(transport.get_extra_info("peercert"))
-        self._connections.add(self)
+        if self._connections_max and len(self._connections) >= self._connections_max:
+            # A flood must not lock clients out: make room by closing the oldest connection
+            # that has not said HELLO yet (the dict keeps them in arrival order), else refuse
+            # this one.
+            waiting = next((c for c in self._connections if c._peer is None), None)
+            if waiting is None:
+                log.warning("refusing a connection from %s: %d connections open",
+                            self.peer_address(), len(self._connections))
+                self.abort(Status.OVERLOADED)
+                return
+            waiting.abort(Status.OVERLOADED)
+        self._connections[self] = None
         self._hello_timer = self._loop.call_later(self._hello_timeout_s, self._on_hello_timeout)
 
     def _on_frame(self, correlation_id: int, message: Message) -> None:
@@ -175,10 +212,26 @@ class _ServerProtocol(FramedProtocol):
                 self.send(encode(_overloaded(message, self._appends_inflight_max),
                                  correlation_id))
                 return
+            if self._guard is not None and (denied := self._guard.check(message)) is not None:
+                self._refuse(correlation_id, message, denied)
+                return
             self.appends_inflight += 1
             reply = _AppendReply(self, correlation_id)
         else:
-            reply = _Reply(self, correlation_id) if correlation_id else _no_reply
+            if self._guard is not None and (denied := self._guard.check(message)) is not None:
+                self._refuse(correlation_id, message, denied)
+                return
+            if not correlation_id:
+                reply = _no_reply
+            elif self.reads_inflight >= self._appends_inflight_max:
+                # Long-poll reads hold a node's memory: bounded per connection like appends.
+                self._refuse(correlation_id, message, Denied(
+                    Status.OVERLOADED, f"{self._appends_inflight_max} requests already in "
+                                       "flight on this connection"))
+                return
+            else:
+                self.reads_inflight += 1
+                reply = _ReadReply(self, correlation_id)
         try:
             self._handler.on_message(peer, message, reply)
         except Exception:
@@ -186,6 +239,16 @@ class _ServerProtocol(FramedProtocol):
             # for replies that will never come.
             log.exception("handler failed on %s from %s; closing", type(message).__name__, peer)
             self.abort(Status.INTERNAL)
+
+    def _refuse(self, correlation_id: int, message: Message, denied: Denied) -> None:
+        answer = refusal(message, denied)
+        if answer is not None and correlation_id:
+            self.send(encode(answer, correlation_id))
+        if denied.status is Status.UNAUTHENTICATED:
+            # Revoked or expired under a live connection: nothing more from it.
+            log.warning("client %s at %s: %s; closing", self._peer, self.peer_address(),
+                        denied.message)
+            self.close(Status.UNAUTHENTICATED)
 
     def _on_hello(self, message: Message) -> None:
         if self._pending_auth is not None:
@@ -209,6 +272,15 @@ class _ServerProtocol(FramedProtocol):
             self.close(Status.PROTONOSUPPORT)
             return
         allowed: frozenset[type] | None = None
+        if self._auth is not None and is_client_id(message.node_id):
+            guard = ClientGuard.hello(self._auth, message.token)
+            if isinstance(guard, Denied):
+                self.send(encode(HelloReply(status=guard.status, node_id=self._node_id)))
+                log.warning("refusing client %r at %s: %s", message.node_id,
+                            self.peer_address(), guard.message)
+                self.close(guard.status)
+                return
+            self._guard = guard
         if is_client_id(message.node_id):
             allowed = (CLIENT_APPEND_MESSAGES if message.protocol_version >= CLIENT_APPEND_VERSION
                        else CLIENT_MESSAGES)
@@ -283,7 +355,10 @@ class _ServerProtocol(FramedProtocol):
 
     def _on_closed(self, status: Status) -> None:
         self._cancel_hello_timer()
-        self._connections.discard(self)
+        if self._guard is not None:
+            self._guard.closed()
+            self._guard = None
+        self._connections.pop(self, None)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -304,8 +379,9 @@ class Server:
     """A listening node-to-node endpoint; ``close()`` stops accepting and closes every
     connection."""
 
-    def __init__(self, server: asyncio.Server | TlsListener, connections: set[_ServerProtocol],
-                 counters: Counters, security: NodeSecurity) -> None:
+    def __init__(self, server: asyncio.Server | TlsListener,
+                 connections: dict[_ServerProtocol, None], counters: Counters,
+                 security: NodeSecurity) -> None:
         self._server = server
         self._connections = connections
         self.counters = counters
@@ -331,12 +407,14 @@ class Server:
 
 async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerprint: str,
                        handler: MessageHandler, config: TransportConfig,
-                       security: NodeSecurity | None = None) -> Server:
+                       security: NodeSecurity | None = None,
+                       auth: Authenticator | None = None, connections_max: int = 0) -> Server:
     """Listen on ``host:port`` (0 picks a free port, see ``Server.port``). Without
-    ``security`` the port is open: any peer may claim to be a node."""
+    ``security`` the port is open: any peer may claim to be a node. ``auth`` checks clients'
+    credentials; ``connections_max`` bounds the connections open at once (0: no bound)."""
     loop = asyncio.get_running_loop()
     counters = Counters()
-    connections: set[_ServerProtocol] = set()
+    connections: dict[_ServerProtocol, None] = {}
     guard = security if security is not None else NodeSecurity.open()
 
     kind = _ServerProtocol if guard.tls is None else _TlsServerProtocol
@@ -344,7 +422,8 @@ async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerp
     def make_protocol() -> _ServerProtocol:
         return kind(node_id=node_id, cluster_fingerprint=cluster_fingerprint,
                                handler=handler, config=config, counters=counters,
-                               connections=connections, security=guard)
+                               connections=connections, security=guard, auth=auth,
+                               connections_max=connections_max)
 
     tls = guard.tls
     server: asyncio.Server | TlsListener

@@ -34,6 +34,7 @@ from shared.wire.hello import Auth, Hello, HelloReply
 from shared.wire.message_type import RETIRED, MessageType
 from shared.wire.producer import GetProducer, ProducerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
+from shared.wire.rebuild import RebuildStore, RebuildStored
 from shared.wire.recovery import Clean, Cleaned, Digest, GetDigest, Seal, Sealed
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored
@@ -51,6 +52,7 @@ Message: TypeAlias = (
     | GetDigest | Digest | Clean | Cleaned | Trim | Trimmed | FindTime | FoundTime
     | GetProducer | ProducerState | StoreBatch | StoredBatch
     | ReleaseBatch | Auth
+    | RebuildStore | RebuildStored
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -84,6 +86,8 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.STORED_BATCH: StoredBatch,
     MessageType.RELEASE_BATCH: ReleaseBatch,
     MessageType.AUTH: Auth,
+    MessageType.REBUILD_STORE: RebuildStore,
+    MessageType.REBUILD_STORED: RebuildStored,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 
@@ -311,6 +315,16 @@ def decode(body: bytes) -> tuple[int, Message] | Status:
         return correlation_id, message
     except (ValueError, TypeError, KeyError, _Invalid, msgpack.UnpackException):
         return Status.BADMSG
+
+
+def decode_store_fields(packed: bytes | memoryview) -> Store | Status:
+    """A STORE from its packed field array (what ``encode_fields`` makes and a segment entry
+    holds), keeping those bytes as ``wire_fields``; BADMSG if it is not one."""
+    body = b"\x93" + _packer.pack(_STORE_TYPE_ID) + b"\x00" + bytes(packed)
+    decoded = decode(body)
+    if isinstance(decoded, Status) or type(decoded[1]) is not Store:
+        return Status.BADMSG
+    return decoded[1]
 
 
 _STORE_TYPE_ID = int(MessageType.STORE)

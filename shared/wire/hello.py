@@ -32,6 +32,9 @@ class Hello:
     auth_nonce: bytes = field(default=b"", metadata=EXTENSION)
     """A node's challenge to the node it connects to, when it has a cluster secret: the
     HELLO_REPLY proves the answering node knows the secret too."""
+    token: str = field(default="", metadata=EXTENSION)
+    """A client's bearer token (docs/SECURITY.md); empty from nodes and from clients of an
+    open cluster."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

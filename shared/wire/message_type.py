@@ -36,6 +36,8 @@ class MessageType(IntEnum):
     STORED_BATCH = 28
     RELEASE_BATCH = 29
     AUTH = 30
+    REBUILD_STORE = 31
+    REBUILD_STORED = 32
 
 
 RETIRED: frozenset[MessageType] = frozenset()

@@ -76,6 +76,11 @@ class AuthorityStatus:
             return clipped(self._all, lo, hi)
         return clipped(normalized((*self._all, *own)), lo, hi)
 
+    def damaged_ranges(self, log_id: LogId, lo: int, hi: int) -> NonAuthoritative:
+        """Where in ``[lo, hi]`` of ``log_id`` a read found the node's own copies damaged
+        (not the ranges it is unsure of for every log): rebuilding writes over those."""
+        return clipped(self._logs.get(log_id, ()), lo, hi)
+
     def snapshot(self) -> dict[str, Any]:
         return {"version": FORMAT_VERSION, "all_logs": [list(r) for r in self._all],
                 "logs": {str(log_id): [list(r) for r in ranges]

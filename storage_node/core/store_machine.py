@@ -85,9 +85,17 @@ class LogStorageState:
     last_lsn: Lsn = LSN_INVALID
     """Highest LSN durably stored on this node."""
     epoch_tails: Mapping[Epoch, tuple[int, int]] = field(default_factory=dict)
-    """Per epoch with copies here: (highest last-known-good ESN seen, highest ESN held)."""
+    """Per epoch with copies here: (highest last-known-good ESN seen, highest ESN held). The
+    last-known-good ESN comes only from what STOREs carried (the sequencer's LNG, or the one a
+    recovery trusted): every ESN up to it is a record on R nodes, so recovery may skip it."""
     trim_lsn: Lsn = LSN_INVALID
     """Records at or below it are trimmed: never served again."""
+    settled: Mapping[Epoch, int] = field(default_factory=dict)
+    """Per epoch, the ESN up to which a CLEAN's purge (or the last RELEASE of a drained
+    epoch) settled the copies held here (``clean_mark``, ``drained_mark``): the epoch is not
+    reported unsettled while nothing is held above it. Not a last-known-good ESN, and never
+    reported to recovery as one: a CLEAN's purge leaves holes past the epoch's bridge, which
+    are no record (see ``clean_mark``)."""
 
     @property
     def effective_seal(self) -> tuple[Epoch, NodeId | None]:
@@ -179,6 +187,7 @@ class _LogState:
     last_lsn: Lsn = LSN_INVALID
     epoch_tails: dict[Epoch, tuple[int, int]] = field(default_factory=dict)
     trim_lsn: Lsn = LSN_INVALID
+    settled: dict[Epoch, int] = field(default_factory=dict)
     recovery_wave_max: int = 0
     """The highest recovery wave (seal epoch, attempt) accepted since the node started."""
 
@@ -187,7 +196,13 @@ class _LogState:
             sealed_epoch=self.sealed_epoch, sealed_by=self.sealed_by,
             soft_sealed_epoch=self.soft_sealed_epoch, soft_sealed_by=self.soft_sealed_by,
             release_lsn=self.release_lsn, last_lsn=self.last_lsn,
-            epoch_tails=dict(self.epoch_tails), trim_lsn=self.trim_lsn)
+            epoch_tails=dict(self.epoch_tails), trim_lsn=self.trim_lsn,
+            settled=dict(self.settled))
+
+    def settled_to(self, epoch: Epoch) -> int:
+        """The ESN up to which the epoch's copies here need no purge: settled, or known good."""
+        tail = self.epoch_tails.get(epoch)
+        return max(tail[0] if tail is not None else 0, self.settled.get(epoch, 0))
 
     def effective_seal(self) -> tuple[Epoch, NodeId | None]:
         if self.soft_sealed_epoch > self.sealed_epoch:
@@ -207,6 +222,10 @@ class StoreMachine:
         self._logs: dict[LogId, _LogState] = {}
         self._valid_node_ids: set[str] = set()
 
+    def set_accept_writes(self, accept: bool) -> None:
+        """False: every STORE answers DISABLED (a node being drained takes no new copies)."""
+        self._accept_writes = accept
+
     def restore(self, log_id: LogId, state: LogStorageState) -> None:
         """Load what the record store recovered for ``log_id`` (only at start)."""
         assert log_id not in self._logs, log_id
@@ -214,7 +233,8 @@ class StoreMachine:
             sealed_epoch=state.sealed_epoch, sealed_by=state.sealed_by,
             soft_sealed_epoch=state.soft_sealed_epoch, soft_sealed_by=state.soft_sealed_by,
             release_lsn=state.release_lsn, last_lsn=state.last_lsn,
-            epoch_tails=dict(state.epoch_tails), trim_lsn=state.trim_lsn)
+            epoch_tails=dict(state.epoch_tails), trim_lsn=state.trim_lsn,
+            settled=dict(state.settled))
 
     def state(self, log_id: LogId) -> LogStorageState:
         log = self._logs.get(log_id)
@@ -325,17 +345,18 @@ class StoreMachine:
         return release_lsn
 
     def drained_mark(self, release: Release) -> int | None:
-        """For the last RELEASE of a drained epoch (``Release.drained_epoch``): the ESN to
-        raise that epoch's last-known-good ESN to, as ``clean_mark`` does, when the node holds
-        copies above it, all of them at or below the release pointer (so records); else
-        None."""
+        """For the last RELEASE of a drained epoch (``Release.drained_epoch``): the ESN up to
+        which that epoch is settled here (durably, ``on_clean_marked``), as ``clean_mark``
+        does, when the node holds unsettled copies, all of them at or below the release
+        pointer (so records); else None."""
         epoch = release.drained_epoch
         log = self._logs.get(release.log_id)
         if (not epoch_valid(epoch) or log is None or not lsn_valid(release.release_lsn)
                 or lsn_to_epoch(release.release_lsn) != epoch):
             return None
         tail = log.epoch_tails.get(epoch)
-        if tail is None or tail[0] >= tail[1] or tail[1] > lsn_to_esn(release.release_lsn):
+        if (tail is None or log.settled_to(epoch) >= tail[1]
+                or tail[1] > lsn_to_esn(release.release_lsn)):
             return None
         return tail[1]
 
@@ -444,28 +465,38 @@ class StoreMachine:
                         sealed_epoch=state.effective_seal[0], last_lsn=state.last_lsn,
                         trim_lsn=state.trim_lsn, unclean=unsettled_epochs(state))
 
-    def clean_mark(self, clean: Clean) -> int | None:
-        """Once a CLEAN's purge is written: the ESN to raise the epoch's last-known-good ESN
-        to (durably, ``on_clean_marked``), so that the node no longer reports the epoch as
-        unsettled (``LogState.unclean``); None when there is nothing to mark (no copies of
-        the epoch here, or none above its last-known-good ESN).
+    def epoch_last_esn(self, log_id: LogId, epoch: Epoch) -> int:
+        """The highest ESN of ``epoch`` held here (0 if none)."""
+        log = self._logs.get(log_id)
+        tail = log.epoch_tails.get(epoch) if log is not None else None
+        return tail[1] if tail is not None else 0
 
-        After the purge every copy the node holds of the epoch is recovery's decision (a
-        record, or a hole or bridge written by recovery): none of them is a stray any more.
-        A later recovery of the epoch can only be one that raced this one (it started from an
-        older last clean epoch); with the raised ESN it leaves the settled copies alone and
-        bridges after them, which readers see as the same end of the epoch."""
+    def clean_mark(self, clean: Clean, purged_last_esn: int) -> int | None:
+        """Once a CLEAN's purge is written: the ESN up to which the epoch is settled here
+        (durably, ``on_clean_marked``), so that the node no longer reports it as unsettled
+        (``LogState.unclean``); None when there is nothing to mark. ``purged_last_esn`` is
+        the highest ESN the node held when the purge was decided (``epoch_last_esn``): a copy
+        that came later (a late STORE of an abandoned recovery attempt) was not purged and
+        stays unsettled.
+
+        The mark is not a last-known-good ESN. The purge wrote holes over the node's copies
+        past the bridge, and a hole that only this node holds is no decision any other node
+        knows of: if the next attempt of the same recovery (its CLEANED was lost) trusted the
+        mark as last-known-good it would digest nothing below it, bridge after it and take
+        it as the epoch's last record, while readers without this node find no copy there.
+        Recovery digests from the LNG the STOREs carried instead, finds the decision (written
+        to R nodes with its precedence) and decides the same again."""
         log = self._logs.get(clean.log_id)
-        tail = log.epoch_tails.get(clean.epoch) if log is not None else None
-        if tail is None or tail[0] >= tail[1]:
+        if log is None or clean.epoch not in log.epoch_tails:
             return None
-        return tail[1]
+        last = min(purged_last_esn, log.epoch_tails[clean.epoch][1])
+        return last if last > log.settled_to(clean.epoch) else None
 
     def on_clean_marked(self, log_id: LogId, epoch: Epoch, esn: int) -> None:
-        """The mark of ``clean_mark`` is durable."""
+        """The mark of ``clean_mark`` or ``drained_mark`` is durable."""
         log = self._log(log_id)
-        lng, last = log.epoch_tails.get(epoch, (0, 0))
-        log.epoch_tails[epoch] = (max(lng, esn), max(last, esn))
+        if esn > log.settled.get(epoch, 0):
+            log.settled[epoch] = esn
 
     def trim(self, trim: Trim) -> Status:
         """Raise the trim point: OK when raised (the caller must persist it), UPTODATE when it
@@ -531,13 +562,18 @@ class StoreMachine:
 
 def unsettled_epochs(state: LogStorageState) -> tuple[tuple[int, int, int], ...]:
     """``(epoch, lng, last)`` of the epochs whose copies here above the last-known-good ESN
-    were never settled by a CLEAN (lowest first, at most ``UNCLEAN_EPOCHS_REPORTED_MAX``).
+    were never settled by a CLEAN or a drained epoch's last RELEASE (``settled``; lowest
+    first, at most ``UNCLEAN_EPOCHS_REPORTED_MAX``).
     The newest epoch is among them while its sequencer writes: the asker skips its own.
     Copies at or below the trim point are never served again: they need no settling."""
     unsettled: list[tuple[int, int, int]] = []
+    settled = state.settled
     for epoch in sorted(state.epoch_tails):
         lng, last = state.epoch_tails[epoch]
-        if last > lng and compose_lsn(epoch, Esn(last)) > state.trim_lsn:
+        # The purge re-derives from the last-known-good ESN, not from the settled one: the
+        # epoch's bridge lies past the former (see ``sequencer.core.purge``).
+        if last > max(lng, settled.get(epoch, 0)) and compose_lsn(epoch, Esn(last)) > (
+                state.trim_lsn):
             unsettled.append((epoch, lng, last))
             if len(unsettled) >= UNCLEAN_EPOCHS_REPORTED_MAX:
                 break

@@ -16,6 +16,10 @@ always keeps enough nodes to make progress:
   later on their data.
 - ``failpoint``: kill -9 one node, restart it with ``SEQLOG_FAILPOINTS=failpoint``, give it
   ``duration_s`` to crash there, then restart it clean (kill -9 first if it did not crash).
+- ``wipe`` (only with ``disk_faults``): kill -9 one storage node, delete everything in its
+  data directory but its config (a replaced disk), restart it, and wait until its rebuild
+  finished (at most ``WIPE_REBUILD_S_MAX``), so at most one disk is lost at a time, each
+  after the previous rebuild finished.
 """
 
 from __future__ import annotations
@@ -24,13 +28,16 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-ACTIONS = ("kill", "pause", "isolate", "split", "oneway", "delay", "failpoint", "killall")
+ACTIONS = ("kill", "pause", "isolate", "split", "oneway", "delay", "failpoint", "killall",
+           "wipe")
 WEIGHTS = {"kill": 3, "pause": 2, "isolate": 2, "split": 1, "oneway": 1, "delay": 1,
            "failpoint": 3, "killall": 1}
 FIRST_FAULT_S = 2.0
 QUIET_S_MIN = 1.0
 """Time between one fault's end and the next one's start, so the cluster can settle."""
 QUIET_S_MAX = 3.0
+WIPE_WEIGHT = 2
+WIPE_REBUILD_S_MAX = 90.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +69,13 @@ def sequencer_failpoints(rng: random.Random, replication: int) -> str:
 
 
 def schedule(seed: int, duration_s: float, sequencers: list[str], storage: list[str],
-             replication: int) -> list[Fault]:
-    """The faults of a fault phase of ``duration_s`` seconds."""
+             replication: int, *, disk_faults: bool = False) -> list[Fault]:
+    """The faults of a fault phase of ``duration_s`` seconds (``disk_faults``: with
+    ``wipe``; without, the schedules of earlier seeds are unchanged)."""
     rng = random.Random(seed)
     nodes = sequencers + storage
-    actions = list(WEIGHTS)
-    weights = [WEIGHTS[a] for a in actions]
+    actions = list(WEIGHTS) + (["wipe"] if disk_faults else [])
+    weights = [WEIGHTS.get(a, WIPE_WEIGHT) for a in actions]
     faults: list[Fault] = []
     t = FIRST_FAULT_S
     while t < duration_s:
@@ -77,6 +85,10 @@ def schedule(seed: int, duration_s: float, sequencers: list[str], storage: list[
         fault: Fault
         if action in ("kill", "pause"):
             fault = Fault(t, action, (target,), duration)
+        elif action == "wipe":
+            # Nominal: the fault lasts until the rebuild is done (at most WIPE_REBUILD_S_MAX),
+            # and the next one starts later if it overran.
+            fault = Fault(t, action, (rng.choice(storage),), round(rng.uniform(3.0, 8.0), 2))
         elif action == "killall":
             fault = Fault(t, action, tuple(nodes), duration)
         elif action == "isolate":

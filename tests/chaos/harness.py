@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,8 +32,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from services import local_cluster as lc
+from services import token_cli
 from shared import failpoints
-from shared.config import GossipConfig, SequencerConfig, TransportConfig
+from shared.config import AuthConfig, GossipConfig, SequencerConfig, TransportConfig
 from shared.net.pool import PeerPool
 from shared.status import Status
 from shared.types import EPOCH_MAX, ESN_MAX, Epoch, Esn, LogId, NodeId, compose_lsn, lsn_to_epoch
@@ -39,7 +42,7 @@ from shared.wire.read import GetLogState, LogState
 from shared.wire.recovery import Digest, GetDigest
 from shared.wire.store import RecordFlags
 from tests.chaos import checkers
-from tests.chaos.faults import Fault, links_of, schedule
+from tests.chaos.faults import WIPE_REBUILD_S_MAX, Fault, links_of, schedule
 from tests.chaos.history import History, payload_text
 from tests.chaos.proxy import PASS, LinkMode, Mode, ProxyProcess
 from tests.chaos.reader_check import compare_readers
@@ -78,6 +81,11 @@ class ChaosConfig:
     settle_timeout_s: float = 15.0
     """Bound on waiting for release pointers to reach the acks, and again for the readers."""
     workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    disk_faults: bool = False
+    """Also replace storage nodes' disks (``wipe``), one at a time, each rebuilt first."""
+    auth: bool = False
+    """Client authentication on (docs/SECURITY.md): every request of the workload and the
+    reader check carries the cluster's admin token."""
 
 
 @dataclass(slots=True)
@@ -122,6 +130,7 @@ class ChaosCluster:
         self.data_ports: dict[str, int] = {}
         self.fingerprint = ""
         self.paused: set[str] = set()
+        self.token: str | None = None
 
     async def start(self) -> None:
         count = self.config.sequencers + self.config.storage_nodes
@@ -132,7 +141,9 @@ class ChaosCluster:
         spec = lc.LocalClusterSpec(
             dir=self.root, storage_nodes=self.config.storage_nodes,
             sequencers=self.config.sequencers, replication=self.config.replication,
-            base_port=base_port, fsync="always", sequencer=SEQUENCER, gossip=FAST_GOSSIP)
+            base_port=base_port, fsync="always", sequencer=SEQUENCER, gossip=FAST_GOSSIP,
+            auth=token_cli.write_local_auth(self.root) if self.config.auth else AuthConfig())
+        self.token = token_cli.local_admin_token(self.root) if self.config.auth else None
         configs = lc.plan(spec)
         cluster = configs[0].cluster
         self.fingerprint = cluster.fingerprint()
@@ -327,9 +338,39 @@ class FaultRunner:
                 await cluster.set_links(links, PASS)
         elif fault.action == "failpoint":
             return await self._failpoint(fault)
+        elif fault.action == "wipe":
+            return await self._wipe(fault)
         else:
             raise ValueError(f"unknown fault {fault.action!r}")
         return {}
+
+    async def _wipe(self, fault: Fault) -> dict[str, Any]:
+        """A replaced disk: kill -9, delete the data directory's contents but the config and
+        the log, restart, then wait (up to ``WIPE_REBUILD_S_MAX``) until the cluster state says the
+        node's shard is AUTHORITATIVE again, rebuilt."""
+        cluster = self.cluster
+        node = fault.nodes[0]
+        http = cluster.http[node]
+        before = await asyncio.to_thread(_rebuilds, http, node)
+        await cluster.kill9(node)
+        data_dir = lc.config_path(cluster.root, node).parent
+        for path in await asyncio.to_thread(lambda: list(data_dir.iterdir())):
+            if path.name in ("config.json", "node.log"):
+                continue
+            if path.is_dir():
+                await asyncio.to_thread(shutil.rmtree, path)
+            else:
+                await asyncio.to_thread(path.unlink)
+        started = time.monotonic()
+        await cluster.restart(node)
+        rebuilt = False
+        while time.monotonic() - started < WIPE_REBUILD_S_MAX:
+            count = await asyncio.to_thread(_rebuilds, http, node)
+            if count is not None and before is not None and count > before:
+                rebuilt = True
+                break
+            await asyncio.sleep(0.5)
+        return {"rebuilt": rebuilt, "rebuild_s": round(time.monotonic() - started, 1)}
 
     async def _failpoint(self, fault: Fault) -> dict[str, Any]:
         cluster = self.cluster
@@ -377,6 +418,21 @@ def _max_acked(history: History) -> dict[int, int]:
     return found
 
 
+def _rebuilds(http: str, node: str) -> int | None:
+    """How many rebuilds of ``node`` finished and left it AUTHORITATIVE (None: unknown)."""
+    try:
+        with urllib.request.urlopen(f"http://{http}/v1/cluster", timeout=5) as answer:
+            shards = json.loads(answer.read()).get("shards") or []
+    except (OSError, ValueError):
+        return None
+    for shard in shards:
+        if shard.get("node_id") == node:
+            if shard.get("status") != "AUTHORITATIVE":
+                return -1
+            return int(shard.get("rebuilds_count", 0))
+    return 0
+
+
 class HarnessError(Exception):
     """The run itself failed (a node that cannot start, the proxy gone); names the seed."""
 
@@ -406,7 +462,7 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
     try:
         await cluster.start()
         faults = schedule(config.seed, config.duration_s, cluster.sequencers, cluster.storage,
-                          config.replication)
+                          config.replication, disk_faults=config.disk_faults)
         history.add("meta", seed=config.seed, replication=config.replication,
                     logs=list(config.workload.logs), nodes=cluster.nodes,
                     storage_nodes=cluster.storage, sequencers=cluster.sequencers,
@@ -414,7 +470,7 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
         say(f"cluster up: {cluster.nodes}, R={config.replication}, {len(faults)} faults")
         workload = Workload(history, cluster.http, entry_nodes=cluster.nodes,
                             read_nodes=cluster.nodes, incarnation=cluster.incarnation,
-                            settings=config.workload, seed=config.seed)
+                            settings=config.workload, seed=config.seed, token=cluster.token)
         await workload.start()
         await asyncio.sleep(config.warmup_s)
         runner = FaultRunner(cluster, history, say)
@@ -438,7 +494,7 @@ async def _run(config: ChaosConfig, run_dir: Path) -> ChaosResult:
         say(f"settled: release reached the acks: {released}, readers caught up: {caught_up}")
         unscanned = await cluster.scan_copies(history, config.workload.logs)
         readers = await compare_readers([f"http://{h}" for h in cluster.http.values()],
-                                        config.workload.logs)
+                                        config.workload.logs, token=cluster.token)
         say(f"direct reader vs HTTP: {readers}")
         assert cluster.proxy is not None
         links = await cluster.proxy.stats()

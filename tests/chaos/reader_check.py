@@ -43,12 +43,13 @@ async def _http_entries(client: Client, log_id: int, until: int) -> list[Record 
     return entries
 
 
-async def compare_readers(urls: list[str], logs: tuple[int, ...]) -> dict[str, Any]:
+async def compare_readers(urls: list[str], logs: tuple[int, ...], *, token: str | None = None
+                          ) -> dict[str, Any]:
     """Figures: ``reader_mismatches`` (logs whose views differ; must be 0) and the gap types
     the direct reader delivered."""
     mismatches: list[int] = []
     gaps: dict[str, int] = {}
-    async with Client(urls, timeout_ms=30_000) as client:
+    async with Client(urls, timeout_ms=30_000, token=token) as client:
         for log_id in logs:
             until = (await client.tail(log_id)).release_lsn
             if until == 0:

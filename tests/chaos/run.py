@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import sys
@@ -27,9 +28,11 @@ SMALL = {"sequencers": 2, "storage_nodes": 3, "replication": 2}
 LARGE = {"sequencers": 3, "storage_nodes": 4, "replication": 3}
 
 
-def config_for(seed: int, duration_s: float, *, large: bool) -> ChaosConfig:
+def config_for(seed: int, duration_s: float, *, large: bool,
+               disk_faults: bool = False) -> ChaosConfig:
     shape = LARGE if large else SMALL
-    return ChaosConfig(seed=seed, duration_s=duration_s, **shape)  # type: ignore[arg-type]
+    return ChaosConfig(seed=seed, duration_s=duration_s, disk_faults=disk_faults,
+                       **shape)  # type: ignore[arg-type]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="run directory (default: a new one under the temp dir)")
     parser.add_argument("--large", action="store_true",
                         help="3 sequencer nodes, 4 storage nodes, R=3 (default 2, 3, R=2)")
+    parser.add_argument("--disk-faults", action="store_true",
+                        help="also replace storage nodes' disks (kill -9, wipe, restart, wait "
+                        "for the rebuild), one at a time")
+    parser.add_argument("--auth", action="store_true",
+                        help="client authentication on (docs/SECURITY.md)")
     parser.add_argument("--check", type=Path, default=None, metavar="HISTORY",
                         help="only run the checkers over a recorded history.jsonl")
     args = parser.parse_args(argv)
@@ -55,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {seed}", flush=True)
     run_dir = args.dir or Path(tempfile.mkdtemp(prefix=f"seqlog-chaos-{seed}-"))
     try:
-        result = asyncio.run(run(config_for(seed, args.duration_s, large=args.large), run_dir))
+        config = dataclasses.replace(config_for(seed, args.duration_s, large=args.large,
+                                                disk_faults=args.disk_faults),
+                                     auth=args.auth)
+        result = asyncio.run(run(config, run_dir))
     except HarnessError as exc:
         print(exc, file=sys.stderr)
         return 2

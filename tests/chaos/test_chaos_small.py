@@ -6,6 +6,7 @@ with ``python -m tests.chaos.run --seed N --duration-s S [--large]``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.chaos.run import config_for
 
 SMALL_SEED = 20240605
 SMALL_DURATION_S = 90.0
+AUTH_DURATION_S = 30.0
 SLOW_SEEDS = (1, 2, 3)
 SLOW_DURATION_S = 300.0
 TEN_MINUTES_SEED = 7
@@ -43,6 +45,14 @@ def _assert_sound(result: ChaosResult) -> None:
 async def test_small_chaos_run(tmp_path: Path) -> None:
     result = await run(config_for(SMALL_SEED, SMALL_DURATION_S, large=False), tmp_path)
     _assert_sound(result)
+
+
+@pytest.mark.integration
+async def test_small_chaos_run_with_auth_on(tmp_path: Path) -> None:
+    """The same checks with client authentication on (docs/SECURITY.md): the workload and
+    the readers carry the cluster's token through crashes, partitions and restarts."""
+    config = replace(config_for(SMALL_SEED + 1, AUTH_DURATION_S, large=False), auth=True)
+    _assert_sound(await run(config, tmp_path))
 
 
 @pytest.mark.integration

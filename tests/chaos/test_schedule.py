@@ -53,3 +53,11 @@ def test_network_faults_pick_their_links() -> None:
     assert "seq1>st1" not in links and "st2>st3" not in links
     assert links_of(NODES, Fault(0, "oneway", ("st2", "seq1"), 1, mode="drop")) == ["st2>seq1"]
     assert links_of(NODES, Fault(0, "kill", ("st2",), 1)) == []
+
+
+def test_disk_faults_wipe_only_storage_nodes_and_leave_default_schedules_alone() -> None:
+    wipes = [f for seed in range(100) for f in schedule(seed, 300, SEQ, ST, 2, disk_faults=True)
+             if f.action == "wipe"]
+    assert wipes and all(f.nodes[0] in ST and len(f.nodes) == 1 for f in wipes)
+    assert not any(f.action == "wipe" for seed in range(100)
+                   for f in schedule(seed, 300, SEQ, ST, 2))

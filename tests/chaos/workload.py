@@ -147,8 +147,10 @@ class Workload:
 
     def __init__(self, history: History, http: dict[str, str], entry_nodes: list[str],
                  read_nodes: list[str], incarnation: Callable[[str], int],
-                 settings: WorkloadSettings, seed: int) -> None:
+                 settings: WorkloadSettings, seed: int, token: str | None = None) -> None:
         self.history = history
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        """A cluster with auth on (docs/SECURITY.md): every request carries the token."""
         self.http = http
         self.entry_nodes = entry_nodes
         self.read_nodes = read_nodes
@@ -171,9 +173,9 @@ class Workload:
     async def start(self) -> None:
         # Writers: a fresh connection per request; readers and observers: keep-alive.
         write_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-            limit=CONNECTIONS_MAX, force_close=True))
+            limit=CONNECTIONS_MAX, force_close=True), headers=self.headers)
         read_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-            limit=CONNECTIONS_MAX))
+            limit=CONNECTIONS_MAX), headers=self.headers)
         self._sessions = [write_session, read_session]
         for name, log, node in writer_placement(self.settings, self.entry_nodes):
             rng = random.Random(self.rng.getrandbits(64))

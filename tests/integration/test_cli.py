@@ -289,5 +289,5 @@ def test_completion_script_completes_in_bash() -> None:
          script], capture_output=True, text=True, timeout=30, check=False)
     assert shell.returncode == 0, shell.stderr
     subcommands, formats = shell.stdout.splitlines()
-    assert subcommands.split() == ["read"]
+    assert subcommands.split() == ["read", "rebuild"]
     assert sorted(formats.split()) == ["json", "raw", "text"]

@@ -63,6 +63,21 @@ def test_mixed_smoke_run(tmp_path: Path) -> None:
     assert summary["cpu"]["cores"] >= 1
 
 
+@pytest.mark.integration
+def test_mixed_smoke_run_with_auth_on(tmp_path: Path) -> None:
+    """The users send the cluster's token (docs/SECURITY.md): no 401 or 403 anywhere."""
+    report = tmp_path / "report"
+    done = run_runner(["mixed", "--auth", "--duration-s", str(SMOKE_DURATION_S // 2),
+                       "--users", "6", "--spawn-rate", "6", "--report-dir", str(report),
+                       "--sequencers", "1"], RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {r.name: r for r in read_stats(report / "locust_stats.csv")}
+    for name in ("append", "append-batch", "tail"):
+        assert name in rows and rows[name].requests > 0, (name, sorted(rows))
+    unexpected = {r.name: r.failures for r in rows.values() if r.method and r.failures}
+    assert unexpected == {}, (report / "locust_failures.csv").read_text()
+
+
 def fake_node() -> web.Application:
     """Serves the API.md shapes: every 5th append is a 429, every 7th a 503."""
     counter = itertools.count(1)

@@ -35,7 +35,8 @@ LARGE_EXAMPLES = 300
 
 
 def run_schemathesis(cluster: RunningCluster, max_examples: int, timeout_s: float,
-                     workdir: Path, seed: int | None) -> subprocess.CompletedProcess[str]:
+                     workdir: Path, seed: int | None, token: str | None = None
+                     ) -> subprocess.CompletedProcess[str]:
     """``workdir``: where schemathesis keeps its cache (crashes it would replay next time), so
     that each run starts fresh and nothing lands in the source tree."""
     command = Path(sys.executable).parent / "schemathesis"
@@ -47,15 +48,20 @@ def run_schemathesis(cluster: RunningCluster, max_examples: int, timeout_s: floa
         [str(command), "--no-color", "--config-file", str(HERE / "schemathesis.toml"), "run",
          f"{base}/openapi.json", "--checks", "all", "--max-examples", str(max_examples),
          "--request-timeout", "30", "--suppress-health-check", "all", "--workers", "1",
-         *([] if seed is None else ["--seed", str(seed)])],
+         *([] if seed is None else ["--seed", str(seed)]),
+         # A cluster with auth on (docs/SECURITY.md): every request carries the token, and
+         # schemathesis also checks each operation refuses requests without it.
+         *([] if token is None else ["--header", f"Authorization: Bearer {token}"])],
         env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
-def server_errors(cluster: RunningCluster) -> dict[str, float]:
+def server_errors(cluster: RunningCluster, token: str | None = None) -> dict[str, float]:
     """HTTP answers with a 5xx code each node counted."""
     found: dict[str, float] = {}
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     for node in cluster.state.nodes:
-        with urllib.request.urlopen(f"http://{node.http}/metrics", timeout=10) as answer:
+        request = urllib.request.Request(f"http://{node.http}/metrics", headers=headers)
+        with urllib.request.urlopen(request, timeout=10) as answer:
             text = answer.read().decode()
         found[node.node_id] = sum(
             float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -64,16 +70,16 @@ def server_errors(cluster: RunningCluster) -> dict[str, float]:
 
 
 def check_run(cluster: RunningCluster, max_examples: int, timeout_s: float,
-              workdir: Path, seed: int | None = None) -> None:
-    before = server_errors(cluster)
-    done = run_schemathesis(cluster, max_examples, timeout_s, workdir, seed)
+              workdir: Path, seed: int | None = None, token: str | None = None) -> None:
+    before = server_errors(cluster, token)
+    done = run_schemathesis(cluster, max_examples, timeout_s, workdir, seed, token)
     tail = done.stdout[-6000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
     assert " passed" in done.stdout and "failure" not in done.stdout.split("SUMMARY")[-1], tail
     for node in cluster.state.nodes:
         with urllib.request.urlopen(f"http://{node.http}/readyz", timeout=10) as answer:
             assert answer.status == 200, node.node_id
-    assert server_errors(cluster) == before
+    assert server_errors(cluster, token) == before
 
 
 def test_every_operation_keeps_its_contract(local_cluster: RunningCluster,

@@ -8,9 +8,9 @@ cluster would provide is simulated as follows; nothing else is changed:
 - **Environment**: ``envFrom`` ConfigMaps, then ``env`` in order, with ``$(VAR)`` expansion
   and ``$$`` escapes as the kubelet does; ``fieldRef`` gives the pod name, namespace and IP.
 - **Volumes**: each volume mount becomes a directory; paths under a mount in the environment
-  (and in zoo.cfg) point there. A ConfigMap volume holds one file per key, an ``emptyDir`` is
-  emptied when its pod restarts, a ``volumeClaimTemplates`` claim keeps its data across
-  restarts of its pod (a PersistentVolumeClaim).
+  (and in zoo.cfg) point there. A ConfigMap or Secret volume holds one file per key, an
+  ``emptyDir`` is emptied when its pod restarts, a ``volumeClaimTemplates`` claim keeps its
+  data across restarts of its pod (a PersistentVolumeClaim).
 - **DNS and Services**: ``SEQLOG_CONNECT_TO`` maps every name a pod would resolve (pod names
   under a headless Service, ClusterIP Services with their endpoints) to the pods' addresses,
   and ``SEQLOG_LISTEN_HOST`` is the pod IP instead of ``0.0.0.0`` (pods here share one network
@@ -29,6 +29,7 @@ cluster would provide is simulated as follows; nothing else is changed:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import random
@@ -49,6 +50,16 @@ from epoch_store import zk_server
 
 POLL_S = 0.05
 PROBE_TIMEOUT_S = 2.0
+
+
+def secret_files(docs: list[Manifest], name: str) -> dict[str, bytes]:
+    """The files of the Secret ``name``: its ``stringData`` and base64 ``data``."""
+    found = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == name]
+    if len(found) != 1:
+        raise PodError(f"no Secret named {name}")
+    files = {k: base64.b64decode(v) for k, v in (found[0].get("data") or {}).items()}
+    files.update({k: v.encode() for k, v in (found[0].get("stringData") or {}).items()})
+    return files
 
 
 class PodError(Exception):
@@ -253,6 +264,13 @@ class PodsOnOneMachine:
                 data = configmap_by_ref(self.docs, volumes[name]["configMap"]["name"])["data"]
                 for key, text in data.items():
                     (path / key).write_text(text)
+            elif "secret" in volumes[name]:
+                path = pod.dir / f"secret-{name}"
+                shutil.rmtree(path, ignore_errors=True)
+                path.mkdir(parents=True)
+                for key, data in secret_files(self.docs,
+                                              volumes[name]["secret"]["secretName"]).items():
+                    (path / key).write_bytes(data)
             elif "emptyDir" in volumes[name]:
                 path = pod.dir / f"emptydir-{name}"
                 if fresh:

@@ -254,3 +254,29 @@ def _pod_env(docs: list[Manifest], sts: Manifest, pod_name: str, tmp_path: Path
             path.write_text(data[key])
             env["SEQLOG_SETTINGS_FILE"] = str(path)
     return env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_prod_requires_tokens_from_a_mounted_secret_and_dev_stays_open(
+        overlay: str, tmp_path: Path) -> None:
+    """docs/SECURITY.md: the prod overlay turns client authentication on with the keys and
+    permissions of the seqlog-auth Secret, mounted read-only into every Seqlog pod; the dev
+    overlay stays open for a first try."""
+    docs = render(f"overlays/{overlay}")
+    for sts in find(docs, "StatefulSet", "seqlog-s"):
+        pod_name = f"{sts['metadata']['name']}-0"
+        auth = config_from_env(_pod_env(docs, sts, pod_name, tmp_path)).config.auth
+        if overlay == "dev":
+            assert not auth.enabled
+            continue
+        assert auth.enabled and auth.key_file == "/etc/seqlog-auth/keys.txt"
+        assert auth.permissions_file == "/etc/seqlog-auth/permissions.json"
+        mounts = {m["name"]: m for m in container(sts)["volumeMounts"]}
+        assert mounts["auth"]["mountPath"] == "/etc/seqlog-auth"
+        assert mounts["auth"]["readOnly"] is True
+        volume = next(v for v in pod_spec(sts)["volumes"] if v["name"] == "auth")
+        assert volume["secret"]["secretName"] == "seqlog-auth"
+        assert volume["secret"]["defaultMode"] == 0o440
+    if overlay == "prod":
+        secret = one(docs, "Secret", "seqlog-auth")
+        assert set(secret["stringData"]) == {"keys.txt", "permissions.json", "admin.token"}

@@ -17,6 +17,7 @@ import base64
 import contextlib
 import copy
 import itertools
+import json
 import os
 import random
 import signal
@@ -33,6 +34,7 @@ from pods_on_one_machine import Pod, PodError, PodsOnOneMachine
 
 from epoch_store import read_log_state
 from shared.routing import routable_sequencers, sequencer_for
+from shared.security.tokens import mint, new_key
 from shared.status import Status
 from shared.types import LogId, NodeId
 
@@ -53,9 +55,33 @@ ACKS_PER_STEP = 20
 READ_PAGE = 1000
 
 
+def _auth_headers() -> dict[str, str]:
+    """The prod overlay runs with auth on: requests carry the token the fixture set."""
+    token = os.environ.get("SEQLOG_TOKEN")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _provision_auth_secret(docs: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """What an operator does before deploying prod (k8s/overlays/prod/auth-secret.yaml):
+    a real key and admin token in the seqlog-auth Secret; clients get the token."""
+    secrets = [d for d in docs if d["kind"] == "Secret" and
+               d["metadata"]["name"] == "seqlog-auth"]
+    if not secrets:
+        return
+    key = new_key()
+    token = mint(key.encode(), "admin", ttl_s=3600)
+    secrets[0]["stringData"] = {
+        "keys.txt": key + "\n", "admin.token": token + "\n",
+        "permissions.json": json.dumps({"principals": {"admin": {"grants": ["admin"]}}})}
+    monkeypatch.setenv("SEQLOG_TOKEN", token)
+
+
 @pytest.fixture(params=["dev", pytest.param("prod", marks=pytest.mark.slow)])
-def pods(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PodsOnOneMachine]:
-    cluster = PodsOnOneMachine(render(f"overlays/{request.param}"), tmp_path)
+def pods(request: pytest.FixtureRequest, tmp_path: Path,
+         monkeypatch: pytest.MonkeyPatch) -> Iterator[PodsOnOneMachine]:
+    docs = render(f"overlays/{request.param}")
+    _provision_auth_secret(docs, monkeypatch)
+    cluster = PodsOnOneMachine(docs, tmp_path)
     try:
         cluster.start_all(timeout_s=READY_TIMEOUT_S)
     except PodError as exc:
@@ -112,7 +138,7 @@ async def test_cluster_forms_elects_sequencers_and_serves_appends(
     seqlog = _seqlog_pods(pods)
     sequencers = pods.by_component("sequencer")
     names = {p.name for p in seqlog}
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=_auth_headers()) as session:
         for pod in seqlog:
             await _wait_views(session, seqlog, pod.name, {"ALIVE"})
         views = await _views(session, seqlog)
@@ -231,7 +257,7 @@ async def test_rolling_restart_under_load_loses_no_acknowledged_record(
     sequencers = pods.by_component("sequencer")
     load = AppendLoad(endpoints=[p.http for p in sequencers])
     steps = []
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=_auth_headers()) as session:
         writers = [asyncio.create_task(load.run(session, w)) for w in range(WRITERS)]
         try:
             await load.wait_acked(ACKS_PER_STEP)
@@ -296,7 +322,7 @@ async def test_adding_a_storage_node_by_config_change_and_full_restart(
     the change use the new node too."""
     sequencers = pods.by_component("sequencer")
     storage_before = [p.name for p in pods.by_component("storage")]
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers=_auth_headers()) as session:
         acked = []
         for log in (1, 2, 3):
             status, body, _ = await _append(session, sequencers[0].http, log, b"before")
@@ -359,7 +385,7 @@ async def test_a_stuck_node_still_exits_within_its_shutdown_bound(tmp_path: Path
     try:
         await asyncio.to_thread(pods.start_all, timeout_s=READY_TIMEOUT_S)
         sequencer = pods.by_component("sequencer")[0]
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=_auth_headers()) as session:
             status, body, _ = await _append(session, sequencer.http, 1, b"warm")
             assert status == 200, body
             for pod in pods.by_component("storage"):

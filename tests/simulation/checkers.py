@@ -22,10 +22,10 @@ R2 readers agree at every moment: every ``reader_check_interval_ms`` during the 
    f-majorities (reading like a reader, as R1): they all see the same record or gap at every
    LSN, every acknowledged record among them, and the same as every earlier read saw below
    its release pointer (a record or a gap, once read, never changes).
-T1 the tail never decreases: every frontend (one per sequencer node) answers GET tail by the
-   rule issue 16 item 4 asks for (a releasable owner's release pointer and the storage nodes'
-   ones, else the highest it reported before in this incarnation, else NOTREADY) and reports
-   at least the highest tail any frontend reported before.
+T1 the tail never decreases: every frontend (one per sequencer node incarnation, the shipped
+   ``FrontEnd.tail`` through the simulated transport, ``sim_frontend``) answers GET tail, and
+   every OK answer is at least the highest tail any frontend reported before the request
+   started (NOTREADY is always allowed).
 
 Checks are incremental (each LSN is verified once per property) so that they can run at
 every event; disks only grow, so what was verified stays true.
@@ -309,13 +309,20 @@ class SafetyChecker:
                      f"{first_difference(now, old_view)}")
         self._read_views[log_id] = (release_lsn, first[1])
 
-    def on_tail(self, frontend: str, log_id: LogId, tail_lsn: Lsn) -> None:
-        """T1: ``frontend`` reports ``tail_lsn`` as the log's tail."""
-        high, who = self._tail_high.get(log_id, (Lsn(0), ""))
+    def tail_high(self, log_id: LogId) -> tuple[Lsn, str]:
+        """The highest tail of ``log_id`` any frontend reported so far, and who did."""
+        return self._tail_high.get(log_id, (Lsn(0), ""))
+
+    def on_tail(self, frontend: str, log_id: LogId, tail_lsn: Lsn,
+                floor: tuple[Lsn, str] | None = None) -> None:
+        """T1: ``frontend`` reports ``tail_lsn`` as the log's tail, in answer to a request
+        that started when ``floor`` (``tail_high``) was the highest tail reported (default:
+        now, for a request answered at once)."""
+        high, who = floor if floor is not None else self.tail_high(log_id)
         if tail_lsn < high:
             fail("T1", f"{frontend} reports log {log_id}'s tail as {format_lsn(tail_lsn)}, "
-                 f"but {who} reported {format_lsn(high)} before")
-        if tail_lsn > high:
+                 f"but {who} reported {format_lsn(high)} before the request")
+        if tail_lsn > self.tail_high(log_id)[0]:
             self._tail_high[log_id] = (tail_lsn, frontend)
 
     # ---- C4 -------------------------------------------------------------------------------

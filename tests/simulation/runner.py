@@ -78,11 +78,14 @@ def run_simulation(seed: int, *, options: SimOptions | None = None,
     generated = SimOptions.generate(rng, faults=faults)
     options = options or generated
     cluster = SimCluster(seed, options, rng, verbose=verbose)
-    with failure_report(cluster, reproduce_line(seed, faults)):
-        schedule_workload(cluster)
-        schedule_chaos(cluster)
-        cluster.run_for(options.chaos_ms)
-        heal_and_check(cluster)
+    try:
+        with failure_report(cluster, reproduce_line(seed, faults)):
+            schedule_workload(cluster)
+            schedule_chaos(cluster)
+            cluster.run_for(options.chaos_ms)
+            heal_and_check(cluster)
+    finally:
+        cluster.frontends.close()
     return result_of(cluster)
 
 

@@ -23,6 +23,7 @@ from tests.simulation.checkers import SafetyChecker
 from tests.simulation.sim_client import NOTHING_WRITTEN, ClientAppend
 from tests.simulation.sim_clock import EventQueue, SimClock
 from tests.simulation.sim_epoch_store import SimEpochStore
+from tests.simulation.sim_frontend import SimFrontends, tail_from_storage
 from tests.simulation.sim_network import SimNetwork
 from tests.simulation.sim_options import SimOptions
 from tests.simulation.sim_sequencer import Core, SequencerEnv, SimSequencerNode
@@ -85,9 +86,8 @@ class SimCluster:
         self.check_rng = random.Random(seed ^ 0x5EED)
         """Samples the checkers' f-majorities; apart from ``rng``, so that checking does not
         change a seed's schedule."""
-        self._tails_seen: dict[tuple[NodeId, int, LogId], Lsn] = {}
-        """What each frontend (sequencer node incarnation) reported as a log's tail (its
-        ``FrontEnd._note_release`` memory)."""
+        self.frontends = SimFrontends(self, seed, self.stats)
+        """The sequencer nodes' frontends, which T1 asks for tails."""
 
     @property
     def now_ms(self) -> int:
@@ -282,35 +282,15 @@ class SimCluster:
             self.check_tails(log_id, nodeset)
 
     def check_tails(self, log_id: LogId, nodeset: tuple[NodeId, ...]) -> None:
-        """T1: every up frontend's answer to GET tail, by the rule issue 16 item 4 asks for:
-        the release pointer of a releasable owner sequencer (its recovery done) and of the
-        storage nodes that answer, never below what this frontend reported before; with no
-        releasable owner (down, activating, recovering), only what this frontend reported
-        before, else NOTREADY. (``FrontEnd.tail`` at the time of writing answers from the
-        storage nodes while the owner recovers: after a restart that went backwards.)"""
-        storage = [self.storage[n].release_lsn(log_id) for n in nodeset
-                   if self.storage[n].up and not self.network.stalled(n, self.now_ms)]
-        owner_id = self.route.get(log_id)
-        owner = self.sequencers[owner_id] if owner_id is not None else None
-        core = owner.cores.get(log_id) if owner is not None and owner.up else None
-        releasable = core is not None and core.sequencer.releasable
-        for node_id, node in self.sequencers.items():
-            if not node.up:
-                continue
-            key = (node_id, node.incarnation, log_id)
-            seen = self._tails_seen.get(key)
-            if releasable or (self.tail_from_storage_while_recovering and (
-                    storage or core is not None)):
-                answers = [*storage, seen or Lsn(0)]
-                if core is not None:
-                    answers.append(core.sequencer.release_lsn)
-                tail = max(answers)
-            elif seen is not None:
-                tail = seen
-            else:
-                continue  # NOTREADY
-            self._tails_seen[key] = tail
-            self.checker.on_tail(f"frontend {node_id}", log_id, tail)
+        """T1: every up sequencer node's ``FrontEnd.tail`` (the shipped code, through the
+        simulated transport: ``sim_frontend``) is asked for the log's tail; each OK answer
+        must be at least the highest tail any frontend reported before it was asked. With
+        ``tail_from_storage_while_recovering`` a frontend answers NOTREADY with the storage
+        nodes' release pointers instead, as ``FrontEnd.tail`` did when issue 16 item 4 was
+        filed (after a restart that went backwards)."""
+        if self.tail_from_storage_while_recovering:
+            self.frontends.broken_tail = tail_from_storage
+        self.frontends.ask_tails(log_id, nodeset)
 
     def release_lsn_of(self, log_id: LogId) -> dict[str, Lsn]:
         return {node_id: node.release_lsn(log_id) for node_id, node in self.storage.items()}

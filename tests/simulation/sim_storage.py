@@ -74,6 +74,7 @@ class DiskRecord:
 
 RecordWrite = tuple[tuple[LogId, Lsn], DiskRecord]
 SealWrite = tuple[LogId, tuple[Epoch, NodeId]]
+MarkWrite = tuple[tuple[LogId, Epoch], int]
 
 
 @dataclass(slots=True)
@@ -82,21 +83,25 @@ class Disk:
     release_lsn: dict[LogId, Lsn]
     seals: dict[LogId, tuple[Epoch, NodeId]] = field(default_factory=dict)
     clean_marks: dict[tuple[LogId, Epoch], int] = field(default_factory=dict)
-    """Epochs a CLEAN settled here: their last-known-good ESN raised (``clean_mark``)."""
+    """Epochs a CLEAN or a drained release settled here, up to which ESN
+    (``LogStorageState.settled``)."""
     authority: AuthorityStatus = field(default_factory=AuthorityStatus)
     """What the node can vouch for (lost copies found by a restart's scan)."""
-    journal: list[RecordWrite | SealWrite] = field(default_factory=list)
-    """Every record and seal write, in order (what the segment files hold): a damaged restart
-    loses a suffix of it."""
+    journal: list[RecordWrite | SealWrite | MarkWrite] = field(default_factory=list)
+    """Every record, seal and settled-mark write, in order (what the segment files hold): a
+    damaged restart loses a suffix of it (a mark written after a purge goes with it)."""
 
     def lose_suffix(self, entries_count: int) -> None:
         """Forget the last ``entries_count`` writes, as a corrupt or torn segment tail does:
         what they overwrote is what the node holds again. Release pointers are kept."""
         del self.journal[max(len(self.journal) - entries_count, 0):]
-        self.records, self.seals = {}, {}
+        self.records, self.seals, self.clean_marks = {}, {}, {}
         for key, value in self.journal:
             if isinstance(value, DiskRecord):
                 self.records[key] = value  # type: ignore[index]
+            elif isinstance(value, int):
+                mark_key: tuple[LogId, Epoch] = key  # type: ignore[assignment]
+                self.clean_marks[mark_key] = max(self.clean_marks.get(mark_key, 0), value)
             else:
                 self.seals[key] = value  # type: ignore[index]
 
@@ -193,13 +198,14 @@ class SimStorageNode:
             lng, last = epoch_tails.get(lsn_to_epoch(lsn), (0, 0))
             epoch_tails[lsn_to_epoch(lsn)] = (max(lng, record.last_known_good),
                                              max(last, lsn_to_esn(lsn)))
+        settled: dict[LogId, dict[Epoch, int]] = {}
         for (log_id, epoch), esn in self.disk.clean_marks.items():
-            epoch_tails = tails.setdefault(log_id, {})
-            lng, last = epoch_tails.get(epoch, (0, 0))
-            epoch_tails[epoch] = (max(lng, esn), max(last, esn))
+            settled.setdefault(log_id, {})[epoch] = esn
         for log_id, epoch_tails in tails.items():
             states[log_id] = replace(states.get(log_id, LogStorageState()),
                                      epoch_tails=epoch_tails)
+        for log_id, marks in settled.items():
+            states[log_id] = replace(states.get(log_id, LogStorageState()), settled=marks)
         for log_id, (sealed_epoch, sealed_by) in self.disk.seals.items():
             states[log_id] = replace(states.get(log_id, LogStorageState()),
                                      sealed_epoch=sealed_epoch, sealed_by=sealed_by)
@@ -276,6 +282,7 @@ class SimStorageNode:
         def write() -> None:
             key = (log_id, epoch)
             self.disk.clean_marks[key] = max(self.disk.clean_marks.get(key, 0), esn)
+            self.disk.journal.append((key, esn))
             done(Status.OK)
 
         self._after_disk(write)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spark_ingest.options import EARLIEST, LATEST, parse_logs, parse_offsets, parse_options
-from spark_ingest.planning import share_budget
+from spark_ingest.planning import new_client, share_budget
 from spark_ingest.progress import IngestReport, batch_report, lag_text
 
 E1 = 1 << 32
@@ -141,3 +141,12 @@ def test_lag_is_exact_within_an_epoch_and_a_bound_across() -> None:
     assert lag_text(E1 + 11, E1 + 10) == "0"
     assert lag_text(E1 + 1, E1 + 10) == "10"
     assert lag_text(E1 + 5, E2 + 7) == ">=7 (epoch 1->2)"
+
+
+def test_token_option_reaches_the_client_and_stays_out_of_repr() -> None:
+
+    options = parse_options({**BASE, "token": "secret-token"}, streaming=False)
+    assert options.token == "secret-token"
+    assert "secret-token" not in repr(options)
+    assert new_client(options).auth_headers == {"Authorization": "Bearer secret-token"}
+    assert parse_options(BASE, streaming=False).token is None

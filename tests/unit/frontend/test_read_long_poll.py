@@ -285,6 +285,25 @@ async def test_tail_takes_the_last_clean_epochs_tail_and_a_clean_successors_poin
     assert (outcome.status, outcome.release_lsn) == (Status.OK, e1n9)
 
 
+async def test_tail_never_takes_a_pointer_read_while_the_sequencer_recovered() -> None:
+    # Simulation seed 215: the tail asks the sequencer of epoch 3 while it still recovers (its
+    # pointer e1n1, from before), then reads the last clean epoch, which its recovery has just
+    # moved to 2 (tail e2n5). The old pointer is no release of a recovered sequencer (that is
+    # at least e2n5): it must not vouch, or the tail can fall below one reported before.
+    cluster, store = _TailCluster(), _Store()
+    front, log_id = _front_end(cluster, store)
+    e1n1, e2n5 = compose_lsn(Epoch(1), Esn(1)), compose_lsn(Epoch(2), Esn(5))
+    cluster.sequencer = _sequencer(log_id, 3, e1n1)
+    cluster.sealed = dict.fromkeys(STORAGE, Epoch(2))
+    cluster.stored = dict.fromkeys(STORAGE, e1n1)
+    store.lce = (Epoch(2), e2n5)
+    assert (await front.tail(log_id)).status is Status.NOTREADY
+    # Recovered: its pointer is the recovered tail (nothing of its own released yet).
+    cluster.sequencer = _sequencer(log_id, 3, e2n5)
+    outcome = await front.tail(log_id)
+    assert (outcome.status, outcome.release_lsn, outcome.epoch) == (Status.OK, e2n5, 3)
+
+
 async def test_tail_of_an_unclean_inactive_log_activates_its_sequencer() -> None:
     # The sequencer of epoch 1 died: only recovery can tell what it released. The tail says
     # NOTREADY and has the owner activate the log, as an append would.

@@ -90,10 +90,12 @@ def hostile(draw: st.DrawFn) -> tuple[str, bytes]:
     return "answer", encode(Append(**fields), 9)
 
 
-def connect_and_hello(port: int, fingerprint: str) -> tuple[socket.socket, FrameDecoder]:
+def connect_and_hello(port: int, fingerprint: str, token: str = ""
+                      ) -> tuple[socket.socket, FrameDecoder]:
+    """``token``: the bearer token of a node with auth on (docs/SECURITY.md)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=ANSWER_TIMEOUT_S)
     sock.sendall(encode(Hello(node_id=CLIENT_ID, protocol_version=PROTOCOL_VERSION,
-                              cluster_fingerprint=fingerprint)))
+                              cluster_fingerprint=fingerprint, token=token)))
     decoder = FrameDecoder()
     frames = _read_frames(sock, decoder, 1)
     decoded = decode(frames[0])
@@ -128,8 +130,8 @@ def _closed(sock: socket.socket, decoder: FrameDecoder) -> list[bytes]:
         frames.extend(decoder.feed(data))
 
 
-def append_works(port: int, fingerprint: str) -> None:
-    sock, decoder = connect_and_hello(port, fingerprint)
+def append_works(port: int, fingerprint: str, token: str = "") -> None:
+    sock, decoder = connect_and_hello(port, fingerprint, token)
     try:
         sock.sendall(encode(Append(log_id=LogId(FUZZ_LOG), payloads=(b"ok",), key=None,
                                    hops=0), 1))
@@ -142,12 +144,12 @@ def append_works(port: int, fingerprint: str) -> None:
 
 
 
-def check_case(port: int, fingerprint: str, case: tuple[str, bytes]) -> None:
+def check_case(port: int, fingerprint: str, case: tuple[str, bytes], token: str = "") -> None:
     """Send one hostile case on a fresh connection and check the node's reaction: a clear
     error answer ("answer"), or closing the connection, at once ("close") or once we stop
     sending ("any"); whatever it sent must be readable frames."""
     expectation, payload = case
-    sock, decoder = connect_and_hello(port, fingerprint)
+    sock, decoder = connect_and_hello(port, fingerprint, token)
     try:
         sock.sendall(payload)
         if expectation == "answer":

@@ -213,3 +213,22 @@ def test_extension_fields_stay_off_the_wire_at_their_defaults() -> None:
     assert decode(msgpack.packb([10, 1, fields])) is Status.BADMSG
     assert decode(msgpack.packb([10, 1, fields[:5]])) is Status.BADMSG
 
+
+
+async def test_reads_past_the_in_flight_bound_are_answered_overloaded() -> None:
+    """Long-poll reads hold memory on the node: a connection may hold as many unanswered as
+    appends, and one more is refused at once without reaching the handler."""
+    handler = AppendHandler()
+    config = TransportConfig(connect_timeout_ms=2_000, client_appends_inflight_max=2)
+    server = await serve(handler, config=config)  # type: ignore[arg-type]
+    client, _ = await RawClient.connect(server.port)
+    try:
+        for cid in (1, 2, 3):
+            client.send(READ, cid)
+        cid, answer = await client.recv()
+        assert cid == 3 and answer.status is Status.OVERLOADED  # type: ignore[union-attr]
+        await wait_until(lambda: len(handler.received) == 2)
+        assert [m for _, m in handler.received] == [READ, READ]
+    finally:
+        client.close()
+        await server.close()

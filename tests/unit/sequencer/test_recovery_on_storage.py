@@ -257,8 +257,9 @@ async def test_an_epoch_drained_by_its_sequencer_leaves_the_next_one_nothing_to_
         await run_sequencer(nodes, first, first.release_broadcast(final=True), lambda: True)
 
         def all_settled() -> bool:
-            return all(lng >= last for node in NODESET
-                       for lng, last in nodes[node].log_state(LOG).epoch_tails.values())
+            states = [nodes[node].log_state(LOG) for node in NODESET]
+            return all(max(lng, state.settled.get(epoch, 0)) >= last for state in states
+                       for epoch, (lng, last) in state.epoch_tails.items())
 
         await wait_until(all_settled)
         sent: list[Any] = []
@@ -272,3 +273,47 @@ async def test_an_epoch_drained_by_its_sequencer_leaves_the_next_one_nothing_to_
                             sent=sent)
         kinds = {type(s.message).__name__ for s in sent}
         assert "GetLogState" in kinds and not kinds & {"GetDigest", "Clean"}, kinds
+
+
+def seed_4489_faults(recovery: LogRecovery, node: NodeId, message: Any) -> bool:
+    """Attempt 1 seals A, B, C (D and E do not answer) and CLEANs them; E, outside its
+    recovery set, gets its one CLEAN, and C's CLEAN is lost, so attempt 1 never ends. Attempt
+    2 reaches C, D, E only."""
+    if recovery.attempt == 1:
+        if isinstance(message, Clean):
+            return node in (A, B, E)
+        return node in (A, B, C)
+    return node in (C, D, E)
+
+
+async def test_a_clean_past_the_bridge_is_no_last_known_good_for_the_next_attempt(
+        tmp_path: Path) -> None:
+    """Simulation seed 4489, nodeset A..E, R=3: e1n1 acked on A, B, C; e1n2 and e1n3 (last
+    known good 1) reached only E. Attempt 1 bridges at e1n2; E purges its strays under the
+    CLEAN (the bridge at e1n2, a hole at e1n3, past the bridge) and is settled up to ESN 3.
+    The CLEAN to C is lost, so attempt 2 runs, with C, D, E. E's settled mark is no
+    last-known-good ESN: taken as one, attempt 2 would digest nothing, bridge at e1n4 and
+    write e1n3 (a hole only E holds) as the epoch's last record in the clean epoch's tail."""
+    config = SequencerConfig(recovery_timeout_ms=5_000)
+    async with five_nodes(tmp_path) as nodes:
+        for node in (A, B, C):
+            assert (await store(nodes[node], make_store(lsn(1, 1), (b"r1",)))).status is (
+                Status.OK)
+        for esn in (2, 3):
+            stray = dataclasses.replace(make_store(lsn(1, esn), (b"stray",)),
+                                        last_known_good=Esn(1))
+            assert (await store(nodes[E], stray)).status is Status.OK
+        recovery, lost = await run_recovery(nodes, seed_4489_faults, config)
+        assert any(s.node == C and isinstance(s.message, Clean) for s in lost)
+        assert recovery.phase is Phase.DONE and recovery.attempt == 2
+        outcome = recovery.outcomes[Epoch(1)]
+        assert (outcome.lng, outcome.bridge_esn, outcome.last_record_esn) == (1, 2, 1)
+        assert recovery.tail_lsn == lsn(1, 1)
+        # E was settled by attempt 1's CLEAN, and reports the last-known-good ESN its STOREs
+        # carried all the same.
+        assert await unsettled(nodes[E]) == []
+        assert nodes[E].log_state(LOG).epoch_tails[Epoch(1)] == (1, 3)
+        views = {members: view(await read_through(nodes, members))
+                 for members in itertools.combinations(NODESET, 3)}
+        assert set(map(tuple, views.values())) == {
+            (("record", lsn(1, 1)), ("BRIDGE", lsn(1, 2)))}, views

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from shared.status import Status
 from shared.types import Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from shared.wire.read import GetLogState
+from shared.wire.recovery import Clean, Seal
 from shared.wire.release import Release
+from shared.wire.store import RecordFlags, recovery_wave
 from storage_node.core.store_machine import (
     UNCLEAN_EPOCHS_REPORTED_MAX,
     LogStorageState,
@@ -139,3 +141,36 @@ def test_unsettled_epochs_skip_settled_and_trimmed_ones_and_are_bounded() -> Non
     reported = unsettled_epochs(state)
     assert len(reported) == UNCLEAN_EPOCHS_REPORTED_MAX
     assert reported[:2] == ((4, 1, 3), (5, 1, 3))  # 1 and 3 trimmed, 2 settled
+
+
+def test_a_clean_settles_what_its_purge_saw_without_raising_the_last_known_good() -> None:
+    """``clean_mark``: the epoch is settled up to the highest ESN held when the purge was
+    decided; the last-known-good ESN that SEALED reports stays what the STOREs carried (a
+    purge's holes past the bridge are no record); a copy that lands after the purge was
+    decided leaves the epoch unsettled, reported from its true last-known-good ESN."""
+    core = machine()
+    for esn in (1, 2, 3):
+        store = dataclasses.replace(make_store(lsn(1, esn)), last_known_good=Esn(esn - 1))
+        assert core.on_store(store, disk_low=False).status is Status.OK
+        core.on_persisted(store)
+    clean = Clean(log_id=LOG, epoch=Epoch(1), seal_epoch=Epoch(1), sealed_by=SEQ_B,
+                  bridge_esn=Esn(2), holes=(), attempt=1)
+    purged = core.epoch_last_esn(LOG, Epoch(1))
+    assert purged == 3
+    late = dataclasses.replace(make_store(lsn(1, 4)), wave=recovery_wave(1, 1),
+                               flags=int(RecordFlags.WRITTEN_BY_RECOVERY))
+    core.on_persisted(late)  # an abandoned attempt's copy, after the purge was decided
+    mark = core.clean_mark(clean, purged)
+    assert mark == 3
+    core.on_clean_marked(LOG, Epoch(1), mark)
+    state = core.state(LOG)
+    assert state.epoch_tails[Epoch(1)] == (2, 4) and state.settled == {Epoch(1): 3}
+    assert unsettled_epochs(state) == ((1, 2, 4),)
+    sealed = core.sealed(Seal(log_id=LOG, seal_epoch=Epoch(1), sealed_by=SEQ_B,
+                              from_epoch=Epoch(1)), Status.OK)
+    assert sealed.tails == ((1, 2, 4),)
+    # Settled up to the late copy too once a CLEAN's purge covers it; never below a mark.
+    core.on_clean_marked(LOG, Epoch(1), core.clean_mark(clean, 4) or 0)
+    core.on_clean_marked(LOG, Epoch(1), 1)
+    assert core.state(LOG).settled == {Epoch(1): 4} and unsettled_epochs(core.state(LOG)) == ()
+    assert core.clean_mark(clean, 4) is None

@@ -1,0 +1,108 @@
+"""Rebuild throughput (issue 17): RECORDS records of PAYLOAD bytes on a local cluster of 3
+storage nodes and 2 sequencers (R=2, fsync=always), in append-batches of BATCH records (1:
+single appends), then st2 is killed with -9, its data directory wiped and it is restarted;
+prints the time until the cluster state says it is AUTHORITATIVE again (restart included),
+what the donors sent, and the CPU each storage process used meanwhile.
+
+    python loadtests/bench_rebuild.py DIR RECORDS PAYLOAD [RATE_BYTES_PER_S [BATCH]]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from seqlog import Client
+from services import local_cluster as lc
+from shared.config import StorageConfig
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as file:
+        fields = file.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def shard(http: str, node: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{http}/v1/cluster", timeout=10) as answer:
+        shards = json.loads(answer.read())["shards"]
+    found: dict[str, Any] = next(s for s in shards if s["node_id"] == node)
+    return found
+
+
+def wipe(data_dir: str) -> None:
+    for name in os.listdir(data_dir):
+        if name in ("config.json", "node.log"):
+            continue
+        path = os.path.join(data_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+
+
+async def write(urls: list[str], records: int, size: int, batch: int) -> None:
+    async with Client(urls, timeout_ms=60_000) as client:
+        payload = b"x" * size
+        limit = asyncio.Semaphore(8 if batch > 1 else 64)
+
+        async def one(i: int) -> None:
+            async with limit:
+                if batch > 1:
+                    await client.append_batch(1 + i % 4, [payload] * batch)
+                else:
+                    await client.append(1 + i % 4, payload)
+
+        await asyncio.gather(*(one(i) for i in range(records // batch)))
+
+
+def main(argv: list[str]) -> None:
+    root, records, size = Path(argv[1]), int(argv[2]), int(argv[3])
+    rate = int(argv[4]) if len(argv) > 4 else 0
+    batch = int(argv[5]) if len(argv) > 5 else 500
+    shutil.rmtree(root, ignore_errors=True)
+    state = lc.up(lc.LocalClusterSpec(
+        dir=root, storage_nodes=3, sequencers=2, replication=2, base_port=lc.free_base_port(5),
+        fsync="always", storage=StorageConfig(rebuild_rate_bytes_per_s=rate)),
+        ready_timeout_ms=60_000)
+    try:
+        asyncio.run(write(state.sequencer_urls, records, size, batch))
+        nodes: dict[str, lc.NodeEntry] = {str(n.node_id): n for n in state.nodes}
+        os.kill(nodes["st2"].pid, signal.SIGKILL)
+        time.sleep(0.5)
+        wipe(nodes["st2"].data_dir)
+        before = {n: cpu_s(nodes[n].pid) for n in ("st1", "st3")}
+        started = time.monotonic()
+        restarted = lc.restart(root, "st2")
+        target_before = cpu_s(restarted.pid)
+        while True:
+            found = shard(nodes["st1"].http, "st2")
+            if found["status"] == "AUTHORITATIVE" and found["rebuilds_count"]:
+                break
+            time.sleep(0.2)
+        elapsed_s = time.monotonic() - started
+        sent_bytes = sum(d["bytes"] for d in found["donors"])
+        sent_records = sum(d["records"] for d in found["donors"])
+        cpu = {n: cpu_s(nodes[n].pid) - before[n] for n in ("st1", "st3")}
+        cpu["st2"] = cpu_s(restarted.pid) - target_before
+        print(json.dumps({
+            "records": records, "payload": size, "batch": batch, "rate_limit": rate,
+            "seconds": round(elapsed_s, 2), "records_sent": sent_records,
+            "bytes_sent": sent_bytes, "MB_per_s": round(sent_bytes / elapsed_s / 1e6, 1),
+            "records_per_s": round(sent_records / elapsed_s),
+            "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
+            "target_cpu_us_per_record": round(cpu["st2"] / max(sent_records, 1) * 1e6, 1)}))
+    finally:
+        lc.down(root)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

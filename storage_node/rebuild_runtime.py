@@ -1,0 +1,613 @@
+"""Disk identity, the shard's place in the cluster state, and rebuilding: the asyncio driver.
+
+Every storage node runs one ``RebuildRuntime`` beside its ``StorageNode``:
+
+1. **Before the record store opens** (``before_start``): the disk identity marker
+   (``storage_node.disk_identity``) is checked against the cluster state
+   (``shared.cluster_state``, in the epoch store). A new, wiped or damaged disk on a shard the
+   cluster knows held data, or a marker of another generation than the cluster's, means the
+   shard lost copies: a new generation is written to the marker, and after the store opened
+   (``after_start``) the node vouches for nothing (``AuthorityStatus.unsure_of_everything``,
+   durable) and records REBUILDING for its new generation, with every other storage node as
+   a donor. A new shard (a new cluster, an added node) is registered as AUTHORITATIVE. A
+   marker of another node or cluster stops the start (``ForeignDiskError``).
+2. **Every ``poll_interval_ms``** it reads the cluster state:
+   - as a donor, for every other shard being rebuilt (or drained) it runs a ``DonorCore``
+     (``storage_node.core.rebuild``): chunks of its copies go to that shard in REBUILD_STORE
+     frames, under a token-bucket rate limit, with checkpoints saved in the cluster state
+     (so a restarted donor resumes there), and finally ``done``;
+   - as the shard being rebuilt, once every donor is done it vouches for everything again
+     (``AuthorityStatus.clear``, durable first) and then records AUTHORITATIVE.
+3. **As the target** (``on_rebuild_store``) it writes the copies a donor sends where it holds
+   none, adopting the donor's release pointer, trim point and seal when they are higher.
+
+Nothing here runs per record on the append path: a rebuild costs one frame per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import cluster_state as cs
+from shared.cluster_state import ClusterState, ClusterStateStore, DonorProgress, ShardStatus
+from shared.status import Status
+from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, epoch_valid, node_id_valid
+from shared.wire.codec import Message, decode_store_fields
+from shared.wire.rebuild import REBUILD_ENTRIES_MAX, RebuildStore, RebuildStored
+from shared.wire.release import Release
+from shared.wire.store import Store
+from shared.wire.trim import Trim
+from storage_node import disk_identity
+from storage_node.core.rebuild import (
+    READ_RECORDS_MAX,
+    DonorCore,
+    Finished,
+    ReadChunk,
+    SaveCheckpoint,
+    SendChunk,
+    Sleep,
+    TokenBucket,
+    narrowed,
+)
+from storage_node.core.store_machine import store_fields_status
+from storage_node.disk_identity import DiskState, ForeignDiskError
+from storage_node.rebuild_reads import read_pieces
+from storage_node.runtime import StorageNode
+from storage_node.segment_format import SealEntry, TrimEntry
+
+log = logging.getLogger(__name__)
+
+ReplyFn = Callable[[Message], None]
+RequestFn = Callable[[NodeId, Message, Callable[[Any], None], int], None]
+"""``request(node, message, callback, timeout_ms)``: ``callback`` gets the answer or a Status."""
+START_STATE_WAIT_MS = 15_000
+_NO_NEW_COPIES = (ShardStatus.DRAINING, ShardStatus.DRAINED, ShardStatus.REMOVED)
+"""How long a start waits for the cluster state before deciding without it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RebuildConfig:
+    rate_bytes_per_s: int = 32 * 1024 * 1024
+    """Each donor's rate limit (0: none)."""
+    burst_bytes: int = 1024 * 1024
+    chunk_bytes_max: int = 512 * 1024
+    """Bytes of copies per REBUILD_STORE (see ``storage_node.core.rebuild``)."""
+    poll_interval_ms: int = 1_000
+    checkpoint_interval_ms: int = 2_000
+    send_timeout_ms: int = 30_000
+    by_copyset: bool = False
+    """Send only copies whose copyset names the lost shard (see ``storage_node.core.rebuild``
+    for why this is not the default)."""
+
+
+@dataclass
+class _Donation:
+    shard: str
+    generation: int
+    task: asyncio.Task[None]
+    core: DonorCore | None = None
+    started_ms: int = 0
+    bytes_sent: int = 0
+
+
+@dataclass
+class RebuildStats:
+    chunks_sent: int = 0
+    records_sent: int = 0
+    bytes_sent: int = 0
+    chunks_received: int = 0
+    records_received: int = 0
+    records_written: int = 0
+    send_failures: int = 0
+    rebuilds_finished: int = 0
+    state_reads_failed: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class RebuildRuntime:
+    def __init__(self, *, node: StorageNode, data_dir: str, cluster_name: str,
+                 state_store: ClusterStateStore, storage_nodes: Callable[[], tuple[str, ...]],
+                 request: RequestFn, config: RebuildConfig | None = None,
+                 wall_ms: Callable[[], int] | None = None) -> None:
+        self._node = node
+        self._me = str(node.node_id)
+        self._data_dir = data_dir
+        self._cluster_name = cluster_name
+        self._store = state_store
+        self._storage_nodes = storage_nodes
+        self._request = request
+        self._config = config or RebuildConfig()
+        self._wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
+        self._accept_writes = node.accepts_writes
+        self.generation = 0
+        self._lost_reason = ""
+        """Non-empty once this start found the shard's copies lost (not yet recorded)."""
+        self._register = False
+        self.state: ClusterState = cs.EMPTY
+        """The cluster state as last read."""
+        self._donations: dict[str, _Donation] = {}
+        self._poll_task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._rng = random.Random()
+        self.stats = RebuildStats()
+        node.add_handler(RebuildStore, self.on_rebuild_store)
+
+    # ---- start -------------------------------------------------------------------------
+
+    async def before_start(self) -> None:
+        """Check the disk marker against the cluster state; write a new marker if needed.
+        Raises ForeignDiskError for another node's or cluster's disk."""
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, lambda: disk_identity.inspect(
+            self._data_dir, cluster=self._cluster_name, node_id=self._me))
+        if found.state is DiskState.FOREIGN:
+            raise ForeignDiskError(
+                f"data directory {self._data_dir} holds a disk of another node or cluster "
+                f"({found.detail}); refusing to serve it as {self._me}'s")
+        status, state = await self._read_state_patiently()
+        shard = state.shard(self._me) if status is Status.OK else None
+        known = status is Status.OK
+        marker = found.marker
+        if found.state is DiskState.OK and marker is not None:
+            self.generation = marker.generation
+            if known and shard is None:
+                self._register = True
+            elif shard is not None and shard.generation != marker.generation and not (
+                    shard.status is ShardStatus.REBUILDING
+                    and shard.rebuild_generation == marker.generation):
+                self._lost(f"disk generation {marker.generation} is not the cluster's "
+                           f"{shard.generation}", max(shard.generation, marker.generation))
+        elif found.state is DiskState.LEGACY:
+            self.generation = shard.generation if shard is not None else 1
+            self._register = shard is None
+        elif found.state is DiskState.NEW:
+            if not known:
+                # Nobody can say whether this shard held data: vouch for nothing until
+                # the cluster state says (the poll loop registers or rebuilds it).
+                self._lost("new disk, cluster state unreachable", 0)
+            elif shard is None or shard.status is ShardStatus.REMOVED:
+                self.generation = shard.generation + 1 if shard is not None else 1
+                self._register = True
+            else:
+                self._lost("data directory missing or empty (disk replaced?)",
+                           shard.generation)
+        else:  # DAMAGED
+            self._lost(f"identity marker damaged ({found.detail})",
+                       shard.generation if shard is not None else 1)
+        if marker is None or marker.generation != self.generation:
+            new = disk_identity.new_marker(cluster=self._cluster_name, node_id=self._me,
+                                           generation=self.generation)
+            await loop.run_in_executor(None, disk_identity.write, self._data_dir, new)
+        if self._lost_reason:
+            log.error("storage node %s: %s: coming up non-authoritative as generation %d, "
+                      "its shard will be rebuilt", self._me, self._lost_reason,
+                      self.generation)
+
+    def _lost(self, reason: str, known_generation: int) -> None:
+        self._lost_reason = reason
+        self.generation = known_generation + 1
+
+    async def after_start(self) -> None:
+        """The store is open: make the loss durable, record it, start polling."""
+        if self._lost_reason:
+            authority = self._node.store.authority
+            authority.unsure_of_everything()
+            await self._node.store.save_authority()
+            await self._record_shard()
+        elif self._register:
+            await self._record_shard()
+        mine = self.state.shard(self._me)
+        if mine is not None and mine.status in _NO_NEW_COPIES:
+            self._node.machine.set_accept_writes(False)
+        self._poll_task = asyncio.get_running_loop().create_task(
+            self._poll(), name=f"seqlog-rebuild-{self._me}")
+
+    async def _record_shard(self) -> bool:
+        now_ms = self._wall_ms()
+        if self._lost_reason:
+            transition = cs.rebuild_started(self._me, self.generation, self._donors(),
+                                            now_ms=now_ms, reason=self._lost_reason,
+                                            requested_by=self._me)
+        else:
+            transition = cs.registered(self._me, self.generation, now_ms)
+        status, state = await cs.change(self._store, transition, self._rng)
+        if status is not Status.OK:
+            log.warning("storage node %s: could not record its shard in the cluster state "
+                        "(%s); retrying", self._me, status.name)
+            return False
+        self.state = state
+        self._lost_reason = ""
+        self._register = False
+        return True
+
+    def _donors(self) -> tuple[str, ...]:
+        removed = {s.node_id for s in self.state.shards if s.status is ShardStatus.REMOVED}
+        return tuple(n for n in self._storage_nodes() if n != self._me and n not in removed)
+
+    async def _read_state_patiently(self) -> tuple[Status, ClusterState]:
+        deadline = asyncio.get_running_loop().time() + START_STATE_WAIT_MS / 1000
+        while True:
+            status, state, _ = await self._store.read()
+            if status is Status.OK:
+                self.state = state
+                return status, state
+            if asyncio.get_running_loop().time() >= deadline:
+                log.error("storage node %s: cluster state unreadable (%s)", self._me,
+                          status.name)
+                return status, state
+            await asyncio.sleep(0.2)
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = [d.task for d in self._donations.values()]
+        if self._poll_task is not None:
+            tasks.append(self._poll_task)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._donations.clear()
+
+    # ---- the poll loop -----------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        while not self._closing:
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("storage node %s: rebuild poll failed", self._me)
+            await asyncio.sleep(self._config.poll_interval_ms / 1000)
+
+    async def poll_once(self) -> None:
+        if self._lost_reason or self._register:
+            if self._lost_reason and self.generation == 1:
+                # Decided without the cluster state: decide again now that it may be there.
+                status, state, _ = await self._store.read()
+                if status is Status.OK:
+                    shard = state.shard(self._me)
+                    if shard is not None and shard.generation >= self.generation:
+                        self.generation = shard.generation + 1
+                        await asyncio.get_running_loop().run_in_executor(
+                            None, disk_identity.write, self._data_dir,
+                            disk_identity.new_marker(cluster=self._cluster_name,
+                                                     node_id=self._me,
+                                                     generation=self.generation))
+            if not await self._record_shard():
+                return
+        status, state, _ = await self._store.read()
+        if status is not Status.OK:
+            self.stats.state_reads_failed += 1
+            return
+        self.state = state
+        mine = state.shard(self._me)
+        self._node.machine.set_accept_writes(self._accept_writes and not (
+            mine is not None and mine.status in _NO_NEW_COPIES))
+        if (mine is not None and mine.status is ShardStatus.REBUILDING
+                and mine.rebuild_generation == self.generation and mine.donors_done):
+            await self._finish(mine.rebuild_generation)
+        elif (mine is not None and mine.status is ShardStatus.AUTHORITATIVE
+              and mine.generation == self.generation and self._node.store.authority.damaged):
+            # Copies found damaged (a start-up scan, a read): rebuild them from the others.
+            # (A whole-shard rebuild that writes only what is missing or damaged here.)
+            status, new_state = await cs.change(self._store, cs.rebuild_started(
+                self._me, self.generation, self._donors(), now_ms=self._wall_ms(),
+                reason="damaged copies found", requested_by=self._me), self._rng)
+            if status is Status.OK:
+                self.state = state = new_state
+                log.warning("storage node %s: damaged copies found: rebuilding them",
+                            self._me)
+        for shard in state.shards:
+            # A drain is over once every donor is done; any node may say so (the drained
+            # node may be down already).
+            if shard.status is ShardStatus.DRAINING and shard.donors_done:
+                status, new = await cs.change(self._store, cs.rebuild_finished(
+                    shard.node_id, shard.rebuild_generation, self._wall_ms()), self._rng)
+                if status is Status.OK:
+                    self.state = state = new
+        self._run_donations(state)
+
+    async def _finish(self, generation: int) -> None:
+        """Every donor is done: vouch for everything again (durably), then say so."""
+        authority = self._node.store.authority
+        authority.clear(None, 1, LSN_MAX)
+        await self._node.store.save_authority()
+        status, state = await cs.change(
+            self._store, cs.rebuild_finished(self._me, generation, self._wall_ms()), self._rng)
+        if status is Status.OK:
+            self.state = state
+            self.stats.rebuilds_finished += 1
+            log.info("storage node %s: rebuild of generation %d finished: authoritative "
+                     "again", self._me, generation)
+
+    def _run_donations(self, state: ClusterState) -> None:
+        wanted: dict[str, tuple[int, DonorProgress]] = {}
+        for shard in state.shards:
+            if shard.node_id == self._me or shard.status not in (
+                    ShardStatus.REBUILDING, ShardStatus.DRAINING):
+                continue
+            progress = shard.donor(self._me)
+            if progress is None or progress.done:
+                continue
+            wanted[shard.node_id] = (shard.rebuild_generation, progress)
+        for name, donation in list(self._donations.items()):
+            target = wanted.get(name)
+            if target is None or target[0] != donation.generation or donation.task.done():
+                if not donation.task.done():
+                    donation.task.cancel()
+                del self._donations[name]
+        loop = asyncio.get_running_loop()
+        for name, (generation, progress) in wanted.items():
+            if name in self._donations:
+                continue
+            donation = _Donation(name, generation, task=None,  # type: ignore[arg-type]
+                                 started_ms=self._wall_ms())
+            donation.task = loop.create_task(self._donate(donation, progress),
+                                             name=f"seqlog-donate-{self._me}-{name}")
+            self._donations[name] = donation
+
+    # ---- donating ----------------------------------------------------------------------
+
+    async def _donate(self, donation: _Donation, progress: DonorProgress) -> None:
+        node = self._node
+        now_ms = self._wall_ms()
+        logs = [(int(log_id), int(node.log_state(log_id).last_lsn))
+                for log_id in node.log_ids()]
+        if progress.bytes_total == 0:
+            live = node.store.stats().get("live_bytes", 0)
+            progress = DonorProgress(progress.log_id, progress.next_lsn, progress.records,
+                                     progress.bytes, max(live, 1), progress.done, now_ms)
+        bucket = TokenBucket(self._config.rate_bytes_per_s, self._config.burst_bytes, now_ms)
+        core = DonorCore(shard=donation.shard, logs=logs, progress=progress, bucket=bucket,
+                         by_copyset=self._config.by_copyset,
+                         checkpoint_interval_ms=self._config.checkpoint_interval_ms,
+                         now_ms=now_ms, chunk_bytes_max=self._config.chunk_bytes_max)
+        donation.core = core
+        log.info("storage node %s: donating to the rebuild of %s (generation %d) from log "
+                 "%d LSN %d", self._me, donation.shard, donation.generation, progress.log_id,
+                 progress.next_lsn)
+        while not self._closing:
+            now_ms = self._wall_ms()
+            effect = core.next(now_ms)
+            if effect is None:
+                await asyncio.sleep(0.01)
+            elif isinstance(effect, ReadChunk):
+                pieces, next_lsn = await node.store.read_entries(
+                    LogId(effect.log_id), Lsn(effect.from_lsn), Lsn(effect.until_lsn),
+                    READ_RECORDS_MAX, read_pieces)
+                if pieces is None:  # the store is closing
+                    return
+                core.on_read(pieces, next_lsn, self._wall_ms())
+            elif isinstance(effect, SendChunk):
+                status = await self._send(donation, effect)
+                if status is Status.OK:
+                    self.stats.chunks_sent += 1
+                    self.stats.records_sent += effect.records
+                    self.stats.bytes_sent += effect.bytes
+                    donation.bytes_sent += effect.bytes
+                else:
+                    self.stats.send_failures += 1
+                    if status is Status.STALE:
+                        return  # the shard has another disk now: the next poll decides
+                core.on_sent(status, self._wall_ms())
+            elif isinstance(effect, Sleep):
+                await asyncio.sleep(max(0, effect.until_ms - now_ms) / 1000)
+            elif isinstance(effect, SaveCheckpoint):
+                status, _ = await cs.change(self._store, cs.donor_progressed(
+                    donation.shard, donation.generation, self._me, effect.progress), self._rng)
+                core.on_checkpointed(status is Status.OK, self._wall_ms())
+            elif isinstance(effect, Finished):
+                status, _ = await cs.change(self._store, cs.donor_progressed(
+                    donation.shard, donation.generation, self._me, effect.progress), self._rng)
+                if status is Status.OK:
+                    log.info("storage node %s: donated %d records (%d bytes) to the rebuild "
+                             "of %s", self._me, effect.progress.records,
+                             effect.progress.bytes, donation.shard)
+                    return
+                core.progress = _undone(effect.progress)
+                await asyncio.sleep(1.0)
+
+    def _target(self, donation: _Donation, log_id: int) -> str | None:
+        """Where a chunk goes: back to the rebuilt shard, or for a drain to another node
+        that takes copies (spread by log)."""
+        shard = self.state.shard(donation.shard)
+        if shard is None or shard.status is not ShardStatus.DRAINING:
+            return donation.shard
+        candidates = sorted(s.node_id for s in self.state.shards
+                            if s.node_id not in (self._me, donation.shard)
+                            and s.status is ShardStatus.AUTHORITATIVE)
+        return candidates[log_id % len(candidates)] if candidates else None
+
+    async def _send(self, donation: _Donation, chunk: SendChunk) -> Status:
+        target = self._target(donation, chunk.log_id)
+        if target is None:
+            return Status.NOSPC  # nowhere to put the copies yet: retried
+        state = self._node.log_state(LogId(chunk.log_id))
+        seal_epoch, sealed_by = state.sealed_epoch, state.sealed_by or ""
+        message = RebuildStore(shard=donation.shard, generation=donation.generation,
+                               log_id=chunk.log_id, release_lsn=int(state.release_lsn),
+                               trim_lsn=int(state.trim_lsn), sealed_epoch=int(seal_epoch),
+                               sealed_by=sealed_by, entries=chunk.entries)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(answer: Any) -> None:
+            if not future.done():
+                future.set_result(answer)
+
+        self._request(NodeId(target), message, done, self._config.send_timeout_ms)
+        answer = await future
+        if isinstance(answer, RebuildStored):
+            return answer.status
+        return answer if isinstance(answer, Status) else Status.BADMSG
+
+    # ---- receiving ---------------------------------------------------------------------
+
+    def on_rebuild_store(self, message: RebuildStore, reply: ReplyFn) -> None:
+        node = self._node
+        self.stats.chunks_received += 1
+
+        def answer(status: Status, written: int = 0) -> None:
+            reply(RebuildStored(status=status, log_id=message.log_id, written=written))
+
+        refused = node.not_serving()
+        if refused is not None:
+            answer(refused)
+            return
+        if not self._accepts(message.shard, message.generation):
+            answer(Status.STALE)
+            return
+        stores = _decoded(message)
+        if stores is None:
+            answer(Status.BADMSG)
+            return
+        log_id = LogId(message.log_id)
+        machine = node.machine
+        pending: list[Status] = []
+        outstanding = [1]
+        written = [0]
+
+        def finished_one(status: Status) -> None:
+            if status is not Status.OK:
+                pending.append(status)
+            outstanding[0] -= 1
+            if outstanding[0] == 0:
+                self.stats.records_written += written[0]
+                answer(pending[0] if pending else Status.OK, written[0])
+
+        # What a SEAL, TRIM and RELEASE would have set here had the node not lost them.
+        if (epoch_valid(message.sealed_epoch) and node_id_valid(message.sealed_by)
+                and machine.seal(log_id, Epoch(message.sealed_epoch),
+                                 NodeId(message.sealed_by)) is Status.OK):
+            outstanding[0] += 1
+            status = node.store.submit_seal(SealEntry(log_id, Epoch(message.sealed_epoch),
+                                                      NodeId(message.sealed_by)), finished_one)
+            if status is not Status.OK:
+                finished_one(status)
+        if 0 < message.trim_lsn < LSN_MAX and machine.trim(
+                Trim(log_id=log_id, trim_lsn=Lsn(message.trim_lsn))) is Status.OK:
+            outstanding[0] += 1
+            status = node.store.submit_trim(TrimEntry(log_id, machine.trim_lsn(log_id)),
+                                            finished_one)
+            if status is not Status.OK:
+                finished_one(status)
+        if 0 < message.release_lsn < LSN_MAX:
+            node.core.on_release(Release(log_id=log_id, release_lsn=Lsn(message.release_lsn)))
+        trim_lsn = machine.trim_lsn(log_id)
+        for store in stores:
+            self.stats.records_received += store.records_count
+            held = node.store.held_ranges(log_id, store.lsn, store.last_lsn)
+            damaged = node.store.authority.damaged_ranges(log_id, store.lsn, store.last_lsn)
+            if damaged:
+                held = _without(held, damaged)  # its own copies there are bad: replaced
+            for first, last in _missing(held, max(store.lsn, trim_lsn + 1), store.last_lsn):
+                piece = narrowed(store, first, last)
+                if isinstance(piece, Status):
+                    continue
+                outstanding[0] += 1
+                status = node.store.submit_store(piece, _persisted(machine, piece, written,
+                                                                   finished_one))
+                if status is not Status.OK:
+                    finished_one(status)
+        finished_one(Status.OK)
+
+    def _accepts(self, shard_id: str, generation: int) -> bool:
+        """Copies for the rebuild of this node's own disk of ``generation``, or for the drain
+        of another node (as this node last read the cluster state)."""
+        if shard_id == self._me:
+            return generation == self.generation
+        shard = self.state.shard(shard_id)
+        return (shard is not None and shard.status is ShardStatus.DRAINING
+                and shard.rebuild_generation == generation)
+
+    def status_json(self) -> dict[str, Any]:
+        return {"shards": cs.as_json(self.state), "node": self._me,
+                "generation": self.generation,
+                "donating": sorted(self._donations)}
+
+    def metrics(self) -> dict[str, int]:
+        stats = self.stats
+        remaining = 0
+        for donation in self._donations.values():
+            if donation.core is not None:
+                progress = donation.core.progress
+                remaining += max(0, progress.bytes_total - progress.bytes)
+        mine = self.state.shard(self._me)
+        return {
+            "rebuild_chunks_sent": stats.chunks_sent, "rebuild_records_sent": stats.records_sent,
+            "rebuild_bytes_sent": stats.bytes_sent,
+            "rebuild_chunks_received": stats.chunks_received,
+            "rebuild_records_received": stats.records_received,
+            "rebuild_records_written": stats.records_written,
+            "rebuild_send_failures": stats.send_failures,
+            "rebuild_donations_active": len(self._donations),
+            "rebuild_donor_bytes_remaining_estimate": remaining,
+            "rebuild_finished": stats.rebuilds_finished,
+            "rebuild_shard_rebuilding": int(mine is not None
+                                            and mine.status is ShardStatus.REBUILDING),
+            "rebuild_generation": self.generation,
+        }
+
+
+def _undone(progress: DonorProgress) -> DonorProgress:
+    return DonorProgress(progress.log_id, progress.next_lsn, progress.records, progress.bytes,
+                         progress.bytes_total, False, progress.updated_ms)
+
+
+def _persisted(machine: Any, store: Store, written: list[int],
+               finished_one: Callable[[Status], None]) -> Callable[[Status], None]:
+    def done(status: Status) -> None:
+        if status is Status.OK:
+            machine.on_persisted(store)
+            written[0] += store.records_count
+        finished_one(status)
+    return done
+
+
+def _decoded(message: RebuildStore) -> list[Store] | None:
+    """The message's copies, each checked as a STORE is; None if any is not valid."""
+    if (type(message.entries) is not tuple or len(message.entries) > REBUILD_ENTRIES_MAX
+            or not 0 < message.log_id < 2**62):
+        return None
+    stores: list[Store] = []
+    for entry in message.entries:
+        if type(entry) is not bytes:
+            return None
+        store = decode_store_fields(entry)
+        if isinstance(store, Status) or store.log_id != message.log_id or (
+                store.validate() is not Status.OK
+                or store_fields_status(store) is not Status.OK):
+            return None
+        stores.append(store)
+    return stores
+
+
+def _without(held: list[tuple[Lsn, Lsn]], damaged: tuple[tuple[int, int], ...]
+             ) -> list[tuple[Lsn, Lsn]]:
+    """``held`` less the ``damaged`` ranges (both sorted)."""
+    kept: list[tuple[Lsn, Lsn]] = []
+    for lo, hi in held:
+        for first, last in _missing([(Lsn(a), Lsn(b)) for a, b in damaged], lo, hi):
+            kept.append((Lsn(first), Lsn(last)))
+    return kept
+
+
+def _missing(held: list[tuple[Lsn, Lsn]], first: int, last: int) -> list[tuple[int, int]]:
+    """The parts of ``first..last`` outside the ``held`` ranges (sorted, inside it)."""
+    gaps: list[tuple[int, int]] = []
+    cursor = first
+    for lo, hi in held:
+        if hi < cursor:
+            continue
+        if lo > last:
+            break
+        if lo > cursor:
+            gaps.append((cursor, min(lo - 1, last)))
+        cursor = max(cursor, hi + 1)
+    if cursor <= last:
+        gaps.append((cursor, last))
+    return gaps
+
