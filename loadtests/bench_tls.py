@@ -1,7 +1,9 @@
-"""Same-run A/B of the cost of TLS and node authentication on the write path (issue 18,
-docs/BENCHMARKS.md): three local clusters (1 sequencer, 3 storage nodes, R=3): one open, one
-with node authentication by the cluster secret only (``secret``), one ``--secure`` (TLS on
-every listener and link, mutual TLS between nodes, the cluster secret), driven in turns by
+"""Same-run A/B of the cost of TLS and authentication on the write path (issue 18,
+docs/BENCHMARKS.md): local clusters (1 sequencer, 3 storage nodes, R=3): one open, one
+with node authentication by the cluster secret only (``secret``), one with that and client
+authentication (``auth``: a signed bearer token in the client's HELLO, permissions checked on
+every append), one as ``local up --secure`` makes it (``secure``: TLS on every listener and
+link, mutual TLS between nodes, the cluster secret, client tokens), driven in turns by
 ``bench_append`` (``seqlog.Client`` over the binary protocol, 256 appends in flight by
 default). For each run: records/s, and CPU per record of the sequencer, of the
 storage nodes (summed) and of the client, from ``/proc/<pid>/stat``. Prints one JSON line per
@@ -23,8 +25,10 @@ import tempfile
 from pathlib import Path
 
 from services import local_cluster as lc
+from services import token_cli
 from services.certs import make_secret
-from shared.config import TlsConfig
+from shared.config import AuthConfig, TlsConfig
+from shared.http_contract import TOKEN_ENV
 
 
 def _cpu_s(pid: int) -> float:
@@ -37,11 +41,13 @@ def _bench(root: Path, args: argparse.Namespace, label: str) -> dict[str, object
     assert state is not None
     pids = {n.node_id: (n.pid, n.roles[0]) for n in state.nodes}
     before = {node: _cpu_s(pid) for node, (pid, _) in pids.items()}
+    token = token_cli.local_admin_token(root)
+    env = {**os.environ, TOKEN_ENV: token} if token else None
     run = subprocess.run(
         [sys.executable, "-m", "loadtests.bench_append", "--dir", str(root), "--inflight",
          str(args.inflight), "--records", str(args.records), "--warmup", str(args.warmup),
          "--size", str(args.size), "--loop", "uvloop", "--label", label],
-        capture_output=True, text=True, check=True)
+        capture_output=True, text=True, check=True, env=env)
     after = {node: _cpu_s(pid) for node, (pid, _) in pids.items()}
     out = json.loads(run.stdout.strip().splitlines()[-1])
     measured = args.records + args.warmup  # node CPU covers the warmup too
@@ -65,20 +71,23 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=256)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--fsync", default="never", choices=("always", "never"))
-    parser.add_argument("--arms", default="open,secret,secure",
+    parser.add_argument("--arms", default="open,secret,auth,secure",
                         help="clusters, comma-separated: open* (no security; open2 etc. are "
-                             "A/A controls), secret, secure; the first is the baseline")
+                             "A/A controls), secret, auth, secure; the first is the baseline")
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     roots = {name: Path(tempfile.mkdtemp(prefix=f"bench-tls-{name}-")) for name in arms}
     try:
         for name, root in roots.items():
             tls = None
-            if name == "secret":
+            if name in ("secret", "auth"):
                 tls = TlsConfig(cluster_secret_file=str(make_secret(root / "cluster-secret")))
+            # As ``local up --secure`` / ``--auth``: an admin token the bench's client sends.
+            auth = (token_cli.write_local_auth(root) if name in ("auth", "secure")
+                    else AuthConfig())
             lc.up(lc.LocalClusterSpec(dir=root, storage_nodes=3, sequencers=1, replication=3,
                                       base_port=lc.free_base_port(4), fsync=args.fsync,
-                                      secure=name == "secure", tls=tls),
+                                      secure=name == "secure", tls=tls, auth=auth),
                   ready_timeout_ms=60_000)
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in roots}
         for round_index in range(args.rounds):

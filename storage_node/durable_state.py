@@ -258,7 +258,8 @@ class DurableState:
         producers = self.producers
         packed: bytes = msgpack.packb([
             SNAPSHOT_VERSION, self._last, self._releases, self._seals, self._tails, self._trims,
-            self._bridges, producers._logs, producers.forgotten_count], use_bin_type=True)
+            self._bridges, producers._logs, producers.forgotten_count, self._settled],
+            use_bin_type=True)
         return packed
 
     def restore(self, data: bytes) -> bool:
@@ -268,7 +269,7 @@ class DurableState:
         if parsed is None:
             return False
         (self._last, self._releases, self._seals, self._tails, self._trims, self._bridges,
-         self.producers._logs, self.producers.forgotten_count) = parsed
+         self.producers._logs, self.producers.forgotten_count, self._settled) = parsed
         return True
 
     def on_index_only(self, segment_id: int, scanned: ScannedEntry) -> None:
@@ -285,7 +286,8 @@ class DurableState:
                 Lsn(0), index_time(entry.flags, entry.timestamp_ms)))
 
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+"""2 added the settled marks (a 10th field); version 1 snapshots still read, with none."""
 _Parsed = tuple[Any, ...]
 
 
@@ -295,9 +297,14 @@ def parse_snapshot(data: bytes) -> _Parsed | None:
         document = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError):
         return None
-    if type(document) is not list or len(document) != 9 or document[0] != SNAPSHOT_VERSION:
+    if type(document) is not list or (document[:1], len(document)) not in (([1], 9),
+                                                                           ([2], 10)):
         return None
-    _version, last, releases, seals, tails, trims, bridges, producers, forgotten = document
+    _version, last, releases, seals, tails, trims, bridges, producers, forgotten = document[:9]
+    settled = document[9] if len(document) == 10 else {}
+    if type(settled) is not dict or not all(_uint(k) and _int_map(v)
+                                            for k, v in settled.items()):
+        return None
     if not (_int_map(releases) and _int_map(trims) and type(forgotten) is int
             and forgotten >= 0):
         return None
@@ -342,7 +349,8 @@ def parse_snapshot(data: bytes) -> _Parsed | None:
              for k, v in seals.items()},
             out_tails, {LogId(k): Lsn(v) for k, v in trims.items()},
             {LogId(k): {Epoch(e): Lsn(x) for e, x in v.items()} for k, v in bridges.items()},
-            out_producers, forgotten)
+            out_producers, forgotten,
+            {LogId(k): {Epoch(e): x for e, x in v.items()} for k, v in settled.items()})
 
 
 def _uint(value: object) -> bool:

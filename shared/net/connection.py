@@ -1,4 +1,4 @@
-"""One framed node-to-node TCP connection, built on ``asyncio.Protocol``.
+"""One framed node-to-node TCP connection, an asyncio protocol (``data_received``).
 
 ``FramedProtocol`` owns the byte stream of one socket: it splits received bytes into frames
 (``shared.wire.framing``), decodes them (``shared.wire.codec``) and hands each
@@ -43,8 +43,12 @@ process: one buffer is enough, because each fill is handed on (copied out) befor
 loop does anything else."""
 
 
-class FramedProtocol(asyncio.Protocol):
-    """Frames, decoding, write coalescing and close bookkeeping shared by both sides."""
+class FramedProtocol(asyncio.BaseProtocol):
+    """Frames, decoding, write coalescing and close bookkeeping shared by both sides.
+
+    An ``asyncio.Protocol`` by its methods, not by its base class: uvloop hands a protocol
+    its bytes through ``get_buffer`` only if it is *not* an ``asyncio.Protocol`` subclass,
+    and the TLS subclasses (``TlsReads``) want exactly that."""
 
     __slots__ = (
         "_closed",
@@ -95,14 +99,6 @@ class FramedProtocol(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    # ----- asyncio.BufferedProtocol, used over TLS only (``TlsReads``)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return _tls_read_view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(bytes(_tls_read_view[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         counters = self._counters
@@ -281,9 +277,16 @@ async def wait_lost(connections: Sequence[FramedProtocol], timeout_s: float) -> 
 
 
 class TlsReads(asyncio.BufferedProtocol):
-    """Marks a ``FramedProtocol`` subclass for TLS connections (``class X(Framed, TlsReads)``):
-    uvloop's and asyncio's TLS layers then decrypt straight into one shared buffer, many TLS
-    records per call, instead of allocating a 256 KiB buffer per TLS record and joining them
-    (``FramedProtocol.get_buffer``); plain TCP keeps ``data_received``."""
+    """Makes a ``FramedProtocol`` subclass a buffered protocol for TLS connections
+    (``class X(Framed, TlsReads)``): uvloop's and asyncio's TLS layers then decrypt straight
+    into one shared buffer, many TLS records per call, instead of allocating a 256 KiB buffer
+    per TLS record and joining them. Plain TCP keeps ``data_received`` (``FramedProtocol``
+    has no ``get_buffer``, so both loops take their simple path)."""
 
     __slots__ = ()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _tls_read_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        cast(FramedProtocol, self).data_received(bytes(_tls_read_view[:nbytes]))

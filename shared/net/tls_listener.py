@@ -36,7 +36,7 @@ class TlsListener:
     """Listening socket + accept loop; the ``asyncio.Server`` subset ``shared.net.server``
     uses (``sockets``, ``close``, ``wait_closed``)."""
 
-    def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol],
+    def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.BaseProtocol],
                  context: Callable[[], ssl.SSLContext], *, handshake_timeout_s: float,
                  on_failure: FailureFn, handshakes_max: int = HANDSHAKES_MAX) -> None:
         self.sockets = (sock,)
@@ -92,7 +92,7 @@ class TlsListener:
             await self._accepting
 
 
-async def start_tls_listener(host: str, port: int, factory: Callable[[], asyncio.Protocol],
+async def start_tls_listener(host: str, port: int, factory: Callable[[], asyncio.BaseProtocol],
                              context: Callable[[], ssl.SSLContext], *,
                              handshake_timeout_s: float, on_failure: FailureFn) -> TlsListener:
     """Listen on ``host:port`` (0: a free port) and serve TLS connections with ``factory``."""

@@ -15,6 +15,7 @@ import pytest
 from services.certs import CertFiles, make_ca, make_cert, make_secret
 from shared.config import TlsConfig, TransportConfig
 from shared.net import PeerPool, Server, start_server
+from shared.net.connection import TlsReads
 from shared.net.node_auth import NodeSecurity, SecretError, load_secrets
 from shared.status import Status
 from shared.tls import NodeTls, client_context, is_node_cert
@@ -85,6 +86,28 @@ async def test_mutual_tls_node_certificates_store(
     assert isinstance(result, Stored) and result.status is Status.OK
     assert handler.store_lsns() == [1]
     assert not server.security.failures.counts
+
+
+async def test_tls_connections_decrypt_into_the_shared_buffer(
+        pki: dict[str, CertFiles], cleanup: list[Server | PeerPool],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # uvloop hands a TLS connection's bytes to get_buffer/buffer_updated only if its protocol
+    # is not an asyncio.Protocol subclass; otherwise it allocates 256 KiB per TLS record.
+    filled: list[int] = []
+    original = TlsReads.buffer_updated
+
+    def counting(self: TlsReads, nbytes: int) -> None:
+        filled.append(nbytes)
+        original(self, nbytes)
+
+    monkeypatch.setattr(TlsReads, "buffer_updated", counting)
+    handler = Handler()
+    server = await _serve(NodeSecurity(tls=_tls(pki["ca"], pki["node"])), handler)
+    cleanup.append(server)
+    result = await _store_result(server, NodeSecurity(tls=_tls(pki["ca"], pki["node2"])),
+                                 cleanup)
+    assert isinstance(result, Stored) and result.status is Status.OK
+    assert len(filled) >= 2  # the server's read of the STORE, the client's of the answer
 
 
 async def test_wrong_ca_fails_the_handshake_and_is_counted(
