@@ -131,6 +131,7 @@ class SafetyChecker:
         self.wiped: dict[NodeId, set[Key]] = {}
         """Per replaced disk not yet rebuilt, the copies it lost (D1)."""
         self.rebuilt_checked_count = 0
+        self._wipes_count = 0
         """Per log, the highest tail reported so far and who reported it (T1)."""
 
     def _holders(self, key: Key, copies: dict[Key, set[NodeId]]) -> set[NodeId]:
@@ -286,6 +287,13 @@ class SafetyChecker:
             self.hole_copies.get(key, set()).discard(node)
             self.lost.setdefault(key, set()).add(node)
         self.wiped.setdefault(node, set()).update(before)
+        # The new disk starts with no release pointers: from here on it is another holder
+        # (the old one's pointers still count for what readers may have learned).
+        holder = f"storage {node}"
+        self._wipes_count += 1
+        for (who, log_id) in [k for k in self._release if k[0] == holder]:
+            self._release[(f"{holder} (disk {self._wipes_count})", log_id)] = (
+                self._release.pop((who, log_id)))
 
     def on_rebuilt(self, node: NodeId) -> None:
         """``node``'s rebuild finished: D1 for the acknowledged copies its old disk held."""

@@ -30,13 +30,16 @@ def test_seed(seed: int) -> None:
 
 def test_default_seeds_exercise_the_recovery_faults() -> None:
     """The generated mix restarts recovery attempts, loses CLEANs and stalls members (else
-    the seeds above prove nothing about them), damages disks, the R2 checker reads along, and
-    the shipped ``FrontEnd.tail`` that T1 asks both vouches for tails and refuses (NOTREADY)."""
+    the seeds above prove nothing about them), damages disks, replaces disks and rebuilds them
+    (``sim_rebuild``: the shipped donor core's chunks reach the replaced node), the R2 checker
+    reads along, and the shipped ``FrontEnd.tail`` that T1 asks both vouches for tails and
+    refuses (NOTREADY)."""
     seen: Counter[str] = Counter()
     for seed in range(1, 21):
         seen.update(run_simulation(seed).stats)
     for kind in ("recovery_restart", "lost_clean", "lost_cleaned", "storage_stall",
-                 "storage_damaged", "reader_checks", "tail_ok", "tail_notready"):
+                 "storage_damaged", "disk_replaced", "rebuild_chunks", "rebuild_finished",
+                 "reader_checks", "tail_ok", "tail_notready"):
         assert seen[kind] > 0, (kind, seen)
 
 
