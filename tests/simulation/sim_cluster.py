@@ -87,6 +87,9 @@ class SimCluster:
         self.check_rng = random.Random(seed ^ 0x5EED)
         """Samples the checkers' f-majorities; apart from ``rng``, so that checking does not
         change a seed's schedule."""
+        self.disk_rng = random.Random(seed ^ 0xD15C)
+        """Draws the disk replacements; apart from ``rng``, so that a seed's schedule is what
+        it was without them until the first replacement."""
         self.frontends = SimFrontends(self, seed, self.stats)
         """The sequencer nodes' frontends, which T1 asks for tails."""
         self.rebuilding = SimRebuilding(self, SimRebuildConfig(
