@@ -108,6 +108,14 @@ class _StorePorts:
     def submit_trim(self, trim: Any, done: Callable[[Status], None]) -> Status:
         raise AssertionError("the simulation never trims")
 
+    def queued_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn
+                      ) -> list[tuple[int, int, tuple[int, int]]]:
+        """As ``RecordStore.queued_copies``: the copies submitted and not yet written."""
+        from shared.wire.store import copy_precedence  # type: ignore[attr-defined]
+        return [(s.lsn, s.last_lsn, copy_precedence(s.flags, s.wave))
+                for s in self._node.pending_stores
+                if s.log_id == log_id and s.lsn <= until_lsn and s.last_lsn >= from_lsn]
+
 
 class _RuntimePorts:
     """The simulated node as the ``StorageNode`` that ``RebuildRuntime`` drives (only what

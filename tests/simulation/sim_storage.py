@@ -142,6 +142,8 @@ class SimStorageNode:
         """The disk's generation (``disk_identity``): a replaced disk has the next one."""
         self.rebuild_handler: Callable[[RebuildStore, ReplyFn], None] | None = None
         """REBUILD_STORE's handler (``sim_rebuild``: ``RebuildRuntime.on_rebuild_store``)."""
+        self.pending_stores: list[Store] = []
+        """STOREs submitted and not yet on the disk (the record store's writer queue)."""
         network.add_node(node_id, self.on_message)
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -151,6 +153,7 @@ class SimStorageNode:
         self.up = False
         self.incarnation += 1
         self.handlers.inflight = InflightStores()  # the writes in flight are lost, and replies
+        self.pending_stores = []
         self._network.crash(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} CRASH")
 
@@ -279,7 +282,11 @@ class SimStorageNode:
         return False
 
     def submit_store(self, store: Store, done: Callable[[Status], None]) -> Status:
+        pending = self.pending_stores
+        pending.append(store)
+
         def write() -> None:
+            pending.remove(store)
             self._write(store)
             done(Status.OK)
 
