@@ -202,3 +202,27 @@ def test_an_amend_from_a_disk_replaced_since_does_not_count(
             copies = [n for n, node in cluster.storage.items()
                       if (append.log_id, append.first_lsn) in node.disk.records]
             assert len(copies) >= 2, f"acknowledged with copies on {copies} only"
+
+
+@pytest.mark.xfail(strict=True, raises=SimulationFailure,
+                   reason="open: damage found by a restart mid-rebuild is forgotten when the "
+                          "rebuild finishes; see the test's docstring")
+def test_copies_a_rebuilding_node_loses_to_damage_are_not_vouched_for(
+        request: pytest.FixtureRequest) -> None:
+    """n1's disk is replaced and rebuilt; mid-way it restarts and its scan finds the tail of
+    what it wrote damaged (copies the donors already sent and checkpointed). When the donors
+    finish, ``RebuildRuntime._finish`` clears everything (``AuthorityStatus.clear``), so n1
+    vouches for copies it lost, and readers through n1 and a node without them read a gap
+    where others read the record. (The simulation keeps this out of its generated mix:
+    ``SimCluster.restart_storage`` never damages a node being rebuilt.)"""
+    cluster = replicated_cluster(rebuild_rate_bytes_per_s=300, rebuild_chunk_bytes_max=64)
+    with report(cluster, request):
+        first = [append_and_wait(cluster, f"r:{i}".encode()) for i in range(40)]
+        assert all(a.outcome == Status.OK for a in first)
+        cluster.replace_disk(N1, down_ms=10)
+        wait(cluster, lambda: len(cluster.storage[N1].disk.records) >= 10, "some copies back")
+        cluster.crash_storage(N1)
+        cluster.storage[N1].restart(lose_entries=8)  # a torn tail of rebuilt copies
+        cluster.rebuilding.on_restart(N1)
+        wait(cluster, lambda: rebuilt(cluster, N1), "n1 rebuilt")
+        heal_and_check(cluster)
