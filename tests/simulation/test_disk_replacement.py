@@ -174,7 +174,9 @@ def test_an_amend_from_a_disk_replaced_since_does_not_count(
     STORED OK in an earlier wave holds a durable copy") and sends the payload to one other
     node only: the append is acknowledged with one copy, and X's rebuild cannot restore the
     other (no donor held it when X's rebuild walked). One more lost disk loses it; readers
-    through X (authoritative again) and a node without it read a gap."""
+    through X (authoritative again) and a node without it read a gap. (The same happens when
+    the STORED counted is the current wave's: soak seed 4323; ``test_seeds.
+    STALE_STORED_SEEDS``.)"""
     cluster = replicated_cluster(partition_connfail_ratio=0.0, store_timeout_ms_min=50,
                                  store_timeout_ms_max=50)
     with report(cluster, request):
