@@ -164,8 +164,9 @@ def test_a_replaced_node_trusted_at_once_is_caught(monkeypatch: pytest.MonkeyPat
 
 # ---- open defect found by the simulation ---------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="open: an amend counts a STORED from a disk replaced "
-                   "since (sequencer.core.appender); see the test's docstring")
+@pytest.mark.xfail(strict=True, raises=SimulationFailure,
+                   reason="open: an amend counts a STORED from a disk replaced since "
+                          "(sequencer.core.appender); see the test's docstring")
 def test_an_amend_from_a_disk_replaced_since_does_not_count(
         request: pytest.FixtureRequest) -> None:
     """Soak seed 80's defect, scripted. R=2 on n1..n3; n3 is cut off (its STORE hangs), so
