@@ -32,6 +32,7 @@ state (it always answers).
 from __future__ import annotations
 
 import dataclasses
+from asyncio import events as asyncio_events
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,7 @@ from storage_node.core.rebuild import (
     TokenBucket,
 )
 from storage_node.rebuild_runtime import RebuildConfig, RebuildRuntime
+from tests.simulation.sim_clock import EventQueue
 from tests.simulation.sim_storage import SimStorageNode
 
 if TYPE_CHECKING:  # avoids an import cycle
@@ -172,7 +174,7 @@ class SimRebuilding:
                 config=runtime_config, wall_ms=cluster.clock.now_ms)
             runtime.generation = node.generation
             assert ports.handler is not None
-            node.rebuild_handler = ports.handler
+            node.rebuild_handler = _on_the_queue(ports.handler, cluster.queue)
             self.runtimes[node_id] = runtime
             self.store.change(cs.registered(node_id, node.generation, 0))
         self._polling = False
@@ -368,6 +370,34 @@ class SimRebuilding:
 
         cluster.network.request(donation.donor, donation.shard, message, answered,
                                 timeout_ms=self.config.send_timeout_ms)
+
+
+class _QueueLoop:
+    """What the REBUILD_STORE handler may ask of ``asyncio.get_running_loop()`` (it writes a
+    large chunk in slices, one per loop iteration): ``call_soon`` on the event queue."""
+
+    def __init__(self, queue: EventQueue) -> None:
+        self._queue = queue
+
+    def call_soon(self, callback: Callable[..., None], *args: Any) -> None:
+        self._queue.after(0, lambda: self.run(callback, *args))
+
+    def run(self, callback: Callable[..., None], *args: Any) -> None:
+        """``callback`` with this as the running loop (the simulation has none)."""
+        asyncio_events._set_running_loop(self)
+        try:
+            callback(*args)
+        finally:
+            asyncio_events._set_running_loop(None)
+
+
+def _on_the_queue(handler: Callable[[RebuildStore, Callable[[Any], None]], None],
+                  queue: EventQueue) -> Callable[[RebuildStore, Callable[[Any], None]], None]:
+    loop = _QueueLoop(queue)
+
+    def handle(message: RebuildStore, reply: Callable[[Any], None]) -> None:
+        loop.run(handler, message, reply)
+    return handle
 
 
 def _no_request(*_: Any) -> None:
