@@ -22,6 +22,12 @@ R2 readers agree at every moment: every ``reader_check_interval_ms`` during the 
    f-majorities (reading like a reader, as R1): they all see the same record or gap at every
    LSN, every acknowledged record among them, and the same as every earlier read saw below
    its release pointer (a record or a gap, once read, never changes).
+D1 no acknowledged record is lost when at most R - 1 copies are lost between rebuilds: when
+   a replaced disk's rebuild finishes, and at the end, every acknowledged record whose copy
+   the replaced disk held is on R disks again (copies a damaged disk lost, never rebuilt in
+   the simulation, excepted). With R1 and R2 reading along (a rebuilt node vouches for
+   everything again), no LSN reads as a record through one f-majority and a gap through
+   another across replacements and rebuilds.
 T1 the tail never decreases: every frontend (one per sequencer node incarnation, the shipped
    ``FrontEnd.tail`` through the simulated transport, ``sim_frontend``) answers GET tail, and
    every OK answer is at least the highest tail any frontend reported before the request
@@ -64,6 +70,7 @@ CHECKER_NAMES = {
     "R1": "readers through any f-majority agree and see every acknowledged record",
     "R2": "at every moment, readers through any f-majority see the same record or gap at "
           "every released LSN, and what was read never changes",
+    "D1": "no acknowledged record lost when at most R - 1 copies are lost between rebuilds",
     "T1": "the tail never decreases",
     "L1": "liveness: quiescent after healing",
     "L2": "liveness: appends after healing succeed and get released",
@@ -119,6 +126,12 @@ class SafetyChecker:
         """What the readers of each log saw last (R2): up to which release, which view."""
         self.reads_checked_count = 0
         self._tail_high: dict[LogId, tuple[Lsn, str]] = {}
+        self.damage_lost: dict[Key, set[NodeId]] = {}
+        """Like ``lost``, for damaged disks only (never rebuilt in the simulation)."""
+        self.wiped: dict[NodeId, set[Key]] = {}
+        """Per replaced disk not yet rebuilt, the copies it lost (D1)."""
+        self.rebuilt_checked_count = 0
+        self._wipes_count = 0
         """Per log, the highest tail reported so far and who reported it (T1)."""
 
     def _holders(self, key: Key, copies: dict[Key, set[NodeId]]) -> set[NodeId]:
@@ -257,11 +270,51 @@ class SafetyChecker:
             self.hole_copies.get(key, set()).discard(node)
             if was is not None:
                 self.lost.setdefault(key, set()).add(node)
+                self.damage_lost.setdefault(key, set()).add(node)
             if now is not None:
                 if now.is_hole:
                     self.hole_copies.setdefault(key, set()).add(node)
                 elif self.assigned.get(key) == now.payload:
                     self.copies.setdefault(key, set()).add(node)
+
+    # ---- disk replacement and rebuilding (D1) ---------------------------------------------
+
+    def on_wiped(self, node: NodeId, before: dict[Key, DiskRecord]) -> None:
+        """``node``'s disk was replaced: every copy it held is gone until it is rebuilt. (Still
+        counted as a holder where C2 and C3 require R copies, as a damaged disk's are.)"""
+        for key in before:
+            self.copies.get(key, set()).discard(node)
+            self.hole_copies.get(key, set()).discard(node)
+            self.lost.setdefault(key, set()).add(node)
+        self.wiped.setdefault(node, set()).update(before)
+        # The new disk starts with no release pointers: from here on it is another holder
+        # (the old one's pointers still count for what readers may have learned).
+        holder = f"storage {node}"
+        self._wipes_count += 1
+        for (who, log_id) in [k for k in self._release if k[0] == holder]:
+            self._release[(f"{holder} (disk {self._wipes_count})", log_id)] = (
+                self._release.pop((who, log_id)))
+
+    def on_rebuilt(self, node: NodeId) -> None:
+        """``node``'s rebuild finished: D1 for the acknowledged copies its old disk held."""
+        keys = self.wiped.pop(node, set())
+        self.rebuilt_checked_count += 1
+        self._check_rereplicated(keys & self.acked_keys, f"after {node}'s rebuild")
+
+    def _check_rereplicated(self, keys: Iterable[Key], when: str) -> None:
+        for key in sorted(keys):
+            log_id, lsn = key
+            held = self.copies.get(key, set()) | self.damage_lost.get(key, set())
+            replication = self._replication_of(log_id)
+            if len(held) < replication:
+                fail("D1", f"{when}: acknowledged log {log_id} {format_lsn(lsn)} is on "
+                     f"{sorted(self.copies.get(key, set()))} (damaged: "
+                     f"{sorted(self.damage_lost.get(key, set()))}) < R={replication}")
+
+    def check_rereplicated_all(self) -> None:
+        """D1 at the end: every rebuild finished; every acknowledged record is on R disks."""
+        assert not self.wiped, f"rebuilds not finished: {sorted(self.wiped)}"
+        self._check_rereplicated(self.acked_keys, "at the end")
 
     # ---- R2 and T1, every reader_check_interval_ms ---------------------------------------
 

@@ -193,6 +193,11 @@ def chaos_tick(cluster: SimCluster) -> None:
         up = [n for n, s in cluster.storage.items() if s.up]
         if up:
             cluster.stall_storage(rng.choice(up), rng.randint(20, o.stall_ms_max))
+    disk_rng = cluster.disk_rng
+    if o.disk_replace_ratio and disk_rng.random() < o.disk_replace_ratio:
+        node_id = disk_rng.choice(list(cluster.storage))
+        if cluster.may_replace_disk(node_id):
+            cluster.replace_disk(node_id, down_ms=disk_rng.randint(50, o.storage_down_ms_max))
     if o.drain_ratio and rng.random() < o.drain_ratio:
         usable = [n for n, s in cluster.sequencers.items() if s.accepts_appends()]
         if usable:
@@ -211,6 +216,8 @@ def heal_and_check(cluster: SimCluster) -> None:
     for log_id in cluster.log_ids:
         check_post_heal_appends(cluster, log_id)
     cluster.checker.check_final(cluster.storage.values())
+    if cluster.stats["disk_replaced"]:
+        cluster.checker.check_rereplicated_all()
     if cluster.options.reader_check_interval_ms:
         cluster.check_now()
     cluster.finished = True

@@ -26,6 +26,7 @@ from tests.simulation.sim_epoch_store import SimEpochStore
 from tests.simulation.sim_frontend import SimFrontends, tail_from_storage
 from tests.simulation.sim_network import SimNetwork
 from tests.simulation.sim_options import SimOptions
+from tests.simulation.sim_rebuild import SimRebuildConfig, SimRebuilding
 from tests.simulation.sim_sequencer import Core, SequencerEnv, SimSequencerNode
 from tests.simulation.sim_storage import SimStorageNode
 from tests.simulation.sim_trace import Trace
@@ -86,8 +87,15 @@ class SimCluster:
         self.check_rng = random.Random(seed ^ 0x5EED)
         """Samples the checkers' f-majorities; apart from ``rng``, so that checking does not
         change a seed's schedule."""
+        self.disk_rng = random.Random(seed ^ 0xD15C)
+        """Draws the disk replacements; apart from ``rng``, so that a seed's schedule is what
+        it was without them until the first replacement."""
         self.frontends = SimFrontends(self, seed, self.stats)
         """The sequencer nodes' frontends, which T1 asks for tails."""
+        self.rebuilding = SimRebuilding(self, SimRebuildConfig(
+            rate_bytes_per_s=options.rebuild_rate_bytes_per_s,
+            chunk_bytes_max=options.rebuild_chunk_bytes_max))
+        """Disk replacements and their rebuilds (``sim_rebuild``)."""
 
     @property
     def now_ms(self) -> int:
@@ -163,14 +171,37 @@ class SimCluster:
             return
         options, lose_entries = self.options, 0
         if (options.damage_ratio and not self.healed
-                and (node_id in self.damaged_nodes
-                     or len(self.damaged_nodes) < options.replication - 1)
+                and node_id not in self.rebuilding.rebuilding()
+                and len(self.damaged_nodes | {node_id}
+                        | set(self.rebuilding.rebuilding())) <= options.replication - 1
                 and self.rng.random() < options.damage_ratio):
-            # At most R - 1 distinct damaged nodes: every acknowledged record keeps a copy.
+            # At most R - 1 distinct damaged nodes, counting one whose disk was replaced and
+            # is not rebuilt yet: every acknowledged record keeps a copy.
             self.damaged_nodes.add(node_id)
             lose_entries = self.rng.randint(1, options.damage_entries_max)
             self.stats["storage_damaged"] += 1
         node.restart(lose_entries=lose_entries)
+        self.rebuilding.on_restart(node_id)
+
+    def may_replace_disk(self, node_id: NodeId) -> bool:
+        """At most R - 1 copies lost between rebuilds: one disk replaced at a time, after the
+        previous rebuild finished, and never so that damaged nodes plus this one reach R."""
+        return (not self.healed and not self.rebuilding.rebuilding()
+                and len(self.damaged_nodes | {node_id}) <= self.options.replication - 1)
+
+    def replace_disk(self, node_id: NodeId, *, down_ms: int | None = None) -> None:
+        """The node goes down (if up) and comes back, after ``down_ms``, on a new empty disk;
+        it is then rebuilt (``sim_rebuild``)."""
+        self.stats["disk_replaced"] += 1
+        node = self.storage[node_id]
+        if node.up:
+            self.crash_storage(node_id)
+        lost = node.replace_disk()
+        self.checker.on_wiped(node_id, lost)
+        self.rebuilding.replaced_pending.add(node_id)
+        self.rebuilding.start_polling()
+        if down_ms is not None:
+            self.queue.after(down_ms, lambda: self.restart_storage(node_id))
 
     def stall_storage(self, node_id: NodeId, duration_ms: int) -> None:
         """The node stops handling and answering for ``duration_ms`` but keeps its
@@ -258,6 +289,8 @@ class SimCluster:
                for node in self.sequencers.values()):
             return False
         if not all(storage.up for storage in self.storage.values()):
+            return False
+        if self.rebuilding.rebuilding():
             return False
         return not any(core.sequencer.appenders
                        or core.sequencer.state is SequencerState.ACTIVATING

@@ -98,6 +98,14 @@ class SimOptions:
     At most R - 1 distinct nodes are damaged per run, so that every acknowledged record keeps
     a copy."""
     damage_entries_max: int = 8
+    disk_replace_ratio: float = 0.0
+    """Per chaos tick: odds that a storage node's disk is replaced (down, back after up to
+    ``storage_down_ms_max`` on a new empty disk, then rebuilt: ``sim_rebuild``). One at a
+    time, each after the previous rebuild finished, and with the damaged nodes at most R - 1
+    nodes missing copies (``SimCluster.may_replace_disk``)."""
+    rebuild_rate_bytes_per_s: int = 0
+    """Each rebuild donor's rate limit (0: none)."""
+    rebuild_chunk_bytes_max: int = 4096
     recovery_timeout_ms: int = 5_000
     """The sequencers' ``recovery_timeout_ms``: an attempt not done by then starts over."""
     # ---- checkers ----
@@ -169,7 +177,20 @@ class SimOptions:
             idle_deactivate_ms=rng.choice((0, 0, 50, 200, 600)),
             # Drawn after the older options, so that those stay what they were per seed.
             **cls._generate_recovery_faults(rng, maybe, faults),
+            **cls._generate_disk_faults(rng, storage_nodes_count),
         )
+
+    @staticmethod
+    def _generate_disk_faults(rng: random.Random, storage_nodes_count: int) -> dict[str, Any]:
+        # From an rng of their own seeded by the run's state, so that every option above, and
+        # the whole schedule of a seed without disk replacements, stays what it was.
+        own = random.Random(hash(rng.getstate()[1]))
+        del storage_nodes_count
+        return {
+            "disk_replace_ratio": own.uniform(0.01, 0.05) if own.random() < 0.5 else 0.0,
+            "rebuild_rate_bytes_per_s": own.choice((0, 2_000, 20_000)),
+            "rebuild_chunk_bytes_max": own.choice((64, 512, 4096)),
+        }
 
     @staticmethod
     def _generate_recovery_faults(rng: random.Random, maybe: Any,

@@ -35,6 +35,7 @@ from shared.types import (
     lsn_to_esn,
 )
 from shared.wire.read import GetLogState
+from shared.wire.rebuild import RebuildStore
 from shared.wire.recovery import Clean, GetDigest, Seal
 from shared.wire.release import Release
 from shared.wire.store import RecordFlags, Store
@@ -137,6 +138,12 @@ class SimStorageNode:
         """When the last submitted disk write completes (writes complete in order)."""
         self.up = True
         self.incarnation = 0
+        self.generation = 1
+        """The disk's generation (``disk_identity``): a replaced disk has the next one."""
+        self.rebuild_handler: Callable[[RebuildStore, ReplyFn], None] | None = None
+        """REBUILD_STORE's handler (``sim_rebuild``: ``RebuildRuntime.on_rebuild_store``)."""
+        self.pending_stores: list[Store] = []
+        """STOREs submitted and not yet on the disk (the record store's writer queue)."""
         network.add_node(node_id, self.on_message)
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -146,6 +153,7 @@ class SimStorageNode:
         self.up = False
         self.incarnation += 1
         self.handlers.inflight = InflightStores()  # the writes in flight are lost, and replies
+        self.pending_stores = []
         self._network.crash(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} CRASH")
 
@@ -184,6 +192,20 @@ class SimStorageNode:
         self._trace.log(self._queue.clock.now_ms(),
                         f"storage {self.node_id} DISK DAMAGED ({len(lost)} copies lost)")
         return lost
+
+    def replace_disk(self) -> dict[tuple[LogId, Lsn], DiskRecord]:
+        """While down: a new, empty disk of the next generation (records, release pointers,
+        seals and settled marks gone); the node vouches for nothing on it until it is
+        rebuilt (``sim_rebuild``). Returns the records the old disk held."""
+        assert not self.up, self.node_id
+        before = self.disk.records
+        self.disk = Disk(records={}, release_lsn={})
+        self.disk.authority.unsure_of_everything()
+        self.generation += 1
+        self._trace.log(self._queue.clock.now_ms(),
+                        f"storage {self.node_id} DISK REPLACED ({len(before)} copies lost), "
+                        f"generation {self.generation}")
+        return before
 
     def _recovered_states(self) -> dict[LogId, LogStorageState]:
         states: dict[LogId, LogStorageState] = {}
@@ -245,6 +267,8 @@ class SimStorageNode:
             self.handlers.on_get_digest(message, reply)
         elif kind is Clean:
             self.handlers.on_clean(message, reply)
+        elif kind is RebuildStore and self.rebuild_handler is not None:
+            self.rebuild_handler(message, reply)
         else:
             raise AssertionError(f"storage node got unexpected {message!r}")
 
@@ -258,7 +282,11 @@ class SimStorageNode:
         return False
 
     def submit_store(self, store: Store, done: Callable[[Status], None]) -> Status:
+        pending = self.pending_stores
+        pending.append(store)
+
         def write() -> None:
+            pending.remove(store)
             self._write(store)
             done(Status.OK)
 
@@ -322,6 +350,11 @@ class SimStorageNode:
             self.disk.records[key] = record
             self.disk.journal.append((key, record))
             self._on_disk_write(self.node_id, key[0], key[1], record, previous)
+
+    def after_disk(self, action: Callable[[], None]) -> None:
+        """``action`` after a disk access (a rebuild donor's read), in order with the
+        writes; dropped if the node crashes first."""
+        self._after_disk(action)
 
     def _after_disk(self, action: Callable[[], None]) -> None:
         """Run ``action`` once a disk write of up to ``disk_delay_ms`` is done, unless we
