@@ -153,6 +153,10 @@ class LogService(Protocol):
 
     async def tail(self, log_id: LogId) -> TailOutcome: ...
 
+    async def tail_ready(self, log_id: LogId) -> TailOutcome:
+        """``tail``, waiting a bounded time while it answers NOTREADY (what HTTP serves)."""
+        ...
+
     async def find_time(self, log_id: LogId, timestamp_ms: int) -> LsnOutcome:
         """The lowest released LSN whose record has a timestamp at or after ``timestamp_ms``
         (``release_lsn + 1`` if none)."""

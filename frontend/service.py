@@ -64,6 +64,10 @@ READ_POLL_INTERVAL_S = 0.02
 LOG_APPEAR_POLL_S = 0.1
 """How often a long poll on a log never written asks the epoch store whether it exists yet."""
 SEQUENCER_STATE_TIMEOUT_MS = 1_000
+TAIL_READY_WAIT_MS = 2_000
+"""How long a tail request waits for a NOTREADY log to become ready (``tail_ready``)."""
+TAIL_RETRY_PAUSE_MS_MIN = 10
+TAIL_RETRY_PAUSE_MS_MAX = 200
 T = TypeVar("T")
 OWNERS_CACHED_MAX = 100_000
 """Logs whose owner ``NodeService.owner`` remembers; the cache starts over past it."""
@@ -462,6 +466,22 @@ class FrontEnd:
                      for r in merged.records],
             gaps=[GapOut(type=g.kind, lo=g.lo, hi=g.hi) for g in merged.gaps],
             next_lsn=merged.next_lsn, release_lsn=release)
+
+    async def tail_ready(self, log_id: LogId) -> TailOutcome:
+        """``tail``, asked again with backoff for up to ``TAIL_READY_WAIT_MS`` while it answers
+        NOTREADY: a sequencer that is activating or recovering (the first append to a log, a
+        failover) is ready within milliseconds, and the caller should get the tail, not a 503
+        to retry, as an append waits for the activation it triggers. Past the bound the
+        NOTREADY goes out (a cluster without enough storage nodes stays unready)."""
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + TAIL_READY_WAIT_MS / 1000
+        pause_s = TAIL_RETRY_PAUSE_MS_MIN / 1000
+        while True:
+            outcome = await self.tail(log_id)
+            if outcome.status is not Status.NOTREADY or loop.time() + pause_s > deadline_s:
+                return outcome
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, TAIL_RETRY_PAUSE_MS_MAX / 1000)
 
     async def tail(self, log_id: LogId) -> TailOutcome:
         """The log's release pointer, never less than one any node reported before this

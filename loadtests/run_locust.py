@@ -147,6 +147,10 @@ def cmd_mixed(args: argparse.Namespace, target: Target, report_dir: Path) -> int
     write_run_report(report_dir, result.rows, result.cpu, meta)
     print((report_dir / "summary.md").read_text())
     failures = sum(r.failures for r in result.rows if r.method)
+    reasons = report_dir / "locust_failures.csv"
+    if failures and reasons.exists():
+        # Which answers failed, not only how many: what a CI log must show to be diagnosed.
+        print(f"Failures ({reasons.name}):\n{reasons.read_text()}")
     return 1 if failures else 0
 
 

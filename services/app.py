@@ -337,6 +337,14 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         service.started = False
         gossip.begin_failover()
 
+    async def announce_shutdown(_: web.Application) -> None:
+        # aiohttp runs on_shutdown as soon as the listeners are closed, before it waits up to
+        # its shutdown timeout for in-flight HTTP requests (a long poll, a slow client): peers
+        # must learn at once that this node is going away, not after that wait (a rolling
+        # restart saw DEAD 4.2 s after SIGTERM, the whole HTTP drain bound).
+        gossip.begin_failover()
+
+    app.on_shutdown.append(announce_shutdown)
     # Started in this order, stopped in the reverse one.
     app.cleanup_ctx.extend((epoch_store_step, auth_step, storage_step, pool_step, server_step,
                             gossip_step, front_end_step, shard_watch_step, sequencer_step,

@@ -375,7 +375,7 @@ async def on_tail(request: web.Request) -> web.StreamResponse:
     log_id = parse_log_id(request.match_info["log_id"])
     if isinstance(log_id, Rejection):
         return _rejected(request, log_id)
-    outcome = await request.app[SERVICE_KEY].tail(log_id)
+    outcome = await request.app[SERVICE_KEY].tail_ready(log_id)
     if outcome.status is not Status.OK:
         return _error(request, outcome.status, outcome.message, sequencer=outcome.sequencer_node)
     return _answer(request, tail_doc(outcome), sequencer=outcome.sequencer_node)

@@ -839,7 +839,7 @@ class _Connection(asyncio.Protocol):
                 return
             self._start(request, self._read(log_id, params), request.on_read)
         else:
-            self._start(request, edge.service.tail(log_id), request.on_tail)
+            self._start(request, edge.service.tail_ready(log_id), request.on_tail)
 
     def _query(self) -> list[tuple[str, str]]:
         _, _, query = self._url.partition(b"?")

@@ -226,6 +226,42 @@ async def test_graceful_shutdown_fails_over_at_once(tmp_path: Path) -> None:
         cluster.stop_all()
 
 
+async def test_shutdown_announced_before_in_flight_http_requests_finish(tmp_path: Path) -> None:
+    """A long poll held open on the leaving node (the HTTP drain waits for it up to its bound)
+    does not delay the announcement: peers see the node DEAD within a second of SIGTERM."""
+    slow_detection = replace(FAST_GOSSIP, gossip_threshold_intervals=200)
+    cluster = launch(tmp_path, storage_nodes=1, sequencers=2, replication=1,
+                     gossip=slow_detection)
+    try:
+        leaving, staying = cluster.sequencers
+        await _wait(lambda: _all_alive(cluster, [staying]), 10, "all ALIVE")
+        log = LOGS[0]
+        status, _, body = await _post(cluster.url(staying), log)
+        assert status == 200, body
+        async with aiohttp.ClientSession() as session:
+            async def long_poll() -> int:
+                # Far past the tail: nothing is released there, so it waits its full wait_ms.
+                async with session.get(
+                        f"{cluster.url(leaving)}/v1/logs/{log}/records",
+                        params={"from": str(body["lsn"] + 1_000_000), "wait_ms": "20000"},
+                        timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                    return resp.status
+
+            poll = asyncio.create_task(long_poll())
+            try:
+                await asyncio.sleep(0.3)  # a head start to reach its handler (not state)
+                assert not poll.done(), poll.result()
+                cluster.signal(leaving, signal.SIGTERM)
+                took_s = await _wait(lambda: cluster.states(staying)[leaving] == "DEAD", 5,
+                                     "the leaving node DEAD")
+                assert took_s < 1.5
+            finally:
+                poll.cancel()
+                await asyncio.gather(poll, return_exceptions=True)
+    finally:
+        cluster.stop_all()
+
+
 async def _post(url: str, log: LogId) -> tuple[int, str | None, dict[str, Any]]:
     async with (
         aiohttp.ClientSession() as session,

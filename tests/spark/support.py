@@ -37,11 +37,16 @@ def payload(log: int, seq: int, size: int = 200) -> bytes:
 
 async def append_many(client: Client, log: int, count: int, *, first_seq: int = 0,
                       batch: int = 500, size: int = 200) -> int:
-    """Appends ``count`` records in batches; the LSN of the last one."""
+    """Appends ``count`` records in batches; the LSN of the last one. Each batch names a
+    producer pair (the batch's first record seq), so the client retries a batch whose outcome
+    is unknown (a sequencer preempted under load, a failover) without writing it twice, as a
+    user's producer would."""
     last = 0
     for start in range(0, count, batch):
         seqs = range(first_seq + start, first_seq + min(start + batch, count))
-        last = (await client.append_batch(log, [payload(log, s, size) for s in seqs])).last_lsn
+        last = (await client.append_batch(log, [payload(log, s, size) for s in seqs],
+                                          producer_id=f"spark-test-{log}",
+                                          producer_seq=seqs[0])).last_lsn
     return last
 
 

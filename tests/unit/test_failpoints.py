@@ -128,14 +128,20 @@ async def test_storage_failpoint_fires_after_the_write_and_before_the_fsync(
     payload = b"written-before-the-crash"
     real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
+    def commits_a_segment(fd: int) -> bool:
+        # Only the record commits count: not the zero-filling thread's syncs (segment_files'
+        # preallocation), nor index files, checkpoints or directory syncs on other threads.
+        return (not threading.current_thread().name.startswith("seqlog-prealloc")
+                and os.readlink(f"/proc/self/fd/{fd}").endswith(".seg"))
+
     def fsync(fd: int) -> None:
-        # Not the zero-filling thread's syncs (segment_files' preallocation).
-        if not threading.current_thread().name.startswith("seqlog-prealloc"):
+        if commits_a_segment(fd):
             events.append("fsync")
         real_fsync(fd)
 
     def fdatasync(fd: int) -> None:
-        events.append("fsync")
+        if commits_a_segment(fd):
+            events.append("fsync")
         real_fdatasync(fd)
 
     def crash(arm: Arm, hits: int) -> None:

@@ -229,6 +229,9 @@ class FakeLogService:
             release_lsn=self._tail(log_id),
         )
 
+    async def tail_ready(self, log_id: LogId) -> TailOutcome:
+        return await self.tail(log_id)
+
     async def tail(self, log_id: LogId) -> TailOutcome:
         failed = self._check()
         if failed is not None:
