@@ -19,7 +19,9 @@ Every storage node runs one ``RebuildRuntime`` beside its ``StorageNode``:
    - as the shard being rebuilt, once every donor is done it vouches for everything again
      (``AuthorityStatus.clear``, durable first) and then records AUTHORITATIVE.
 3. **As the target** (``on_rebuild_store``) it writes the copies a donor sends where it holds
-   none, adopting the donor's release pointer, trim point and seal when they are higher.
+   none (in its index, or of equal or higher precedence queued for its writer:
+   ``storage_node.core.rebuild_accept``), adopting the donor's release pointer, trim point
+   and seal when they are higher.
 
 Nothing here runs per record on the append path: a rebuild costs one frame per chunk.
 """
@@ -41,7 +43,7 @@ from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, epoch_valid, node_i
 from shared.wire.codec import Message, decode_store_fields
 from shared.wire.rebuild import REBUILD_ENTRIES_MAX, RebuildStore, RebuildStored
 from shared.wire.release import Release
-from shared.wire.store import Store
+from shared.wire.store import RecordFlags, Store, copy_precedence
 from shared.wire.trim import Trim
 from storage_node import disk_identity
 from storage_node.core.rebuild import (
@@ -55,6 +57,7 @@ from storage_node.core.rebuild import (
     TokenBucket,
     narrowed,
 )
+from storage_node.core.rebuild_accept import queued_winners, rebuild_pieces
 from storage_node.core.store_machine import store_fields_status
 from storage_node.disk_identity import DiskState, ForeignDiskError
 from storage_node.rebuild_reads import read_pieces
@@ -497,13 +500,25 @@ class RebuildRuntime:
         if 0 < message.release_lsn < LSN_MAX:
             node.core.on_release(Release(log_id=log_id, release_lsn=Lsn(message.release_lsn)))
         trim_lsn = machine.trim_lsn(log_id)
+        # Copies queued or being written here, not yet in the index: one pass over the
+        # writer's queue per chunk (see ``storage_node.core.rebuild_accept``).
+        queued = node.store.queued_copies(log_id, min(s.lsn for s in stores),
+                                          max(s.last_lsn for s in stores)) if stores else []
         for store in stores:
             self.stats.records_received += store.records_count
             held = node.store.held_ranges(log_id, store.lsn, store.last_lsn)
             damaged = node.store.authority.damaged_ranges(log_id, store.lsn, store.last_lsn)
             if damaged:
                 held = _without(held, damaged)  # its own copies there are bad: replaced
-            for first, last in _missing(held, max(store.lsn, trim_lsn + 1), store.last_lsn):
+            winners = queued_winners(
+                ((a, b, p) for a, b, p in queued if a <= store.last_lsn and b >= store.lsn),
+                copy_precedence(store.flags, store.wave)) if queued else []
+            if store.flags & RecordFlags.WRITTEN_BY_RECOVERY:
+                # As if this node had received the recovery's own STORE: a late one of an
+                # earlier attempt is then preempted here too.
+                machine.note_recovery_wave(log_id, store.wave)
+            for first, last in rebuild_pieces(held, winners, max(store.lsn, trim_lsn + 1),
+                                              store.last_lsn):
                 piece = narrowed(store, first, last)
                 if isinstance(piece, Status):
                     continue

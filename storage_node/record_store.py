@@ -49,6 +49,7 @@ import collections
 import contextlib
 import fcntl
 import functools
+import itertools
 import logging
 import os
 import time
@@ -64,7 +65,7 @@ from shared.config import StorageConfig
 from shared.status import LogError, Status
 from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn
 from shared.wire.producer import ProducerEntry
-from shared.wire.store import Store
+from shared.wire.store import Store, copy_precedence
 from storage_node.authority import AuthorityFile
 from storage_node.core.authority import AuthorityStatus
 from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
@@ -518,6 +519,21 @@ class RecordStore:
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
         return self._indexed(lambda: self._index.ranges(log_id, from_lsn, until_lsn))
+
+    def queued_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn
+                      ) -> list[tuple[int, int, tuple[int, int]]]:
+        """``(first_lsn, last_lsn, copy_precedence)`` of the copies of ``log_id`` overlapping
+        the range that are queued or being written, not yet in the index (rebuilding must
+        not queue an older copy after them: ``storage_node.core.rebuild_accept``). One pass
+        over the bounded queue: for a donor's chunk, not per STORE."""
+        found: list[tuple[int, int, tuple[int, int]]] = []
+        for pending in itertools.chain(self._inflight, self._queue):
+            source = pending.chunk_source
+            if (type(source) is Store and source.log_id == log_id
+                    and source.lsn <= until_lsn and source.last_lsn >= from_lsn):
+                found.append((source.lsn, source.last_lsn,
+                              copy_precedence(source.flags, source.wave)))
+        return found
 
     def index_snapshot(self) -> dict[LogId, list[tuple[int, ...]]]:
         """Per log, every index location without its in-memory file version: what a restart
