@@ -191,3 +191,26 @@ def test_rebuild_pieces_rule() -> None:
                 a <= lsn <= b and p >= donor for a, b, p in queued)
             assert (lsn not in written) == blocked, (lsn, donor, merged, queued, pieces)
         assert all(lo <= first <= last <= hi for first, last in pieces)
+
+
+async def test_a_chunk_of_many_entries_is_written_in_slices(tmp_path: Any) -> None:
+    """A chunk of thousands of single-record entries is decided and queued a slice per
+    event-loop iteration, so the appends' STOREs are not held behind all of it; every copy
+    is still written and counted in the one answer."""
+    from storage_node.rebuild_runtime import REBUILD_SLICE_ENTRIES
+    count = REBUILD_SLICE_ENTRIES * 5 + 3
+    async with running_node(str(tmp_path), node_id=ME) as node:
+        runtime = _runtime(node)
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[Message] = loop.create_future()
+        runtime.on_rebuild_store(_chunk(*(_copy(esn) for esn in range(1, count + 1))),
+                                 answered.set_result)
+        queued_now = node.store.queued_copies(LOG, _lsn(1), _lsn(count))
+        assert len(queued_now) == REBUILD_SLICE_ENTRIES
+        async with asyncio.timeout(REPLY_TIMEOUT_S):
+            answer = await answered
+        assert isinstance(answer, RebuildStored) and answer.status is Status.OK
+        assert answer.written == count
+        held = node.store.held_ranges(LOG, _lsn(1), _lsn(count))
+        assert sum(last - first + 1 for first, last in held) == count
+        await runtime.close()
