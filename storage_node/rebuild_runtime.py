@@ -519,7 +519,6 @@ class RebuildRuntime:
             if self._closing and stores is not None and following < len(entries):
                 pending.append(Status.SHUTDOWN)  # not all written: the donor sends it again
             if stores is None or following >= len(entries) or self._closing:
-                node.store.kick_background()
                 finished_one(Status.OK)
             else:
                 loop.call_soon(write_slice, following)
@@ -564,8 +563,8 @@ class RebuildRuntime:
                 if isinstance(piece, Status):
                     continue
                 outstanding[0] += 1
-                status = node.store.submit_store(
-                    piece, _persisted(machine, piece, written, finished_one), background=True)
+                status = node.store.submit_store(piece, _persisted(machine, piece, written,
+                                                                   finished_one))
                 if status is not Status.OK:
                     finished_one(status)
 

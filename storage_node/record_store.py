@@ -171,8 +171,6 @@ class _Pending:
     done: DoneFn
     records_count: int
     bytes_estimate: int
-    background: bool = False
-    """Does not start a batch by itself (``submit_store``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,19 +302,16 @@ class RecordStore:
     def disk_low(self) -> bool:
         return self._writer.disk_low
 
-    def submit_store(self, store: Store, done: DoneFn, *, background: bool = False) -> Status:
+    def submit_store(self, store: Store, done: DoneFn) -> Status:
         """Queue a (validated) STORE; ``done(status)`` is called once it is durable per the
         fsync mode (OK) or failed (NOSPC, DISABLED, SHUTDOWN, INTERNAL). Returns OK when
         queued, else the reason it was not (OVERLOADED, SHUTDOWN, NOTREADY, DISABLED) and
-        ``done`` is never called. ``background`` (rebuilding's copies, queued a slice per loop
-        iteration): the STORE waits for the next batch something else starts (a STORE, or
-        ``kick_background`` once the last slice is queued), so that the slices of a chunk
-        share one batch and its fsync instead of one each."""
+        ``done`` is never called."""
         wire_fields = store.wire_fields
         estimate = (len(wire_fields) if wire_fields is not None
                     else sum(map(len, store.payloads))) + _ENTRY_OVERHEAD_BYTES * len(
                         store.payloads)
-        return self._enqueue(_Pending(store, done, store.records_count, estimate, background))
+        return self._enqueue(_Pending(store, done, store.records_count, estimate))
 
     def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
         """Queue a durable seal; same contract as ``submit_store``."""
@@ -834,16 +829,8 @@ class RecordStore:
             return Status.OVERLOADED
         self._queued_records_count += pending.records_count
         self._queue.append(pending)
-        if pending.background:
-            self._idle.clear()
-        else:
-            self._kick()
+        self._kick()
         return Status.OK
-
-    def kick_background(self) -> None:
-        """Start writing the ``background`` STOREs queued (if nothing else has)."""
-        if self._queue:
-            self._kick()
 
     def _kick(self) -> None:
         """There is work: start a batch in the next loop iteration (so that every STORE
