@@ -563,8 +563,8 @@ class RebuildRuntime:
                 if isinstance(piece, Status):
                     continue
                 outstanding[0] += 1
-                status = node.store.submit_store(piece, _persisted(machine, piece, written,
-                                                                   finished_one))
+                status = node.store.submit_store(
+                    piece, _persisted(machine, piece, written, finished_one), inline_ok=False)
                 if status is not Status.OK:
                     finished_one(status)
 

@@ -171,6 +171,8 @@ class _Pending:
     done: DoneFn
     records_count: int
     bytes_estimate: int
+    inline_ok: bool = True
+    """False: a batch holding it is never committed inline (``submit_store``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +237,10 @@ class RecordStore:
         """(read ticket when retired, reader keys): descriptors of deleted or replaced files,
         closed once no read with a ticket at or below it runs."""
         self._queue: collections.deque[_Pending] = collections.deque()
+        self._not_inline_queued = 0
+        """Queued entries with ``inline_ok`` False (none: batches are not scanned)."""
+        self._batch_inline_ok = True
+        """The batch just taken may be committed inline."""
         self._queued_records_count = 0
         self._inflight: list[_Pending] = []
         self._releases: dict[LogId, Lsn] = {}
@@ -302,16 +308,18 @@ class RecordStore:
     def disk_low(self) -> bool:
         return self._writer.disk_low
 
-    def submit_store(self, store: Store, done: DoneFn) -> Status:
+    def submit_store(self, store: Store, done: DoneFn, *, inline_ok: bool = True) -> Status:
         """Queue a (validated) STORE; ``done(status)`` is called once it is durable per the
         fsync mode (OK) or failed (NOSPC, DISABLED, SHUTDOWN, INTERNAL). Returns OK when
         queued, else the reason it was not (OVERLOADED, SHUTDOWN, NOTREADY, DISABLED) and
-        ``done`` is never called."""
+        ``done`` is never called. ``inline_ok=False`` (rebuilding's copies, a stream of small
+        slices): its batch goes to the writer thread, so that the event loop is not held in
+        an fsync per slice while appends' STOREs wait to be received."""
         wire_fields = store.wire_fields
         estimate = (len(wire_fields) if wire_fields is not None
                     else sum(map(len, store.payloads))) + _ENTRY_OVERHEAD_BYTES * len(
                         store.payloads)
-        return self._enqueue(_Pending(store, done, store.records_count, estimate))
+        return self._enqueue(_Pending(store, done, store.records_count, estimate, inline_ok))
 
     def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
         """Queue a durable seal; same contract as ``submit_store``."""
@@ -828,6 +836,8 @@ class RecordStore:
             self._counts["overloaded"] += 1
             return Status.OVERLOADED
         self._queued_records_count += pending.records_count
+        if not pending.inline_ok:
+            self._not_inline_queued += 1
         self._queue.append(pending)
         self._kick()
         return Status.OK
@@ -991,7 +1001,8 @@ class RecordStore:
         # Rolling to a new segment (fsync, create, directory sync) is left to the thread.
         fits = (self._segment_bytes.get(self._newest_segment_id, 0) + batch_bytes
                 + _ENTRY_OVERHEAD_BYTES * len(releases) <= self._config.segment_bytes_max)
-        if (small and fits and not self._thread_jobs and not self._closing
+        if (small and fits and self._batch_inline_ok and not self._thread_jobs
+                and not self._closing
                 and self._small_commit_us <= INLINE_COMMIT_US_MAX):
             # Inline: the writer thread is idle, so the segment writer is ours right now.
             self._writing = True
@@ -1087,12 +1098,16 @@ class RecordStore:
         bytes_cap = min(self._config.commit_batch_bytes_max, self._config.segment_bytes_max)
         batch: list[_Pending] = []
         total_bytes = 0
+        not_inline = self._not_inline_queued
         while self._queue:
             pending = self._queue[0]
             if batch and total_bytes + pending.bytes_estimate > bytes_cap:
                 break
             batch.append(self._queue.popleft())
             total_bytes += pending.bytes_estimate
+            if not_inline and not pending.inline_ok:
+                self._not_inline_queued -= 1
+        self._batch_inline_ok = not_inline == self._not_inline_queued
         return batch, total_bytes
 
     def _complete(self, batch: list[_Pending], status: Status) -> None:
@@ -1108,6 +1123,7 @@ class RecordStore:
         self._inflight = []
         self._queue.clear()
         self._queued_records_count = 0
+        self._not_inline_queued = 0
         self._complete(failed, status)
 
     # ---- blocking parts (writer thread / read threads) ----

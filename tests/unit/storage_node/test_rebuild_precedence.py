@@ -203,6 +203,7 @@ async def test_a_chunk_of_many_entries_is_written_in_slices(tmp_path: Any) -> No
         runtime = _runtime(node)
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[Message] = loop.create_future()
+        inline_before = node.store.stats()["inline_commits"]
         runtime.on_rebuild_store(_chunk(*(_copy(esn) for esn in range(1, count + 1))),
                                  answered.set_result)
         queued_now = node.store.queued_copies(LOG, _lsn(1), _lsn(count))
@@ -211,6 +212,8 @@ async def test_a_chunk_of_many_entries_is_written_in_slices(tmp_path: Any) -> No
             answer = await answered
         assert isinstance(answer, RebuildStored) and answer.status is Status.OK
         assert answer.written == count
+        # Never committed on the event loop: an fsync per slice there held the appends back.
+        assert node.store.stats()["inline_commits"] == inline_before
         held = node.store.held_ranges(LOG, _lsn(1), _lsn(count))
         assert sum(last - first + 1 for first, last in held) == count
         await runtime.close()
