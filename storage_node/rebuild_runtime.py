@@ -19,7 +19,9 @@ Every storage node runs one ``RebuildRuntime`` beside its ``StorageNode``:
    - as the shard being rebuilt, once every donor is done it vouches for everything again
      (``AuthorityStatus.clear``, durable first) and then records AUTHORITATIVE.
 3. **As the target** (``on_rebuild_store``) it writes the copies a donor sends where it holds
-   none, adopting the donor's release pointer, trim point and seal when they are higher.
+   none (in its index, or of equal or higher precedence queued for its writer:
+   ``storage_node.core.rebuild_accept``), adopting the donor's release pointer, trim point
+   and seal when they are higher.
 
 Nothing here runs per record on the append path: a rebuild costs one frame per chunk.
 """
@@ -27,6 +29,7 @@ Nothing here runs per record on the append path: a rebuild costs one frame per c
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import random
 import time
@@ -41,7 +44,7 @@ from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, epoch_valid, node_i
 from shared.wire.codec import Message, decode_store_fields
 from shared.wire.rebuild import REBUILD_ENTRIES_MAX, RebuildStore, RebuildStored
 from shared.wire.release import Release
-from shared.wire.store import Store
+from shared.wire.store import RecordFlags, Store, copy_precedence
 from shared.wire.trim import Trim
 from storage_node import disk_identity
 from storage_node.core.rebuild import (
@@ -55,6 +58,7 @@ from storage_node.core.rebuild import (
     TokenBucket,
     narrowed,
 )
+from storage_node.core.rebuild_accept import queued_winners, rebuild_pieces
 from storage_node.core.store_machine import store_fields_status
 from storage_node.disk_identity import DiskState, ForeignDiskError
 from storage_node.rebuild_reads import read_pieces
@@ -72,6 +76,10 @@ DRAIN_SETTLE_MARGIN_MS = 1_000
 DRAIN_SETTLE_MAX_MS = 60_000
 _NO_NEW_COPIES = (ShardStatus.DRAINING, ShardStatus.DRAINED, ShardStatus.REMOVED)
 """How long a start waits for the cluster state before deciding without it."""
+REBUILD_SLICE_ENTRIES = 64
+"""Copies of one REBUILD_STORE the rebuilt node decides and queues per event-loop iteration
+(a chunk holds up to 4096): a whole chunk of single-record entries at once held the loop for
+tens of milliseconds, and the appends' STOREs waiting behind it (docs/BENCHMARKS.md)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -473,8 +481,7 @@ class RebuildRuntime:
         if not self._accepts(message.shard, message.generation):
             answer(Status.STALE)
             return
-        stores = _decoded(message)
-        if stores is None:
+        if not _frame_ok(message):
             answer(Status.BADMSG)
             return
         log_id = LogId(message.log_id)
@@ -509,23 +516,70 @@ class RebuildRuntime:
                 finished_one(status)
         if 0 < message.release_lsn < LSN_MAX:
             node.core.on_release(Release(log_id=log_id, release_lsn=Lsn(message.release_lsn)))
+        entries = message.entries
+        loop = asyncio.get_running_loop()
+
+        def write_slice(start: int) -> None:
+            """Entries ``start..start + REBUILD_SLICE_ENTRIES``, then the next slice in a later
+            loop iteration: a chunk of thousands of small entries must not hold the appends'
+            STOREs behind it (each slice decides against the queue as it is then)."""
+            stores = _decoded_entries(log_id, entries[start:start + REBUILD_SLICE_ENTRIES])
+            if stores is None:
+                pending.append(Status.BADMSG)
+            else:
+                self._write_copies(log_id, stores, outstanding, written, finished_one)
+            following = start + REBUILD_SLICE_ENTRIES
+            if self._closing and stores is not None and following < len(entries):
+                pending.append(Status.SHUTDOWN)  # not all written: the donor sends it again
+            if stores is None or following >= len(entries) or self._closing:
+                finished_one(Status.OK)
+            else:
+                loop.call_soon(write_slice, following)
+
+        write_slice(0)
+
+    def _write_copies(self, log_id: LogId, stores: list[Store], outstanding: list[int],
+                      written: list[int], finished_one: Callable[[Status], None]) -> None:
+        """Queue the parts of ``stores`` this node holds no copy of (in its index, or of equal
+        or higher precedence queued for its writer: ``storage_node.core.rebuild_accept``)."""
+        if not stores:
+            return
+        node = self._node
+        machine = node.machine
         trim_lsn = machine.trim_lsn(log_id)
+        first_lsn = min(s.lsn for s in stores)
+        last_lsn = max(s.last_lsn for s in stores)
+        # One index lookup and one pass over the writer's queue per slice, not per entry.
+        held_all = node.store.held_ranges(log_id, first_lsn, last_lsn)
+        held_firsts = [lo for lo, _ in held_all]
+        damaged_all = node.store.authority.damaged_ranges(log_id, first_lsn, last_lsn)
+        queued = node.store.queued_copies(log_id, first_lsn, last_lsn)
         for store in stores:
             self.stats.records_received += store.records_count
-            held = node.store.held_ranges(log_id, store.lsn, store.last_lsn)
-            damaged = node.store.authority.damaged_ranges(log_id, store.lsn, store.last_lsn)
-            if damaged:
-                held = _without(held, damaged)  # its own copies there are bad: replaced
-            for first, last in _missing(held, max(store.lsn, trim_lsn + 1), store.last_lsn):
+            held: list[tuple[Lsn, Lsn]] = []
+            at = max(0, bisect.bisect_right(held_firsts, store.lsn) - 1)
+            while at < len(held_all) and held_all[at][0] <= store.last_lsn:
+                held.append(held_all[at])
+                at += 1
+            if damaged_all:
+                held = _without(held, damaged_all)  # its own copies there are bad: replaced
+            winners = queued_winners(
+                ((a, b, p) for a, b, p in queued if a <= store.last_lsn and b >= store.lsn),
+                copy_precedence(store.flags, store.wave)) if queued else []
+            if store.flags & RecordFlags.WRITTEN_BY_RECOVERY:
+                # As if this node had received the recovery's own STORE: a late one of an
+                # earlier attempt is then preempted here too.
+                machine.note_recovery_wave(log_id, store.wave)
+            for first, last in rebuild_pieces(held, winners, max(store.lsn, trim_lsn + 1),
+                                              store.last_lsn):
                 piece = narrowed(store, first, last)
                 if isinstance(piece, Status):
                     continue
                 outstanding[0] += 1
-                status = node.store.submit_store(piece, _persisted(machine, piece, written,
-                                                                   finished_one))
+                status = node.store.submit_store(
+                    piece, _persisted(machine, piece, written, finished_one), inline_ok=False)
                 if status is not Status.OK:
                     finished_one(status)
-        finished_one(Status.OK)
 
     def _accepts(self, shard_id: str, generation: int) -> bool:
         """Copies for the rebuild of this node's own disk of ``generation``, or for the drain
@@ -580,17 +634,25 @@ def _persisted(machine: Any, store: Store, written: list[int],
     return done
 
 
+def _frame_ok(message: RebuildStore) -> bool:
+    return (type(message.entries) is tuple and len(message.entries) <= REBUILD_ENTRIES_MAX
+            and type(message.log_id) is int and 0 < message.log_id < 2**62)
+
+
 def _decoded(message: RebuildStore) -> list[Store] | None:
     """The message's copies, each checked as a STORE is; None if any is not valid."""
-    if (type(message.entries) is not tuple or len(message.entries) > REBUILD_ENTRIES_MAX
-            or not 0 < message.log_id < 2**62):
+    if not _frame_ok(message):
         return None
+    return _decoded_entries(LogId(message.log_id), message.entries)
+
+
+def _decoded_entries(log_id: LogId, entries: tuple[bytes, ...]) -> list[Store] | None:
     stores: list[Store] = []
-    for entry in message.entries:
+    for entry in entries:
         if type(entry) is not bytes:
             return None
         store = decode_store_fields(entry)
-        if isinstance(store, Status) or store.log_id != message.log_id or (
+        if isinstance(store, Status) or store.log_id != log_id or (
                 store.validate() is not Status.OK
                 or store_fields_status(store) is not Status.OK):
             return None

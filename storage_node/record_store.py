@@ -49,6 +49,7 @@ import collections
 import contextlib
 import fcntl
 import functools
+import itertools
 import logging
 import os
 import time
@@ -64,7 +65,7 @@ from shared.config import StorageConfig
 from shared.status import LogError, Status
 from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn
 from shared.wire.producer import ProducerEntry
-from shared.wire.store import Store
+from shared.wire.store import Store, copy_precedence
 from storage_node.authority import AuthorityFile
 from storage_node.core.authority import AuthorityStatus
 from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
@@ -170,6 +171,8 @@ class _Pending:
     done: DoneFn
     records_count: int
     bytes_estimate: int
+    inline_ok: bool = True
+    """False: a batch holding it is never committed inline (``submit_store``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +237,10 @@ class RecordStore:
         """(read ticket when retired, reader keys): descriptors of deleted or replaced files,
         closed once no read with a ticket at or below it runs."""
         self._queue: collections.deque[_Pending] = collections.deque()
+        self._not_inline_queued = 0
+        """Queued entries with ``inline_ok`` False (none: batches are not scanned)."""
+        self._batch_inline_ok = True
+        """The batch just taken may be committed inline."""
         self._queued_records_count = 0
         self._inflight: list[_Pending] = []
         self._releases: dict[LogId, Lsn] = {}
@@ -301,16 +308,18 @@ class RecordStore:
     def disk_low(self) -> bool:
         return self._writer.disk_low
 
-    def submit_store(self, store: Store, done: DoneFn) -> Status:
+    def submit_store(self, store: Store, done: DoneFn, *, inline_ok: bool = True) -> Status:
         """Queue a (validated) STORE; ``done(status)`` is called once it is durable per the
         fsync mode (OK) or failed (NOSPC, DISABLED, SHUTDOWN, INTERNAL). Returns OK when
         queued, else the reason it was not (OVERLOADED, SHUTDOWN, NOTREADY, DISABLED) and
-        ``done`` is never called."""
+        ``done`` is never called. ``inline_ok=False`` (rebuilding's copies, a stream of small
+        slices): its batch goes to the writer thread, so that the event loop is not held in
+        an fsync per slice while appends' STOREs wait to be received."""
         wire_fields = store.wire_fields
         estimate = (len(wire_fields) if wire_fields is not None
                     else sum(map(len, store.payloads))) + _ENTRY_OVERHEAD_BYTES * len(
                         store.payloads)
-        return self._enqueue(_Pending(store, done, store.records_count, estimate))
+        return self._enqueue(_Pending(store, done, store.records_count, estimate, inline_ok))
 
     def submit_seal(self, seal: SealEntry, done: DoneFn) -> Status:
         """Queue a durable seal; same contract as ``submit_store``."""
@@ -518,6 +527,21 @@ class RecordStore:
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         """The LSN ranges of ``log_id`` this store holds copies of within the range."""
         return self._indexed(lambda: self._index.ranges(log_id, from_lsn, until_lsn))
+
+    def queued_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn
+                      ) -> list[tuple[int, int, tuple[int, int]]]:
+        """``(first_lsn, last_lsn, copy_precedence)`` of the copies of ``log_id`` overlapping
+        the range that are queued or being written, not yet in the index (rebuilding must
+        not queue an older copy after them: ``storage_node.core.rebuild_accept``). One pass
+        over the bounded queue: for a donor's chunk, not per STORE."""
+        found: list[tuple[int, int, tuple[int, int]]] = []
+        for pending in itertools.chain(self._inflight, self._queue):
+            source = pending.chunk_source
+            if (type(source) is Store and source.log_id == log_id
+                    and source.lsn <= until_lsn and source.last_lsn >= from_lsn):
+                found.append((source.lsn, source.last_lsn,
+                              copy_precedence(source.flags, source.wave)))
+        return found
 
     def index_snapshot(self) -> dict[LogId, list[tuple[int, ...]]]:
         """Per log, every index location without its in-memory file version: what a restart
@@ -812,6 +836,8 @@ class RecordStore:
             self._counts["overloaded"] += 1
             return Status.OVERLOADED
         self._queued_records_count += pending.records_count
+        if not pending.inline_ok:
+            self._not_inline_queued += 1
         self._queue.append(pending)
         self._kick()
         return Status.OK
@@ -975,7 +1001,8 @@ class RecordStore:
         # Rolling to a new segment (fsync, create, directory sync) is left to the thread.
         fits = (self._segment_bytes.get(self._newest_segment_id, 0) + batch_bytes
                 + _ENTRY_OVERHEAD_BYTES * len(releases) <= self._config.segment_bytes_max)
-        if (small and fits and not self._thread_jobs and not self._closing
+        if (small and fits and self._batch_inline_ok and not self._thread_jobs
+                and not self._closing
                 and self._small_commit_us <= INLINE_COMMIT_US_MAX):
             # Inline: the writer thread is idle, so the segment writer is ours right now.
             self._writing = True
@@ -1071,12 +1098,16 @@ class RecordStore:
         bytes_cap = min(self._config.commit_batch_bytes_max, self._config.segment_bytes_max)
         batch: list[_Pending] = []
         total_bytes = 0
+        not_inline = self._not_inline_queued
         while self._queue:
             pending = self._queue[0]
             if batch and total_bytes + pending.bytes_estimate > bytes_cap:
                 break
             batch.append(self._queue.popleft())
             total_bytes += pending.bytes_estimate
+            if not_inline and not pending.inline_ok:
+                self._not_inline_queued -= 1
+        self._batch_inline_ok = not_inline == self._not_inline_queued
         return batch, total_bytes
 
     def _complete(self, batch: list[_Pending], status: Status) -> None:
@@ -1092,6 +1123,7 @@ class RecordStore:
         self._inflight = []
         self._queue.clear()
         self._queued_records_count = 0
+        self._not_inline_queued = 0
         self._complete(failed, status)
 
     # ---- blocking parts (writer thread / read threads) ----

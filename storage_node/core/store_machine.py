@@ -297,6 +297,13 @@ class StoreMachine:
         refusal = stored_reply(store, status) if status != Status.OK else None
         return StoreDecision(status=status, reply=refusal, release_lsn=None)
 
+    def note_recovery_wave(self, log_id: LogId, wave: int) -> None:
+        """A copy recovery wrote with ``wave`` came from a rebuilding donor: a later STORE of
+        an earlier attempt is preempted here as on a node that got the recovery's STORE."""
+        log = self._log(log_id)
+        if wave > log.recovery_wave_max:
+            log.recovery_wave_max = wave
+
     def on_purge_store(self, store: Store, *, disk_low: bool) -> StoreDecision:
         """A hole or bridge this node writes over its own copies to apply a CLEAN
         (``recovery_hole_stores``). Not checked against the seal: the CLEAN's outcome is
