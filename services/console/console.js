@@ -8,7 +8,7 @@ const RECENT_RECORDS = 20;
 const PAYLOAD_PREVIEW = 120;
 const EPOCH_OPEN = 4294967294;  // a nodeset's last_epoch when it has no end yet
 const state = { timer: null, page: null, history: [], lastStats: null, logsPrev: new Map(),
-                logsQuery: "", logsPage: 0 };
+                logsQuery: "", logsPage: 0, token: "" };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -24,15 +24,85 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// ---- credentials ------------------------------------------------------------------------
+// With client authentication on (docs/SECURITY.md) every API call carries the user's bearer
+// token. It comes from the sign-in form or from the URL fragment (#token=T, handy for a link
+// made by `seqlog token`), and lives in sessionStorage only: it goes when the tab closes and
+// is never sent anywhere but this node (the fragment never leaves the browser).
+
+const TOKEN_KEY = "seqlog.token";
+
+function storedToken() {
+  try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return ""; }
+}
+
+function storeToken(token) {
+  try {
+    if (token) sessionStorage.setItem(TOKEN_KEY, token); else sessionStorage.removeItem(TOKEN_KEY);
+  } catch (e) { /* storage refused (private mode): the token lives in this page only */ }
+  state.token = token;
+}
+
+function tokenFromFragment() {
+  // "#token=T" or "#/logs/7&token=T": take the token, leave the page's route in the URL.
+  const match = location.hash.match(/(^#|[&?])token=([^&]*)/);
+  if (!match) return;
+  storeToken(decodeURIComponent(match[2]).trim());
+  const rest = location.hash.replace(match[0], match[1] === "#" ? "#" : "").replace(/^#&/, "#");
+  history.replaceState(null, "", location.pathname + location.search +
+                       (rest === "#" ? "#/cluster" : rest));
+}
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
 async function getJson(path) {
-  const answer = await fetch(path, { headers: { Accept: "application/json" } });
+  const headers = { Accept: "application/json" };
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  const answer = await fetch(path, { headers });
   const body = await answer.json().catch(() => ({}));
   if (!answer.ok) {
-    const error = new Error(body.message || `${answer.status} ${answer.statusText}`);
-    error.status = answer.status;
-    throw error;
+    throw new ApiError(answer.status, body.status || "",
+                       body.message || `${answer.status} ${answer.statusText}`);
   }
   return body;
+}
+
+function signInPage(main, error) {
+  // 401: no token, or one the node refuses (bad signature, expired, revoked).
+  const input = el("input", { type: "password", id: "token-input", autocomplete: "off",
+                              placeholder: "bearer token", spellcheck: "false" });
+  const form = el("form", { id: "token-form", class: "signin" },
+    el("h1", {}, "Sign in"),
+    el("p", { id: "auth-message", class: "auth-error" }, state.token
+      ? `This node refused the token (401 ${error.code || "UNAUTHENTICATED"}): ${error.message}`
+      : "This cluster requires a bearer token (401 UNAUTHENTICATED)."),
+    el("p", { class: "muted" }, "Paste a token made by `seqlog token create` (a local " +
+       "cluster's admin token is in its directory: auth/admin.token). It is kept in this " +
+       "tab only."),
+    input, el("button", { type: "submit", id: "token-submit" }, "Sign in"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    storeToken(input.value.trim());
+    start();
+  });
+  if (state.timer) { clearInterval(state.timer); state.timer = null; }
+  setBanner("");
+  main.replaceChildren(form);
+  setStatus("signed out");
+  updateSignOut();
+  document.body.dataset.ready = "1";
+  document.body.dataset.auth = "needed";
+  input.focus();
+}
+
+function updateSignOut() {
+  document.getElementById("signout").hidden = !state.token;
 }
 
 function formatLsn(lsn) {
@@ -355,17 +425,39 @@ async function refresh() {
     else await logPage(main, current.logId);
     setStatus(`updated ${new Date().toLocaleTimeString()}`);
     document.body.dataset.ready = "1";
+    document.body.dataset.auth = state.token ? "token" : "open";
   } catch (error) {
-    setBanner(`This node could not answer: ${error.message}`);
-    setStatus("stale");
+    if (error.status === 401) {
+      signInPage(main, error);
+    } else if (error.status === 403) {
+      // A valid token whose principal lacks a grant this page needs: say which, keep the token.
+      setBanner(`Access denied (403 ${error.code || "ACCESS"}): ${error.message}`);
+      setStatus("access denied");
+      document.body.dataset.ready = "1";
+    } else {
+      setBanner(`This node could not answer: ${error.message}`);
+      setStatus("stale");
+    }
   }
 }
 
 function start() {
   if (state.timer) clearInterval(state.timer);
   state.timer = setInterval(refresh, REFRESH_MS);
+  updateSignOut();
   refresh();
 }
 
-window.addEventListener("hashchange", () => { document.body.dataset.ready = ""; start(); });
+window.addEventListener("hashchange", () => {
+  tokenFromFragment();
+  document.body.dataset.ready = "";
+  start();
+});
+document.getElementById("signout").addEventListener("click", () => {
+  storeToken("");
+  document.body.dataset.ready = "";
+  start();
+});
+state.token = storedToken();
+tokenFromFragment();
 start();
