@@ -143,6 +143,11 @@ class _RoleCollector(Collector):
         for name in ("frames_sent", "writes", "frames_received", "connect_failures"):
             yield GaugeMetricFamily(f"seqlog_transport_{name}", f"node-to-node {name}",
                                     value=getattr(counters, name))
+        for name in ("frames_sent", "writes", "bytes_sent", "frames_received",
+                     "bytes_received"):
+            yield GaugeMetricFamily(f"seqlog_data_port_{name}", f"data port (connections "
+                                    f"accepted from clients and nodes): {name}",
+                                    value=getattr(self.data_port, name))
         refused = CounterMetricFamily(
             "seqlog_data_connections_refused", "data-port sockets closed before HELLO: their "
             "address held data_connections_per_ip_max connections or TLS handshakes "
