@@ -145,8 +145,15 @@ def main() -> None:
         base = arms[0]
         ratios = {name: {k: round(medians[name][k] / medians[base][k], 3) for k in keys}
                   for name in arms[1:]}
+        # Paired: each round's ratio to the base arm of the same round, then their median
+        # (steadier than a ratio of medians when the machine's load drifts between rounds).
+        paired = {name: {k: round(statistics.median(
+            float(r[k]) / float(b[k])  # type: ignore[arg-type]
+            for r, b in zip(runs[name], runs[base], strict=True)), 3) for k in keys}
+            for name in arms[1:]}
         print(json.dumps({"summary": f"ratios to {base}", "inflight": args.inflight,
-                          "fsync": args.fsync, "medians": medians, "ratios": ratios}),
+                          "fsync": args.fsync, "medians": medians, "ratios": ratios,
+                          "paired_ratios": paired}),
               flush=True)
     finally:
         for root in roots.values():

@@ -140,7 +140,8 @@ class _RoleCollector(Collector):
                                 "skewed, old instance, unknown sender)",
                                 value=self.gossip.gossips_dropped)
         counters = self.pool.counters
-        for name in ("frames_sent", "writes", "frames_received", "connect_failures"):
+        for name in ("frames_sent", "writes", "bytes_sent", "frames_received", "bytes_received",
+                     "connect_failures"):
             yield GaugeMetricFamily(f"seqlog_transport_{name}", f"node-to-node {name}",
                                     value=getattr(counters, name))
         for name in ("frames_sent", "writes", "bytes_sent", "frames_received",
