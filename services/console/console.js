@@ -6,9 +6,11 @@ const REFRESH_MS = 2000;
 const CHART_POINTS = 60;
 const RECENT_RECORDS = 20;
 const PAYLOAD_PREVIEW = 120;
-const EPOCH_OPEN = 4294967294;  // a nodeset's last_epoch when it has no end yet
+const EPOCH_OPEN = 4294967294;
+const TRIMS_KEPT_MAX = 10000;  // logs whose trim point the logs page remembers  // a nodeset's last_epoch when it has no end yet
 const state = { timer: null, page: null, history: [], lastStats: null, logsPrev: new Map(),
-                logsQuery: "", logsPage: 0, token: "" };
+                logsQuery: "", logsPage: 0, token: "", trims: new Map(), trimsBusy: false,
+                refreshing: false, refreshAgain: false };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -305,8 +307,7 @@ async function logsPage(main) {
   const answer = await getJson(`/ui/api/logs?q=${encodeURIComponent(query)}` +
                                `&page=${state.logsPage}&page_size=50`);
   const now = Date.now();
-  const tails = await Promise.all(answer.logs.map((row) =>
-    getJson(`/v1/logs/${row.log_id}/tail`).catch(() => null)));
+  fetchTrims(answer.logs.map((row) => row.log_id));
   const missing = answer.unreachable.concat(answer.dead.map((n) => `${n} (DEAD)`));
   setBanner(missing.length ? `Partial list: no answer from ${missing.join(", ")}` : "");
   const rows = answer.logs.map((row, i) => {
@@ -320,11 +321,11 @@ async function logsPage(main) {
       rate = formatRate(Math.max(0, appended) / Math.max(seconds, 0.001));
     }
     state.logsPrev.set(row.log_id, { at: now, next_lsn: row.next_lsn, epoch: row.epoch });
-    const tail = tails[i];
+    const trim = state.trims.get(row.log_id);
     return [el("td", {}, el("a", { href: `#/logs/${row.log_id}` }, row.log_id)),
             row.sequencer, stateCell(row.state + (row.recovering ? " (recovering)" : "")),
             num(row.epoch), num(formatLsn(row.release_lsn)),
-            num(tail ? formatLsn(tail.trim_lsn) : "?"), num(rate),
+            el("td", { class: "num", "data-trim": row.log_id }, trimText(trim)), num(rate),
             num(Math.max(0, row.next_lsn - 1 - row.release_lsn)), num(row.appends_in_flight),
             num(row.idle_ms === null ? "never" : `${(row.idle_ms / 1000).toFixed(1)} s ago`)];
   });
@@ -351,6 +352,28 @@ async function logsPage(main) {
   const active = document.activeElement;
   if (!active || active === document.body) search.focus();
   if (query) { search.focus(); search.setSelectionRange(query.length, query.length); }
+}
+
+// A log's trim point is not in the logs list: each row's comes from its /tail, fetched in the
+// background and kept (trim points rarely move), so that the table never waits for them. A
+// recovering log's /tail can take seconds (it waits while NOTREADY), and a browser asks one
+// node at most six things at once: 50 rows could hold the page for many seconds.
+function trimText(trim) {
+  return trim === undefined ? "…" : trim === null ? "?" : formatLsn(trim);
+}
+
+function fetchTrims(logIds) {
+  if (state.trimsBusy) return;
+  state.trimsBusy = true;
+  if (state.trims.size > TRIMS_KEPT_MAX) state.trims.clear();
+  Promise.all(logIds.map((logId) => getJson(`/v1/logs/${logId}/tail`)
+    .then((tail) => state.trims.set(logId, tail.trim_lsn))
+    .catch(() => state.trims.set(logId, null))
+    .then(() => {
+      const cell = document.querySelector(`td[data-trim="${logId}"]`);
+      if (cell) cell.textContent = trimText(state.trims.get(logId));
+    })))
+    .finally(() => { state.trimsBusy = false; });
 }
 
 async function logPage(main, logId) {
@@ -413,6 +436,25 @@ function route() {
 }
 
 async function refresh() {
+  // One refresh at a time: a slow answer must not pile the timer's refreshes up behind it; a
+  // refresh asked for meanwhile (a search, a page) runs when the current one ends.
+  if (state.refreshing) {
+    state.refreshAgain = true;
+    return;
+  }
+  state.refreshing = true;
+  try {
+    await refreshNow();
+  } finally {
+    state.refreshing = false;
+    if (state.refreshAgain) {
+      state.refreshAgain = false;
+      refresh();
+    }
+  }
+}
+
+async function refreshNow() {
   const main = document.getElementById("main");
   const current = route();
   for (const link of document.querySelectorAll("nav a")) {
