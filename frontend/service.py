@@ -345,7 +345,44 @@ class FrontEnd:
         return SequencerState(
             status=Status.OK if active else Status.NOSEQUENCER, log_id=log_id,
             release_lsn=self._local_release(log_id),
-            epoch=self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0))
+            epoch=self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0),
+            tail_lsn=(self.sequencer.inflight_tail(log_id) if active
+                      and self.sequencer is not None else Lsn(0)))
+
+    async def inflight_tail(self, log_id: LogId) -> tuple[Lsn, Lsn] | None:
+        """``(release_lsn, tail_lsn)`` of the log's active sequencer (this node's, the
+        owner's, or the latest epoch's writer's), for rebuilding's plan
+        (``storage_node.core.rebuild``): once the release pointer reaches ``tail_lsn``, every
+        append taken before the question is decided. ``(0, 0)`` when nothing can be in
+        flight: the log does not exist, or no sequencer is active and its latest epoch is
+        clean. None when that cannot be told now (no sequencer answered, the epoch is not
+        clean): the log's sequencer is asked to activate, so asking again later succeeds."""
+        owner = self.owner(log_id)
+        candidates: list[NodeId | None] = [owner]
+        status, fresh = await self.epoch_store.get_metadata(log_id)
+        if status is Status.NOTFOUND:
+            return Lsn(0), Lsn(0)
+        if status is not Status.OK or fresh is None:
+            return None
+        if fresh.last_writer is not None and fresh.last_writer != owner and (
+                self.config.cluster.node(fresh.last_writer)):
+            candidates.append(fresh.last_writer)
+        for node in candidates:
+            if node is None or node == self.node_id:
+                if self.sequencer is not None and self.sequencer.is_active(log_id):
+                    return (self.sequencer.release_lsn(log_id),
+                            self.sequencer.inflight_tail(log_id))
+                continue
+            reply = await self.pool.call(node, GetSequencerState(log_id=log_id),
+                                         SEQUENCER_STATE_TIMEOUT_MS)
+            if type(reply) is SequencerState and reply.status is Status.OK:
+                return reply.release_lsn, max(reply.release_lsn, reply.tail_lsn)
+        lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+        latest = Epoch(max(fresh.next_epoch - 1, 0))
+        if lce_status is Status.OK and lce is not None and lce.epoch >= latest:
+            return Lsn(0), Lsn(0)
+        self._ask_activation(log_id, owner)
+        return None
 
     async def _release_hint(self, log_id: LogId) -> Lsn:
         """The freshest release pointer this node can get: its own sequencer's, or the one of

@@ -402,6 +402,11 @@ class SequencerRuntime:
         sequencer = self.sequencers.get(log_id)
         return sequencer.epoch if sequencer is not None else Epoch(0)
 
+    def inflight_tail(self, log_id: LogId) -> Lsn:
+        """``Sequencer.inflight_tail`` (rebuilding's walk bound)."""
+        sequencer = self.sequencers.get(log_id)
+        return sequencer.inflight_tail() if sequencer is not None else Lsn(0)
+
     def is_active(self, log_id: LogId) -> bool:
         sequencer = self.sequencers.get(log_id)
         return sequencer is not None and sequencer.state is SequencerState.ACTIVE

@@ -201,6 +201,7 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         rebuild = RebuildRuntime(
             node=storage, data_dir=config.data_dir, cluster_name=cluster.cluster_name,
             state_store=cluster_state, storage_nodes=storage_nodes, request=request,
+            sequencer_tail=lambda log_id: service.inflight_tail(log_id),
             config=RebuildConfig(rate_bytes_per_s=config.storage.rebuild_rate_bytes_per_s,
                                  poll_interval_ms=config.storage.rebuild_poll_interval_ms,
                                  by_copyset=config.storage.rebuild_by_copyset))

@@ -33,7 +33,7 @@ import bisect
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,12 +49,15 @@ from shared.wire.trim import Trim
 from storage_node import disk_identity
 from storage_node.core.rebuild import (
     READ_RECORDS_MAX,
+    AskTails,
     DonorCore,
     Finished,
+    ListLogs,
     ReadChunk,
     SaveCheckpoint,
     SendChunk,
     Sleep,
+    Tail,
     TokenBucket,
     narrowed,
 )
@@ -68,6 +71,10 @@ from storage_node.segment_format import SealEntry, TrimEntry
 log = logging.getLogger(__name__)
 
 ReplyFn = Callable[[Message], None]
+SequencerTailFn = Callable[[LogId], Awaitable[tuple[Lsn, Lsn] | None]]
+"""``(release_lsn, tail_lsn)`` of a log's sequencer, or None (``FrontEnd.inflight_tail``)."""
+TAIL_ASKS_CONCURRENT_MAX = 64
+"""Sequencer questions one donor has in flight at once while planning."""
 RequestFn = Callable[[NodeId, Message, Callable[[Any], None], int], None]
 """``request(node, message, callback, timeout_ms)``: ``callback`` gets the answer or a Status."""
 START_STATE_WAIT_MS = 15_000
@@ -125,7 +132,8 @@ class RebuildRuntime:
     def __init__(self, *, node: StorageNode, data_dir: str, cluster_name: str,
                  state_store: ClusterStateStore, storage_nodes: Callable[[], tuple[str, ...]],
                  request: RequestFn, config: RebuildConfig | None = None,
-                 wall_ms: Callable[[], int] | None = None) -> None:
+                 wall_ms: Callable[[], int] | None = None,
+                 sequencer_tail: SequencerTailFn | None = None) -> None:
         self._node = node
         self._me = str(node.node_id)
         self._data_dir = data_dir
@@ -133,6 +141,10 @@ class RebuildRuntime:
         self._store = state_store
         self._storage_nodes = storage_nodes
         self._request = request
+        self._sequencer_tail = sequencer_tail
+        """Donors plan their walks by the logs' sequencer tails (``storage_node.core.
+        rebuild``); None only where no sequencer can be asked (then the walks are bounded by
+        what each donor holds, which misses appends in flight when the disk was lost)."""
         self._config = config or RebuildConfig()
         self._wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
         self._accept_writes = node.accepts_writes
@@ -386,7 +398,8 @@ class RebuildRuntime:
         core = DonorCore(shard=donation.shard, logs=logs, progress=progress, bucket=bucket,
                          by_copyset=self._config.by_copyset,
                          checkpoint_interval_ms=self._config.checkpoint_interval_ms,
-                         now_ms=now_ms, chunk_bytes_max=self._config.chunk_bytes_max)
+                         now_ms=now_ms, chunk_bytes_max=self._config.chunk_bytes_max,
+                         tails=self._sequencer_tail is not None)
         donation.core = core
         log.info("storage node %s: donating to the rebuild of %s (generation %d) from log "
                  "%d LSN %d", self._me, donation.shard, donation.generation, progress.log_id,
@@ -396,6 +409,11 @@ class RebuildRuntime:
             effect = core.next(now_ms)
             if effect is None:
                 await asyncio.sleep(0.01)
+            elif isinstance(effect, AskTails):
+                core.on_tails(await self._ask_tails(effect.log_ids), self._wall_ms())
+            elif isinstance(effect, ListLogs):
+                core.on_logs([(int(log_id), int(node.log_state(log_id).last_lsn))
+                              for log_id in node.log_ids()], self._wall_ms())
             elif isinstance(effect, ReadChunk):
                 pieces, next_lsn = await node.store.read_entries(
                     LogId(effect.log_id), Lsn(effect.from_lsn), Lsn(effect.until_lsn),
@@ -431,6 +449,29 @@ class RebuildRuntime:
                     return
                 core.progress = _undone(effect.progress)
                 await asyncio.sleep(1.0)
+
+    async def _ask_tails(self, log_ids: tuple[int, ...]) -> dict[int, Tail | None]:
+        """Each log's sequencer's tail (``FrontEnd.inflight_tail``), a bounded number at a
+        time; a question that fails is None (the core asks again)."""
+        ask = self._sequencer_tail
+        assert ask is not None
+        answers: dict[int, Tail | None] = {}
+        gate = asyncio.Semaphore(TAIL_ASKS_CONCURRENT_MAX)
+
+        async def one(log_id: int) -> None:
+            async with gate:
+                try:
+                    found = await ask(LogId(log_id))
+                except Exception:  # an epoch store or peer failure: asked again
+                    log.debug("storage node %s: tail of log %d: no answer", self._me, log_id,
+                              exc_info=True)
+                    found = None
+            held = int(self._node.log_state(LogId(log_id)).last_lsn)
+            answers[log_id] = (None if found is None
+                               else Tail(int(found[0]), int(found[1]), held))
+
+        await asyncio.gather(*(one(log_id) for log_id in log_ids))
+        return answers
 
     def _target(self, donation: _Donation, log_id: int) -> str | None:
         """Where a chunk goes: back to the rebuilt shard, or for a drain to another node

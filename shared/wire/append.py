@@ -66,3 +66,6 @@ class SequencerState:
     log_id: LogId
     release_lsn: Lsn
     epoch: Epoch
+    tail_lsn: Lsn = field(default=Lsn(0), metadata=EXTENSION)
+    """With OK: the highest LSN the sequencer has handed out, in flight or not (at least
+    ``release_lsn``); rebuilding's donors wait until the release pointer reaches it."""

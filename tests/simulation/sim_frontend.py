@@ -56,15 +56,18 @@ class _Pool:
 
     cluster_fingerprint = "sim"
 
-    def __init__(self, frontends: SimFrontends, node_id: NodeId) -> None:
+    def __init__(self, frontends: SimFrontends, node_id: NodeId,
+                 rng: random.Random | None = None) -> None:
         self._frontends = frontends
         self._node_id = node_id
+        self._rng = rng
 
     def send(self, node: NodeId, message: Any) -> bool:
         return True  # activation requests: dropped (module docstring)
 
     async def call(self, node: NodeId, message: Any, timeout_ms: int) -> Any:
-        return await self._frontends.request(self._node_id, node, message, timeout_ms)
+        return await self._frontends.request(self._node_id, node, message, timeout_ms,
+                                             self._rng)
 
 
 class _LocalSequencer:
@@ -85,6 +88,10 @@ class _LocalSequencer:
     def epoch(self, log_id: LogId) -> Epoch:
         core = self._node.cores.get(log_id)
         return core.sequencer.epoch if core is not None else Epoch(0)
+
+    def inflight_tail(self, log_id: LogId) -> Lsn:
+        core = self._node.cores.get(log_id)
+        return core.sequencer.inflight_tail() if core is not None else Lsn(0)
 
     def request_activation(self, log_id: LogId) -> None:
         """Dropped (module docstring)."""
@@ -119,6 +126,10 @@ class SimFrontends:
         """Tail requests in flight, one per frontend and log at a time."""
         self.broken_tail: TailHook | None = None
         """Replaces the answer of a NOTREADY tail (``test_broken_cores``)."""
+        self._plan_rng = random.Random(seed ^ 0x9E7A)
+        """Delays of rebuilding donors' questions (their own stream: the tail checker's
+        questions do not change the schedule)."""
+        self._plans: set[asyncio.Task[None]] = set()
 
     # ---- the frontends -------------------------------------------------------------------
 
@@ -139,6 +150,40 @@ class SimFrontends:
             front.owner = cluster.route.get  # type: ignore[method-assign]
             self._frontends[key] = front
         return front
+
+    def storage_frontend(self, node_id: NodeId) -> FrontEnd:
+        """A storage node's frontend (no sequencer here), new with each incarnation: what a
+        rebuilding donor asks the logs' sequencers through (``FrontEnd.inflight_tail``)."""
+        cluster = self._cluster
+        key = (node_id, -1 - cluster.storage[node_id].incarnation)
+        front = self._frontends.get(key)
+        if front is None:
+            nodes = tuple(NodeConfig(node_id=n, roles=("sequencer",)) for n in cluster.sequencers)
+            nodes += tuple(NodeConfig(node_id=n, roles=("storage",)) for n in cluster.storage)
+            config = ProcessConfig(node_id=node_id, cluster=ClusterConfig(nodes=nodes),
+                                   data_dir="/nonexistent")
+            front = FrontEnd(config=config,
+                             pool=cast(PeerPool, _Pool(self, node_id, self._plan_rng)),
+                             sequencer=None, epoch_store=cast(EpochStore, _EpochStore(cluster)))
+            front.owner = cluster.route.get  # type: ignore[method-assign]
+            self._frontends[key] = front
+        return front
+
+    def inflight_tails(self, node_id: NodeId, log_ids: tuple[int, ...],
+                       done: Callable[[dict[int, tuple[Lsn, Lsn] | None]], None]) -> None:
+        """A donor's ``AskTails``: ``FrontEnd.inflight_tail`` of each log from storage node
+        ``node_id``'s frontend, over simulated messages; ``done`` gets the answers."""
+        front = self.storage_frontend(node_id)
+
+        async def ask() -> None:
+            answers = await asyncio.gather(*(front.inflight_tail(LogId(log_id))
+                                             for log_id in log_ids))
+            done(dict(zip(log_ids, answers, strict=True)))
+
+        task = _loop().create_task(ask())
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+        self._plans.add(task)
+        self._pump()
 
     def ask_tails(self, log_id: LogId, nodeset: tuple[NodeId, ...]) -> None:
         """Every up sequencer node's frontend starts a tail request for ``log_id`` (unless
@@ -173,7 +218,7 @@ class SimFrontends:
     # ---- the transport -------------------------------------------------------------------
 
     def request(self, src: NodeId, dst: NodeId, message: Any,
-                timeout_ms: int) -> asyncio.Future[Any]:
+                timeout_ms: int, rng: random.Random | None = None) -> asyncio.Future[Any]:
         """``message`` from ``src``'s frontend to ``dst``; the future gets the answer or the
         failure ``Status`` (module docstring)."""
         cluster = self._cluster
@@ -200,10 +245,10 @@ class SimFrontends:
                     or network.cut(src, dst)):
                 return  # never answered: the timeout ends it
             reply = self._handle(src, dst, message)
-            queue.after(self._delay_ms(), lambda: None if network.cut(src, dst) else settle(
+            queue.after(self._delay_ms(rng), lambda: None if network.cut(src, dst) else settle(
                 reply))
 
-        queue.after(self._delay_ms(), deliver)
+        queue.after(self._delay_ms(rng), deliver)
         return answer
 
     def _handle(self, src: NodeId, dst: NodeId, message: Any) -> Any:
@@ -216,9 +261,9 @@ class SimFrontends:
         assert len(answers) == 1, "GET_LOG_STATE is answered at once"
         return answers[0]
 
-    def _delay_ms(self) -> int:
+    def _delay_ms(self, rng: random.Random | None = None) -> int:
         network = self._cluster.network
-        return self._rng.randint(network.delay_ms_min, network.delay_ms_max)
+        return (rng or self._rng).randint(network.delay_ms_min, network.delay_ms_max)
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -235,6 +280,9 @@ class SimFrontends:
             if task.done():
                 del self._tasks[key]
                 task.result()
+        for task in [t for t in self._plans if t.done()]:
+            self._plans.discard(task)
+            task.result()
 
     def _drop_dead(self) -> None:
         """Tail requests of crashed frontends end with their process."""
@@ -248,9 +296,10 @@ class SimFrontends:
 
     def close(self) -> None:
         """Cancel every request in flight (the run is over)."""
-        for task in self._tasks.values():
+        for task in [*self._tasks.values(), *self._plans]:
             task.cancel()
         self._tasks.clear()
+        self._plans.clear()
         self._pump()
 
 

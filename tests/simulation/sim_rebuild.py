@@ -46,13 +46,16 @@ from shared.wire.rebuild import RebuildStore, RebuildStored
 from shared.wire.store import Store, payloads_checksum
 from storage_node.core.rebuild import (
     READ_RECORDS_MAX,
+    AskTails,
     DonorCore,
     Finished,
+    ListLogs,
     Piece,
     ReadChunk,
     SaveCheckpoint,
     SendChunk,
     Sleep,
+    Tail,
     TokenBucket,
 )
 from storage_node.rebuild_runtime import RebuildConfig, RebuildRuntime
@@ -101,7 +104,9 @@ class _StorePorts:
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         return self._node.held_ranges(log_id, from_lsn, until_lsn)
 
-    def submit_store(self, store: Store, done: Callable[[Status], None]) -> Status:
+    def submit_store(self, store: Store, done: Callable[[Status], None], *,
+                     inline_ok: bool = True) -> Status:
+        # ``inline_ok`` picks the real store's commit thread; the simulated disk has none.
         return self._node.submit_store(store, done)
 
     def submit_seal(self, seal: Any, done: Callable[[Status], None]) -> Status:
@@ -113,7 +118,7 @@ class _StorePorts:
     def queued_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn
                       ) -> list[tuple[int, int, tuple[int, int]]]:
         """As ``RecordStore.queued_copies``: the copies submitted and not yet written."""
-        from shared.wire.store import copy_precedence  # type: ignore[attr-defined]
+        from shared.wire.store import copy_precedence
         return [(s.lsn, s.last_lsn, copy_precedence(s.flags, s.wave))
                 for s in self._node.pending_stores
                 if s.log_id == log_id and s.lsn <= until_lsn and s.last_lsn >= from_lsn]
@@ -294,6 +299,14 @@ class SimRebuilding:
             effect = core.next(now_ms)
             if effect is None:
                 return  # an effect is under way: its completion steps again
+            if isinstance(effect, AskTails):
+                self._ask_tails(donation, effect)
+                return
+            if isinstance(effect, ListLogs):
+                node = cluster.storage[donation.donor]
+                core.on_logs([(int(log_id), int(node.machine.state(log_id).last_lsn))
+                              for log_id in node.machine.log_ids()], now_ms)
+                continue
             if isinstance(effect, ReadChunk):
                 self._read(donation, effect)
                 return
@@ -316,6 +329,26 @@ class SimRebuilding:
             cluster.log(f"storage {donation.donor} donated {effect.progress.records} records "
                         f"to {donation.shard}")
             return
+
+    def _ask_tails(self, donation: _Donation, effect: AskTails) -> None:
+        """As ``RebuildRuntime._ask_tails``: the shipped ``FrontEnd.inflight_tail`` of each
+        log, asked from the donor's own frontend over simulated messages."""
+        cluster = self._cluster
+        node = cluster.storage[donation.donor]
+
+        def answered(found: dict[int, tuple[Lsn, Lsn] | None]) -> None:
+            if not self._alive(donation):
+                return
+            answers: dict[int, Tail | None] = {}
+            for log_id, tail in found.items():
+                held = int(node.machine.state(LogId(log_id)).last_lsn)
+                answers[log_id] = None if tail is None else Tail(int(tail[0]), int(tail[1]),
+                                                                 held)
+            cluster.stats["rebuild_tails_asked"] += len(found)
+            donation.core.on_tails(answers, cluster.now_ms)
+            self._step(donation)
+
+        cluster.frontends.inflight_tails(donation.donor, effect.log_ids, answered)
 
     def _read(self, donation: _Donation, chunk: ReadChunk) -> None:
         node = self._cluster.storage[donation.donor]
