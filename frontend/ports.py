@@ -51,6 +51,10 @@ class LocalSequencer(Protocol):
         release pointer)."""
         ...
 
+    def active_tails(self) -> list[tuple[LogId, Lsn, Lsn]]:
+        """``(log, release_lsn, inflight_tail)`` of every log active here."""
+        ...
+
     def request_activation(self, log_id: LogId) -> None:
         """Activate the log's sequencer if it is not active, with no append."""
         ...

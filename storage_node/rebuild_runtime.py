@@ -73,6 +73,8 @@ log = logging.getLogger(__name__)
 ReplyFn = Callable[[Message], None]
 SequencerTailFn = Callable[[LogId], Awaitable[tuple[Lsn, Lsn] | None]]
 """``(release_lsn, tail_lsn)`` of a log's sequencer, or None (``FrontEnd.inflight_tail``)."""
+ActiveTailsFn = Callable[[], Awaitable[dict[LogId, tuple[Lsn, Lsn]] | None]]
+"""The same for every log active on any sequencer node, or None (``FrontEnd.active_tails``)."""
 TAIL_ASKS_CONCURRENT_MAX = 64
 """Sequencer questions one donor has in flight at once while planning."""
 RequestFn = Callable[[NodeId, Message, Callable[[Any], None], int], None]
@@ -133,7 +135,8 @@ class RebuildRuntime:
                  state_store: ClusterStateStore, storage_nodes: Callable[[], tuple[str, ...]],
                  request: RequestFn, config: RebuildConfig | None = None,
                  wall_ms: Callable[[], int] | None = None,
-                 sequencer_tail: SequencerTailFn | None = None) -> None:
+                 sequencer_tail: SequencerTailFn | None = None,
+                 active_tails: ActiveTailsFn | None = None) -> None:
         self._node = node
         self._me = str(node.node_id)
         self._data_dir = data_dir
@@ -142,6 +145,7 @@ class RebuildRuntime:
         self._storage_nodes = storage_nodes
         self._request = request
         self._sequencer_tail = sequencer_tail
+        self._active_tails = active_tails
         """Donors plan their walks by the logs' sequencer tails (``storage_node.core.
         rebuild``); None only where no sequencer can be asked (then the walks are bounded by
         what each donor holds, which misses appends in flight when the disk was lost)."""
@@ -399,7 +403,8 @@ class RebuildRuntime:
                          by_copyset=self._config.by_copyset,
                          checkpoint_interval_ms=self._config.checkpoint_interval_ms,
                          now_ms=now_ms, chunk_bytes_max=self._config.chunk_bytes_max,
-                         tails=self._sequencer_tail is not None)
+                         tails=self._sequencer_tail is not None
+                         and self._active_tails is not None)
         donation.core = core
         log.info("storage node %s: donating to the rebuild of %s (generation %d) from log "
                  "%d LSN %d", self._me, donation.shard, donation.generation, progress.log_id,
@@ -410,7 +415,8 @@ class RebuildRuntime:
             if effect is None:
                 await asyncio.sleep(0.01)
             elif isinstance(effect, AskTails):
-                core.on_tails(await self._ask_tails(effect.log_ids), self._wall_ms())
+                core.on_tails(await self._ask_tails(effect.log_ids, effect.everywhere),
+                              self._wall_ms())
             elif isinstance(effect, ListLogs):
                 core.on_logs([(int(log_id), int(node.log_state(log_id).last_lsn))
                               for log_id in node.log_ids()], self._wall_ms())
@@ -450,13 +456,28 @@ class RebuildRuntime:
                 core.progress = _undone(effect.progress)
                 await asyncio.sleep(1.0)
 
-    async def _ask_tails(self, log_ids: tuple[int, ...]) -> dict[int, Tail | None]:
+    async def _ask_tails(self, log_ids: tuple[int, ...], everywhere: bool
+                         ) -> dict[int, Tail | None] | None:
         """Each log's sequencer's tail (``FrontEnd.inflight_tail``), a bounded number at a
-        time; a question that fails is None (the core asks again)."""
-        ask = self._sequencer_tail
-        assert ask is not None
+        time; a question that fails is None (the core asks again). ``everywhere``: first
+        every sequencer node's active logs (``FrontEnd.active_tails``; None if one did not
+        answer), which answer for those logs and add the ones this donor does not hold."""
+        ask, ask_all = self._sequencer_tail, self._active_tails
+        assert ask is not None and ask_all is not None
         answers: dict[int, Tail | None] = {}
         gate = asyncio.Semaphore(TAIL_ASKS_CONCURRENT_MAX)
+        if everywhere:
+            try:
+                active = await ask_all()
+            except Exception:  # a peer failure: asked again
+                log.debug("storage node %s: active logs: no answer", self._me, exc_info=True)
+                active = None
+            if active is None:
+                return None
+            for log_id, (release, tail) in active.items():
+                held = int(self._node.log_state(log_id).last_lsn)
+                answers[int(log_id)] = Tail(int(release), int(tail), held)
+            log_ids = tuple(log_id for log_id in log_ids if log_id not in answers)
 
         async def one(log_id: int) -> None:
             async with gate:

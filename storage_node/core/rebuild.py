@@ -146,9 +146,11 @@ class SendChunk:
 
 @dataclass(frozen=True, slots=True)
 class AskTails:
-    """Ask these logs' sequencers for their tails; answer with ``on_tails``."""
+    """Ask these logs' sequencers for their tails; ``everywhere``: and every sequencer node
+    for the tails of all the logs it has active. Answer with ``on_tails``."""
 
     log_ids: tuple[int, ...]
+    everywhere: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +225,8 @@ class DonorCore:
         # The plan: per log, the tail its sequencer first reported (None: not answered yet)
         # and the release pointer it last reported.
         self._planning = tails
+        self._everywhere = not tails
+        """Whether every sequencer node has said which logs it has active."""
         self._tails: dict[int, int | None] = {log_id: None for log_id, _ in self._logs}
         self._released: dict[int, int] = {}
         self._asking = self._listing = False
@@ -274,30 +278,47 @@ class DonorCore:
     def _plan(self, now_ms: int) -> Effect:
         waiting = tuple(log_id for log_id, tail in self._tails.items()
                         if tail is None or self._released.get(log_id, 0) < tail)
-        if not waiting:
+        if not waiting and self._everywhere:
             self._listing = True
             return ListLogs()
         if now_ms < self._ask_at_ms:
             return Sleep(self._ask_at_ms)
         self._asking = True
         self.tails_asked += len(waiting)
-        return AskTails(waiting)
+        return AskTails(waiting, everywhere=not self._everywhere)
 
-    def on_tails(self, answers: dict[int, Tail | None], now_ms: int) -> None:
-        """The answers to ``AskTails`` (None: that sequencer did not answer: asked again).
-        A log's tail is the one its sequencer reported first; a later answer only says how
-        far it has released (a tail that moved on is not waited for)."""
+    def on_tails(self, answers: dict[int, Tail | None] | None, now_ms: int) -> None:
+        """The answers to ``AskTails`` (a log's None: its sequencer did not answer; all None:
+        asked ``everywhere`` and not every sequencer node answered: asked again). A log's tail
+        is the one its sequencer reported first; a later answer only says how far it has
+        released (a tail that moved on is not waited for). Logs answered that the donor does
+        not hold (active elsewhere; asked ``everywhere``) are planned too: a copy of one of
+        their appends in flight may still reach this donor."""
         assert self._asking
         self._asking = False
+        incomplete = answers is None
+        if answers is None:
+            answers = {}
+        elif not self._everywhere:
+            self._everywhere = True
+            new = [(log_id, 0) for log_id, answer in answers.items()
+                   if answer is not None and log_id not in self._tails
+                   and log_id >= self.progress.log_id]
+            if new:
+                for log_id, _ in new:
+                    self._tails[log_id] = None
+                self._add_logs(new)
         for log_id, answer in answers.items():
             if answer is None or log_id not in self._tails:
                 continue
             if self._tails[log_id] is None:
                 self._tails[log_id] = answer.tail_lsn
                 self._raise_until(log_id, max(answer.tail_lsn, answer.held_lsn))
-            self._released[log_id] = max(self._released.get(log_id, 0), answer.release_lsn)
-        if all(tail is not None and self._released.get(log_id, 0) >= tail
-               for log_id, tail in self._tails.items()):
+            # Nothing in flight (no active sequencer, the epoch clean): all is decided.
+            released = LSN_MAX if answer.tail_lsn == 0 else answer.release_lsn
+            self._released[log_id] = max(self._released.get(log_id, 0), released)
+        if not incomplete and all(tail is not None and self._released.get(log_id, 0) >= tail
+                                  for log_id, tail in self._tails.items()):
             self._ask_retry_ms = TAIL_RETRY_MS_MIN
             self._ask_at_ms = now_ms
         else:
@@ -316,12 +337,15 @@ class DonorCore:
             return
         for log_id, _ in new:
             self._tails[log_id] = None
+        self._add_logs(new)
+        self._ask_at_ms = now_ms
+        self._ask_retry_ms = TAIL_RETRY_MS_MIN
+
+    def _add_logs(self, new: list[tuple[int, int]]) -> None:
         self._logs = sorted([*self._logs, *new])
         self._index = 0  # nothing was walked yet
         self._from_lsn = (max(1, self.progress.next_lsn)
                           if self._logs[0][0] == self.progress.log_id else 1)
-        self._ask_at_ms = now_ms
-        self._ask_retry_ms = TAIL_RETRY_MS_MIN
 
     def _raise_until(self, log_id: int, until_lsn: int) -> None:
         self._logs = [(log, max(until, until_lsn) if log == log_id else until)

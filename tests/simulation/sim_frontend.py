@@ -32,8 +32,8 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from frontend.service import FrontEnd
 from sequencer.core.sequencer import SequencerState
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from tests.simulation.sim_cluster import SimCluster
     from tests.simulation.sim_sequencer import SimSequencerNode
 
+T = TypeVar("T")
+
 
 class _Pool:
     """``PeerPool`` as ``FrontEnd.tail`` uses it (``call``, ``send``)."""
@@ -63,7 +65,9 @@ class _Pool:
         self._rng = rng
 
     def send(self, node: NodeId, message: Any) -> bool:
-        return True  # activation requests: dropped (module docstring)
+        if self._rng is not None:  # a rebuilding donor's: delivered (``inflight_tails``)
+            self._frontends.activation(self._node_id, node, message, self._rng)
+        return True  # the tail checker's activation requests: dropped (module docstring)
 
     async def call(self, node: NodeId, message: Any, timeout_ms: int) -> Any:
         return await self._frontends.request(self._node_id, node, message, timeout_ms,
@@ -93,8 +97,27 @@ class _LocalSequencer:
         core = self._node.cores.get(log_id)
         return core.sequencer.inflight_tail() if core is not None else Lsn(0)
 
+    def active_tails(self) -> list[tuple[LogId, Lsn, Lsn]]:
+        return [(log_id, core.sequencer.release_lsn, core.sequencer.inflight_tail())
+                for log_id, core in self._node.cores.items()
+                if core.sequencer.state is SequencerState.ACTIVE]
+
     def request_activation(self, log_id: LogId) -> None:
         """Dropped (module docstring)."""
+
+
+class _SequencerView:
+    """``frontend.ports.MembershipView`` of a storage node's frontend: a sequencer node that
+    is down is DEAD (its appenders died with it), as the failure detector says soon after."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self._cluster = cluster
+
+    def view(self) -> dict[NodeId, str]:
+        return {n: "ALIVE" if node.up else "DEAD" for n, node in self._cluster.sequencers.items()}
+
+    def subscribe(self, listener: Any) -> None:
+        """Routing follows the simulation's table (``owner``), not the view."""
 
 
 class _EpochStore:
@@ -164,26 +187,47 @@ class SimFrontends:
                                    data_dir="/nonexistent")
             front = FrontEnd(config=config,
                              pool=cast(PeerPool, _Pool(self, node_id, self._plan_rng)),
-                             sequencer=None, epoch_store=cast(EpochStore, _EpochStore(cluster)))
+                             sequencer=None, epoch_store=cast(EpochStore, _EpochStore(cluster)),
+                             gossip=_SequencerView(cluster))
             front.owner = cluster.route.get  # type: ignore[method-assign]
             self._frontends[key] = front
         return front
 
-    def inflight_tails(self, node_id: NodeId, log_ids: tuple[int, ...],
-                       done: Callable[[dict[int, tuple[Lsn, Lsn] | None]], None]) -> None:
-        """A donor's ``AskTails``: ``FrontEnd.inflight_tail`` of each log from storage node
-        ``node_id``'s frontend, over simulated messages; ``done`` gets the answers."""
-        front = self.storage_frontend(node_id)
+    def run(self, coroutine: Coroutine[Any, Any, T], done: Callable[[T], None]) -> None:
+        """``coroutine`` on this module's loop (a rebuilding donor's questions to the
+        sequencers, ``RebuildRuntime._ask_tails``); ``done`` gets its result in a later
+        event of the simulation."""
+        queue = self._cluster.queue
 
         async def ask() -> None:
-            answers = await asyncio.gather(*(front.inflight_tail(LogId(log_id))
-                                             for log_id in log_ids))
-            done(dict(zip(log_ids, answers, strict=True)))
+            result = await coroutine
+            queue.after(0, lambda: done(result))  # outside this loop: the donor steps on
 
         task = _loop().create_task(ask())
         task._log_destroy_pending = False  # type: ignore[attr-defined]
         self._plans.add(task)
-        self._pump()
+        if not _loop().is_running():  # else the pump under way steps it
+            self._pump()
+
+    def activation(self, src: NodeId, dst: NodeId, message: Any,
+                   rng: random.Random) -> None:
+        """A donor's GET_SEQUENCER_STATE(activate): the sequencer node ``dst`` activates the
+        log if it is not active (``Sequencer.on_activate_request``), as
+        ``FrontEnd.sequencer_state`` has ``SequencerRuntime`` do."""
+        cluster = self._cluster
+        network, queue = cluster.network, cluster.queue
+        if (type(message) is not GetSequencerState or not message.activate
+                or dst not in cluster.sequencers):
+            return
+
+        def deliver() -> None:
+            node = cluster.sequencers[dst]
+            if not node.up or network.cut(src, dst):
+                return
+            core = node.core(message.log_id)
+            node._apply(core, core.sequencer.on_activate_request(cluster.now_ms))
+
+        queue.after(self._delay_ms(rng), deliver)
 
     def ask_tails(self, log_id: LogId, nodeset: tuple[NodeId, ...]) -> None:
         """Every up sequencer node's frontend starts a tail request for ``log_id`` (unless
@@ -254,7 +298,8 @@ class SimFrontends:
     def _handle(self, src: NodeId, dst: NodeId, message: Any) -> Any:
         cluster = self._cluster
         if type(message) is GetSequencerState:
-            return self.frontend(dst).sequencer_state(message.log_id, activate=False)
+            return self.frontend(dst).sequencer_state(message.log_id, activate=False,
+                                                      all_logs=message.all_logs)
         assert type(message) is GetLogState, message
         answers: list[Any] = []
         cluster.storage[dst].on_message(src, message, answers.append)

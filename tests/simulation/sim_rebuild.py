@@ -150,6 +150,9 @@ class _RuntimePorts:
     def core(self) -> Any:
         return self._node.handlers
 
+    def log_state(self, log_id: LogId) -> Any:
+        return self._node.machine.state(log_id)
+
 
 @dataclass(eq=False)
 class _Donation:
@@ -172,11 +175,17 @@ class SimRebuilding:
         runtime_config = RebuildConfig(send_timeout_ms=config.send_timeout_ms)
         for node_id, node in cluster.storage.items():
             ports = _RuntimePorts(node)
+
+            def front(node_id: NodeId = node_id) -> Any:
+                return cluster.frontends.storage_frontend(node_id)
+
             runtime = RebuildRuntime(
                 node=ports,  # type: ignore[arg-type]
                 data_dir="", cluster_name="sim", state_store=None,  # type: ignore[arg-type]
                 storage_nodes=lambda: tuple(cluster.storage), request=_no_request,
-                config=runtime_config, wall_ms=cluster.clock.now_ms)
+                config=runtime_config, wall_ms=cluster.clock.now_ms,
+                sequencer_tail=lambda log_id, front=front: front().inflight_tail(log_id),
+                active_tails=lambda front=front: front().active_tails())
             runtime.generation = node.generation
             assert ports.handler is not None
             node.rebuild_handler = _on_the_queue(ports.handler, cluster.queue)
@@ -331,24 +340,20 @@ class SimRebuilding:
             return
 
     def _ask_tails(self, donation: _Donation, effect: AskTails) -> None:
-        """As ``RebuildRuntime._ask_tails``: the shipped ``FrontEnd.inflight_tail`` of each
-        log, asked from the donor's own frontend over simulated messages."""
+        """The shipped ``RebuildRuntime._ask_tails`` (through the shipped
+        ``FrontEnd.active_tails``/``inflight_tail`` of the donor's own frontend, over
+        simulated messages)."""
         cluster = self._cluster
-        node = cluster.storage[donation.donor]
+        runtime = self.runtimes[donation.donor]
 
-        def answered(found: dict[int, tuple[Lsn, Lsn] | None]) -> None:
+        def answered(answers: dict[int, Tail | None] | None) -> None:
             if not self._alive(donation):
                 return
-            answers: dict[int, Tail | None] = {}
-            for log_id, tail in found.items():
-                held = int(node.machine.state(LogId(log_id)).last_lsn)
-                answers[log_id] = None if tail is None else Tail(int(tail[0]), int(tail[1]),
-                                                                 held)
-            cluster.stats["rebuild_tails_asked"] += len(found)
+            cluster.stats["rebuild_tails_asked"] += len(effect.log_ids)
             donation.core.on_tails(answers, cluster.now_ms)
             self._step(donation)
 
-        cluster.frontends.inflight_tails(donation.donor, effect.log_ids, answered)
+        cluster.frontends.run(runtime._ask_tails(effect.log_ids, effect.everywhere), answered)
 
     def _read(self, donation: _Donation, chunk: ReadChunk) -> None:
         node = self._cluster.storage[donation.donor]

@@ -162,22 +162,19 @@ def test_a_replaced_node_trusted_at_once_is_caught(monkeypatch: pytest.MonkeyPat
     assert failure.checker in ("R2", "R1"), failure
 
 
-# ---- open defect found by the simulation ---------------------------------------------------
+# ---- defects the simulation found (fixed) ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=SimulationFailure,
-                   reason="open: an amend counts a STORED from a disk replaced since "
-                          "(sequencer.core.appender); see the test's docstring")
 def test_an_amend_from_a_disk_replaced_since_does_not_count(
         request: pytest.FixtureRequest) -> None:
     """Soak seed 80's defect, scripted. R=2 on n1..n3; n3 is cut off (its STORE hangs), so
     wave 1 of an append gets STORED only from X, then times out. X's disk is replaced before
     wave 2. Wave 2 counts X's wave-1 STORED as an amend (``Appender``: "a node that answered
     STORED OK in an earlier wave holds a durable copy") and sends the payload to one other
-    node only: the append is acknowledged with one copy, and X's rebuild cannot restore the
-    other (no donor held it when X's rebuild walked). One more lost disk loses it; readers
-    through X (authoritative again) and a node without it read a gap. (The same happens when
-    the STORED counted is the current wave's: soak seed 4323; ``test_seeds.
-    STALE_STORED_SEEDS``.)"""
+    node only: the append is acknowledged with one real copy. The donors' walks must still
+    restore the other: each plans its walk by the log's sequencer tail and waits for it to be
+    released (``storage_node.core.rebuild``), so the append is decided, and its copy on the
+    other node durable, before that node walks past it. (The same happens when the STORED
+    counted is the current wave's: soak seed 4323; ``test_seeds.STALE_STORED_SEEDS``.)"""
     cluster = replicated_cluster(partition_connfail_ratio=0.0, store_timeout_ms_min=50,
                                  store_timeout_ms_max=50)
     with report(cluster, request):
@@ -198,13 +195,15 @@ def test_an_amend_from_a_disk_replaced_since_does_not_count(
         assert appender.wave == 1
         cluster.replace_disk(stored, down_ms=20)
         wait(cluster, lambda: append.outcome is not None, "the append's answer")
-        if append.outcome == Status.OK:
-            copies = [n for n, node in cluster.storage.items()
-                      if (append.log_id, append.first_lsn) in node.disk.records]
-            wait(cluster, lambda: rebuilt(cluster, stored), "the replaced node rebuilt")
-            copies = [n for n, node in cluster.storage.items()
-                      if (append.log_id, append.first_lsn) in node.disk.records]
-            assert len(copies) >= 2, f"acknowledged with copies on {copies} only"
+        assert append.outcome == Status.OK, append.outcome
+        copies = [n for n, node in cluster.storage.items()
+                  if (append.log_id, append.first_lsn) in node.disk.records]
+        assert len(copies) == 1, copies  # acknowledged with one real copy (the defect's start)
+        wait(cluster, lambda: rebuilt(cluster, stored), "the replaced node rebuilt")
+        copies = [n for n, node in cluster.storage.items()
+                  if (append.log_id, append.first_lsn) in node.disk.records]
+        assert len(copies) >= 2, f"acknowledged with copies on {copies} only"
+        heal_and_check(cluster)
 
 
 @pytest.mark.xfail(strict=True, raises=SimulationFailure,
