@@ -58,8 +58,10 @@ from storage_node.core.rebuild import (
     SendChunk,
     Sleep,
     Tail,
+    TargetStep,
     TokenBucket,
     narrowed,
+    target_step,
 )
 from storage_node.core.rebuild_accept import queued_winners, rebuild_pieces
 from storage_node.core.store_machine import store_fields_status
@@ -220,8 +222,25 @@ class RebuildRuntime:
         self._lost_reason = reason
         self.generation = known_generation + 1
 
+    async def _begin_again(self) -> None:
+        """Damage found while the shard is rebuilt: a rebuild of the next generation, with
+        its marker written first (the rebuild is recorded by ``_record_shard``)."""
+        self._lost("copies found damaged while being rebuilt", self.generation)
+        log.error("storage node %s: damage found while its shard is rebuilt: rebuilding it "
+                  "again as generation %d", self._me, self.generation)
+        await asyncio.get_running_loop().run_in_executor(
+            None, disk_identity.write, self._data_dir, disk_identity.new_marker(
+                cluster=self._cluster_name, node_id=self._me, generation=self.generation))
+
     async def after_start(self) -> None:
-        """The store is open: make the loss durable, record it, start polling."""
+        """The store is open: make the loss durable, record it, start polling. A node that
+        restarts while its shard is rebuilt and whose start found damage (copies the donors
+        had sent may be gone) begins its rebuild again (``target_step``)."""
+        authority = self._node.store.authority
+        if not self._lost_reason and target_step(
+                self.state.shard(self._me), self.generation, authority.damage_found,
+                authority.damage_covered) is TargetStep.RESTART:
+            await self._begin_again()
         if self._lost_reason:
             authority = self._node.store.authority
             authority.unsure_of_everything()
@@ -237,6 +256,8 @@ class RebuildRuntime:
 
     async def _record_shard(self) -> bool:
         now_ms = self._wall_ms()
+        authority = self._node.store.authority
+        found = authority.damage_found  # what the rebuild recorded here repairs
         if self._lost_reason:
             transition = cs.rebuild_started(self._me, self.generation, self._donors(),
                                             now_ms=now_ms, reason=self._lost_reason,
@@ -249,6 +270,9 @@ class RebuildRuntime:
                         "(%s); retrying", self._me, status.name)
             return False
         self.state = state
+        if self._lost_reason:
+            authority.rebuild_covers(found)
+            await self._node.store.save_authority()
         self._lost_reason = ""
         self._register = False
         return True
@@ -314,18 +338,27 @@ class RebuildRuntime:
         mine = state.shard(self._me)
         self._node.machine.set_accept_writes(self._accept_writes and not (
             mine is not None and mine.status in _NO_NEW_COPIES))
-        if (mine is not None and mine.status is ShardStatus.REBUILDING
-                and mine.rebuild_generation == self.generation and mine.donors_done):
+        authority = self._node.store.authority
+        step = target_step(mine, self.generation, authority.damage_found,
+                           authority.damage_covered)
+        if step is TargetStep.RESTART:
+            await self._begin_again()
+            await self._record_shard()  # retried by the next poll if it fails
+            return
+        if step is TargetStep.FINISH and mine is not None:
             await self._finish(mine.rebuild_generation)
         elif (mine is not None and mine.status is ShardStatus.AUTHORITATIVE
               and mine.generation == self.generation and self._node.store.authority.damaged):
             # Copies found damaged (a start-up scan, a read): rebuild them from the others.
             # (A whole-shard rebuild that writes only what is missing or damaged here.)
+            found = authority.damage_found
             status, new_state = await cs.change(self._store, cs.rebuild_started(
                 self._me, self.generation, self._donors(), now_ms=self._wall_ms(),
                 reason="damaged copies found", requested_by=self._me), self._rng)
             if status is Status.OK:
                 self.state = state = new_state
+                authority.rebuild_covers(found)
+                await self._node.store.save_authority()
                 log.warning("storage node %s: damaged copies found: rebuilding them",
                             self._me)
         for shard in state.shards:

@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import Enum
 
-from shared.cluster_state import DonorProgress
+from shared.cluster_state import DonorProgress, ShardState, ShardStatus
 from shared.compression import expand_stored
 from shared.status import Status
 from shared.types import LSN_MAX, Lsn
@@ -87,6 +88,30 @@ class TokenBucket:
             self._tokens -= size_bytes
             return 0
         return int(-self._tokens * 1000 / self.rate_bytes_per_s) + 1
+
+
+class TargetStep(Enum):
+    NOTHING = "nothing"
+    RESTART = "restart"
+    """Damage was found since this rebuild began (a restart's scan, a read): copies the
+    donors already sent may be gone again, and their walks will not come back for them. The
+    rebuild begins again, for a new generation (every donor walks from the start; what the
+    node still holds is not written twice)."""
+    FINISH = "finish"
+    """Every donor is done: vouch for everything again, then record AUTHORITATIVE."""
+
+
+def target_step(shard: ShardState | None, generation: int, damage_found: int,
+                damage_covered: int) -> TargetStep:
+    """What the node whose shard ``shard`` is (as the cluster state says) does at a poll,
+    with its disk of ``generation`` and its authority status's damage counters
+    (``AuthorityStatus.damage_found``/``damage_covered``)."""
+    if (shard is None or shard.status is not ShardStatus.REBUILDING
+            or shard.rebuild_generation != generation):
+        return TargetStep.NOTHING
+    if damage_found > damage_covered:
+        return TargetStep.RESTART
+    return TargetStep.FINISH if shard.donors_done else TargetStep.NOTHING
 
 
 def wanted(copyset: tuple[str, ...], shard: str, *, by_copyset: bool) -> bool:

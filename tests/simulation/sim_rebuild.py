@@ -56,7 +56,9 @@ from storage_node.core.rebuild import (
     SendChunk,
     Sleep,
     Tail,
+    TargetStep,
     TokenBucket,
+    target_step,
 )
 from storage_node.rebuild_runtime import RebuildConfig, RebuildRuntime
 from tests.simulation.sim_clock import EventQueue
@@ -246,8 +248,24 @@ class SimRebuilding:
         state = self.state
         runtime.state = state
         mine = state.shard(node_id)
-        if (mine is not None and mine.status is ShardStatus.REBUILDING
-                and mine.rebuild_generation == node.generation and mine.donors_done):
+        authority = node.disk.authority
+        step = target_step(mine, node.generation, authority.damage_found,
+                           authority.damage_covered)
+        if step is TargetStep.RESTART:
+            # As ``RebuildRuntime._begin_again``: damage found while being rebuilt (copies
+            # the donors sent may be gone): the rebuild begins again, for a new generation.
+            found = authority.damage_found
+            node.generation += 1
+            runtime.generation = node.generation
+            donors = tuple(n for n in self._cluster.storage if n != node_id)
+            runtime.state = state = self.store.change(cs.rebuild_started(
+                node_id, node.generation, donors, now_ms=self._cluster.now_ms,
+                reason="copies found damaged while being rebuilt", requested_by=node_id))
+            authority.rebuild_covers(found)
+            self._cluster.stats["rebuild_begun_again"] += 1
+            self._cluster.log(f"storage {node_id} damaged while REBUILDING: generation "
+                              f"{node.generation} from {list(donors)}")
+        elif step is TargetStep.FINISH and mine is not None:
             # As ``RebuildRuntime._finish``: vouch for everything again, then say so.
             node.disk.authority.clear(None, 1, LSN_MAX)
             runtime.state = self.store.change(cs.rebuild_finished(

@@ -206,16 +206,16 @@ def test_an_amend_from_a_disk_replaced_since_does_not_count(
         heal_and_check(cluster)
 
 
-@pytest.mark.xfail(strict=True, raises=SimulationFailure,
-                   reason="open: damage found by a restart mid-rebuild is forgotten when the "
-                          "rebuild finishes; see the test's docstring")
 def test_copies_a_rebuilding_node_loses_to_damage_are_not_vouched_for(
         request: pytest.FixtureRequest) -> None:
     """n1's disk is replaced and rebuilt; mid-way it restarts and its scan finds the tail of
-    what it wrote damaged (copies the donors already sent and checkpointed). When the donors
-    finish, ``RebuildRuntime._finish`` clears everything (``AuthorityStatus.clear``), so n1
-    vouches for copies it lost, and readers through n1 and a node without them read a gap
-    where others read the record. (The simulation keeps this out of its generated mix:
+    what it wrote damaged (copies the donors already sent and checkpointed). Had the rebuild
+    just finished, ``RebuildRuntime._finish`` would clear everything
+    (``AuthorityStatus.clear``) and n1 would vouch for copies it lost (readers through n1 and
+    a node without them would read a gap where others read the record). The damage found is
+    counted durably (``AuthorityStatus.damage_found``) and, found after the rebuild began,
+    makes it begin again for a new generation (``storage_node.core.rebuild.target_step``):
+    every donor walks from the start. (The simulation keeps this out of its generated mix:
     ``SimCluster.restart_storage`` never damages a node being rebuilt.)"""
     cluster = replicated_cluster(rebuild_rate_bytes_per_s=300, rebuild_chunk_bytes_max=64)
     with report(cluster, request):
@@ -228,3 +228,10 @@ def test_copies_a_rebuilding_node_loses_to_damage_are_not_vouched_for(
         cluster.rebuilding.on_restart(N1)
         wait(cluster, lambda: rebuilt(cluster, N1), "n1 rebuilt")
         heal_and_check(cluster)
+        # Every copy the donors hold is back on n1, the lost tail included.
+        for node_id in (N2, N3):
+            for key in cluster.storage[node_id].disk.records:
+                assert key in cluster.storage[N1].disk.records, key
+        assert cluster.stats["rebuild_begun_again"] == 1
+        shard = cluster.rebuilding.state.shard(N1)
+        assert shard is not None and shard.generation == 3  # replaced (2), begun again (3)
