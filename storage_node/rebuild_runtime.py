@@ -13,11 +13,15 @@ Every storage node runs one ``RebuildRuntime`` beside its ``StorageNode``:
    marker of another node or cluster stops the start (``ForeignDiskError``).
 2. **Every ``poll_interval_ms``** it reads the cluster state:
    - as a donor, for every other shard being rebuilt (or drained) it runs a ``DonorCore``
-     (``storage_node.core.rebuild``): chunks of its copies go to that shard in REBUILD_STORE
+     (``storage_node.core.rebuild``): a plan first (the sequencers' tails, through the
+     node's ``FrontEnd``: ``sequencer_tail``/``active_tails``, released before the walk),
+     then chunks of its copies go to that shard in REBUILD_STORE
      frames, under a token-bucket rate limit, with checkpoints saved in the cluster state
      (so a restarted donor resumes there), and finally ``done``;
    - as the shard being rebuilt, once every donor is done it vouches for everything again
-     (``AuthorityStatus.clear``, durable first) and then records AUTHORITATIVE.
+     (``AuthorityStatus.clear``, durable first) and then records AUTHORITATIVE; damage found
+     since the rebuild began (its start-up scan, a read) makes it begin the rebuild again
+     for a new generation instead (``target_step``).
 3. **As the target** (``on_rebuild_store``) it writes the copies a donor sends where it holds
    none (in its index, or of equal or higher precedence queued for its writer:
    ``storage_node.core.rebuild_accept``), adopting the donor's release pointer, trim point

@@ -24,15 +24,20 @@ append in flight when the shard lost its disk can still be acknowledged counting
 that shard answered from its old disk (an amend from an earlier wave, or the current wave's
 answer arriving late), so its other copies may reach the donors after the rebuild began; a
 walk bounded by what the donor held when it began would pass before them, and the record
-would keep fewer than R copies. So, before walking, the donor asks each of its logs'
-sequencers for its tail (``AskTails``: the highest LSN it had handed out, in flight or not)
-and asks again until the release pointer has passed that tail: every append that could have
-counted the lost disk is then decided, and its copies on this donor are durable and inside
-the walk. The plan is made after the shard was recorded REBUILDING, so it covers everything
-in flight when the disk was lost. Logs the donor comes to hold while it plans are planned
-too (it lists its logs again until the list stops growing). What stays open: a log of which
-this donor held no copy at all when its plan was made, whose first copy reaches it later
-from an append that was in flight since before the disk was lost (docs/RELIABILITY.md).
+would keep fewer than R copies. So, before walking, the donor plans (``AskTails``): it asks
+every sequencer node for the tails of all the logs it has active (only an active sequencer
+acknowledges appends; a log the donor holds no copy of yet is planned too) and each of its
+own logs' sequencer for its tail (the highest LSN it had handed out, in flight or not; or
+"nothing in flight"), and asks again until the release pointer has passed that tail: every
+append that could have counted the lost disk is then decided, and its copies on this donor
+are durable and inside the walk. The plan is made after the shard was recorded REBUILDING,
+so it covers everything in flight when the disk was lost. Logs whose copies reached the
+donor meanwhile (their appends done before the sequencers were asked) are planned too: it
+lists its logs again until the list stops growing (``ListLogs``).
+
+The node being rebuilt (``target_step``) finishes once every donor is done, unless it found
+damage after the rebuild began (a restart's scan, a read: copies the donors already sent may
+be gone again): then the rebuild begins again, for a new generation.
 
 The rate limit is a token bucket in bytes per second (``TokenBucket``), taken before each chunk
 is sent, so that a rebuild leaves the disks and the network to appends. Chunks are small

@@ -22,6 +22,11 @@ answer arrives, so it advances with simulated time. Its ports:
 - the owner of a log: the simulation's routing table (what clients use), in place of the
   rendezvous hash over the gossip view.
 
+Rebuilding donors ask through frontends of their own (``storage_frontend``: a storage node's,
+with no sequencer, and a failure detector's view in which a sequencer node that is down is
+DEAD): ``RebuildRuntime._ask_tails`` runs on this loop (``run``), its messages take their
+delays from another stream, and its activation requests are delivered (``activation``).
+
 T1 then holds every OK answer to at least the highest tail any frontend reported before the
 request started (requests that overlap may finish in either order); a crashed node's pending
 requests are dropped with it.

@@ -11,8 +11,11 @@ What runs is the production code, driven by the event queue:
 - the cluster state is a ``shared.cluster_state.ClusterState`` in a simulated store
   (``SimClusterStateStore``), changed only by the module's transitions (``rebuild_started``,
   ``donor_progressed``, ``rebuild_finished``), by compare-and-swap on a version;
-- each donor walks its copies with ``storage_node.core.rebuild.DonorCore`` (token bucket,
-  chunks, checkpoints, resume from the checkpoint after a crash); its reads come from the
+- each donor walks its copies with ``storage_node.core.rebuild.DonorCore`` (its plan, token
+  bucket, chunks, checkpoints, resume from the checkpoint after a crash); the plan's
+  questions are the shipped ``RebuildRuntime._ask_tails`` through a ``FrontEnd`` of the
+  donor's own (``SimFrontends.storage_frontend``) over simulated messages, and a donor's
+  activation requests are delivered (an unclean log's sequencer activates); its reads come from the
   simulated disk, each record packed as the STORE fields a segment holds
   (``shared.wire.codec.encode_fields``); its chunks go over the simulated network as
   REBUILD_STORE frames, with a timeout;
@@ -22,7 +25,8 @@ What runs is the production code, driven by the event queue:
   simulated node as the ``StorageNode`` it expects;
 - every ``poll_interval_ms`` each up node reads the cluster state: donors start (or resume)
   their walks, and a node whose donors are all done vouches for everything again
-  (``AuthorityStatus.clear``) and records AUTHORITATIVE.
+  (``AuthorityStatus.clear``) and records AUTHORITATIVE, or, having found damage since its
+  rebuild began, begins it again for a new generation (``target_step``).
 
 Not modelled: drains, the start-up identity marker (the sim knows the disk is new), a damaged
 node's own rebuild (damage is modelled without repair), epoch-store failures of the cluster
