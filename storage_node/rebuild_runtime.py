@@ -696,11 +696,12 @@ class RebuildRuntime:
 
     def metrics(self) -> dict[str, int]:
         stats = self.stats
-        remaining = 0
+        remaining = planning = 0
         for donation in self._donations.values():
             if donation.core is not None:
                 progress = donation.core.progress
                 remaining += max(0, progress.bytes_total - progress.bytes)
+                planning += donation.core.planning
         mine = self.state.shard(self._me)
         return {
             "rebuild_chunks_sent": stats.chunks_sent, "rebuild_records_sent": stats.records_sent,
@@ -710,6 +711,8 @@ class RebuildRuntime:
             "rebuild_records_written": stats.records_written,
             "rebuild_send_failures": stats.send_failures,
             "rebuild_donations_active": len(self._donations),
+            # Donations still waiting for the sequencers' tails to be released.
+            "rebuild_donations_planning": planning,
             "rebuild_donor_bytes_remaining_estimate": remaining,
             "rebuild_finished": stats.rebuilds_finished,
             "rebuild_shard_rebuilding": int(mine is not None
