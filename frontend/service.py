@@ -49,7 +49,7 @@ from shared.read_merge import f_majority
 from shared.read_round import NodesetSpan, ReadRound, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
+from shared.types import Epoch, LogId, Lsn, NodeId, log_id_valid, lsn_to_epoch
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.codec import Message
 from shared.wire.hello import PROTOCOL_VERSION
@@ -336,16 +336,96 @@ class FrontEnd:
     def _local_release(self, log_id: LogId) -> Lsn:
         return self.sequencer.release_lsn(log_id) if self.sequencer is not None else Lsn(0)
 
-    def sequencer_state(self, log_id: LogId, *, activate: bool = False) -> SequencerState:
+    def sequencer_state(self, log_id: LogId, *, activate: bool = False,
+                        all_logs: bool = False) -> SequencerState:
         """This node's sequencer of ``log_id``, for peers serving reads of it; ``activate``:
-        start activating it if it is not active (the answer still says NOSEQUENCER)."""
+        start activating it if it is not active (the answer still says NOSEQUENCER);
+        ``all_logs``: with the tails of every log active here (``active_tails``)."""
         active = self.sequencer is not None and self.sequencer.is_active(log_id)
         if activate and not active and self.sequencer is not None:
             self.sequencer.request_activation(log_id)
         return SequencerState(
             status=Status.OK if active else Status.NOSEQUENCER, log_id=log_id,
             release_lsn=self._local_release(log_id),
-            epoch=self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0))
+            epoch=self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0),
+            tail_lsn=(self.sequencer.inflight_tail(log_id) if active
+                      and self.sequencer is not None else Lsn(0)),
+            tails=tuple((int(log), int(release), int(tail)) for log, release, tail in (
+                self.sequencer.active_tails() if all_logs and self.sequencer is not None
+                else ())))
+
+    async def active_tails(self) -> dict[LogId, tuple[Lsn, Lsn]] | None:
+        """``(release_lsn, tail_lsn)`` of every log active on any sequencer node (this one,
+        and one GET_SEQUENCER_STATE ``all_logs`` to each other), for rebuilding's plan
+        (``storage_node.core.rebuild``): only an active sequencer acknowledges appends, so
+        every append that can still be acknowledged is below one of these tails. None when a
+        sequencer node did not answer and this node's failure detector does not say it is
+        DEAD (a dead process acknowledges nothing)."""
+        view = self.gossip.view() if self.gossip is not None else {}
+        nodes = [n.node_id for n in self.config.cluster.nodes if "sequencer" in n.roles]
+        found: dict[LogId, tuple[Lsn, Lsn]] = {}
+
+        def note(log_id: int, release: int, tail: int) -> None:
+            if log_id_valid(log_id) and release >= 0 and tail >= 0:
+                old = found.get(LogId(log_id), (Lsn(0), Lsn(0)))
+                found[LogId(log_id)] = (Lsn(max(old[0], release)),
+                                        Lsn(max(old[1], release, tail)))
+
+        async def ask(node: NodeId) -> bool:
+            if node == self.node_id:
+                for log, release, tail in (self.sequencer.active_tails()
+                                           if self.sequencer is not None else ()):
+                    note(log, release, tail)
+                return True
+            reply = await self.pool.call(node, GetSequencerState(log_id=LogId(1),
+                                                                 all_logs=True),
+                                         SEQUENCER_STATE_TIMEOUT_MS)
+            if type(reply) is not SequencerState or type(reply.tails) is not tuple:
+                return view.get(node) == "DEAD"
+            for item in reply.tails:
+                if (type(item) is not tuple or len(item) != 3
+                        or not all(type(v) is int for v in item)):
+                    return False  # malformed: asked again
+                note(*item)
+            return True
+
+        answered = await asyncio.gather(*(ask(node) for node in nodes))
+        return found if all(answered) else None
+
+    async def inflight_tail(self, log_id: LogId) -> tuple[Lsn, Lsn] | None:
+        """``(release_lsn, tail_lsn)`` of the log's active sequencer (this node's, the
+        owner's, or the latest epoch's writer's), for rebuilding's plan
+        (``storage_node.core.rebuild``): once the release pointer reaches ``tail_lsn``, every
+        append taken before the question is decided. ``(0, 0)`` when nothing can be in
+        flight: the log does not exist, or no sequencer is active and its latest epoch is
+        clean. None when that cannot be told now (no sequencer answered, the epoch is not
+        clean): the log's sequencer is asked to activate, so asking again later succeeds."""
+        owner = self.owner(log_id)
+        candidates: list[NodeId | None] = [owner]
+        status, fresh = await self.epoch_store.get_metadata(log_id)
+        if status is Status.NOTFOUND:
+            return Lsn(0), Lsn(0)
+        if status is not Status.OK or fresh is None:
+            return None
+        if fresh.last_writer is not None and fresh.last_writer != owner and (
+                self.config.cluster.node(fresh.last_writer)):
+            candidates.append(fresh.last_writer)
+        for node in candidates:
+            if node is None or node == self.node_id:
+                if self.sequencer is not None and self.sequencer.is_active(log_id):
+                    return (self.sequencer.release_lsn(log_id),
+                            self.sequencer.inflight_tail(log_id))
+                continue
+            reply = await self.pool.call(node, GetSequencerState(log_id=log_id),
+                                         SEQUENCER_STATE_TIMEOUT_MS)
+            if type(reply) is SequencerState and reply.status is Status.OK:
+                return reply.release_lsn, max(reply.release_lsn, reply.tail_lsn)
+        lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+        latest = Epoch(max(fresh.next_epoch - 1, 0))
+        if lce_status is Status.OK and lce is not None and lce.epoch >= latest:
+            return Lsn(0), Lsn(0)
+        self._ask_activation(log_id, owner)
+        return None
 
     async def _release_hint(self, log_id: LogId) -> Lsn:
         """The freshest release pointer this node can get: its own sequencer's, or the one of

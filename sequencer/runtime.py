@@ -402,6 +402,17 @@ class SequencerRuntime:
         sequencer = self.sequencers.get(log_id)
         return sequencer.epoch if sequencer is not None else Epoch(0)
 
+    def inflight_tail(self, log_id: LogId) -> Lsn:
+        """``Sequencer.inflight_tail`` (rebuilding's walk bound)."""
+        sequencer = self.sequencers.get(log_id)
+        return sequencer.inflight_tail() if sequencer is not None else Lsn(0)
+
+    def active_tails(self) -> list[tuple[LogId, Lsn, Lsn]]:
+        """``(log, release_lsn, inflight_tail)`` of every active log here: only an active
+        sequencer acknowledges appends (rebuilding's plan)."""
+        return [(log_id, s.release_lsn, s.inflight_tail())
+                for log_id, s in self.sequencers.items() if s.state is SequencerState.ACTIVE]
+
     def is_active(self, log_id: LogId) -> bool:
         sequencer = self.sequencers.get(log_id)
         return sequencer is not None and sequencer.state is SequencerState.ACTIVE

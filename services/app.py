@@ -77,7 +77,8 @@ class _Dispatcher:
         elif type(message) is Append:
             self.service.on_append_message(message, reply)
         elif type(message) is GetSequencerState:
-            reply(self.service.sequencer_state(message.log_id, activate=message.activate))
+            reply(self.service.sequencer_state(message.log_id, activate=message.activate,
+                                               all_logs=message.all_logs))
         elif self.storage is not None:
             self.storage.on_message(peer, message, reply)
 
@@ -217,6 +218,8 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
         rebuild = RebuildRuntime(
             node=storage, data_dir=config.data_dir, cluster_name=cluster.cluster_name,
             state_store=cluster_state, storage_nodes=storage_nodes, request=request,
+            sequencer_tail=lambda log_id: service.inflight_tail(log_id),
+            active_tails=lambda: service.active_tails(),
             config=RebuildConfig(rate_bytes_per_s=config.storage.rebuild_rate_bytes_per_s,
                                  poll_interval_ms=config.storage.rebuild_poll_interval_ms,
                                  by_copyset=config.storage.rebuild_by_copyset))

@@ -789,6 +789,17 @@ class Sequencer:
             return None
         return self.drained_clean_tail()
 
+    def inflight_tail(self) -> Lsn:
+        """The highest LSN this sequencer has handed out (in flight or done), at least the
+        release pointer: once the release pointer reaches it, every append it had taken is
+        decided and earlier epochs are recovered (rebuilding plans its walks by it:
+        ``storage_node.core.rebuild``). With no append in this epoch yet it is the epoch's
+        ESN 0, which only recovery's release reaches."""
+        window = self.window
+        if self.state is not SequencerState.ACTIVE or window is None:
+            return self.release_lsn
+        return max(self.release_lsn, compose_lsn(self.epoch, Esn(window.next_esn - 1)))
+
     def drained_clean_tail(self) -> Lsn | None:
         """When the current epoch is fully drained (nothing in flight, every record released),
         the LSN that ends it: the epoch can be marked clean in the epoch store with that tail."""
