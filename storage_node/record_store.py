@@ -1294,7 +1294,10 @@ class RecordStore:
                 finish(done)
             finally:
                 deferred = self._index_deferred.pop(segment_id, None)
-                if deferred is not None and not self._closing:
+                # Not if the write that just finished was the final one (its in-memory index
+                # is gone: a second final file would be written empty over the good one).
+                if (deferred is not None and not self._closing
+                        and segment_id in self._index.memory_segment_ids()):
                     self._write_index(segment_id, final=True, with_state=deferred)
 
         def finish(done: asyncio.Future[tuple[IndexDirectory, int, list[int]]]) -> None:
