@@ -101,7 +101,8 @@ class _StorePorts:
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         return self._node.held_ranges(log_id, from_lsn, until_lsn)
 
-    def submit_store(self, store: Store, done: Callable[[Status], None]) -> Status:
+    def submit_store(self, store: Store, done: Callable[[Status], None], *,
+                     inline_ok: bool = True) -> Status:
         return self._node.submit_store(store, done)
 
     def submit_seal(self, seal: Any, done: Callable[[Status], None]) -> Status:
