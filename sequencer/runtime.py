@@ -37,6 +37,7 @@ from sequencer.core.effects import (
     ReleaseAdvanced,
     WriteLastCleanEpoch,
 )
+from sequencer.core.nodeset_target import may_grow, nodeset_target
 from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
 from sequencer.core.store_timeout import StoreLatency
 from sequencer.handlers import Callback, EffectDriver
@@ -45,7 +46,7 @@ from shared import failpoints
 from shared.clock import Clock
 from shared.config import ClusterConfig, SequencerConfig
 from shared.effects import Send
-from shared.epoch_metadata import ProvisionSpec
+from shared.epoch_metadata import NodesetTarget, ProvisionSpec, next_nodeset
 from shared.ports import EpochStore, Rng
 from shared.read_round import metadata_spans
 from shared.status import Status
@@ -260,8 +261,33 @@ class SequencerRuntime:
     def update_cluster(self, cluster: ClusterConfig) -> None:
         """Nodes were added or reweighted (services.membership): new logs get the new default
         nodeset, copysets the new capacities."""
+        grown = cluster.storage_node_ids != self.cluster.storage_node_ids
         self.cluster = cluster
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+        if grown:
+            self._grow_nodesets()
+
+    def _nodeset_target(self, log_id: LogId) -> NodesetTarget:
+        return nodeset_target(log_id, self.cluster, retired=self._retired,
+                              unavailable=self._unavailable)
+
+    def _grow_nodesets(self) -> None:
+        """Storage nodes were added: every active log whose nodeset is smaller than the one
+        wanted (``sequencer.core.nodeset_target``) finishes its epoch and takes a new one on
+        the grown nodeset, as a drain moves logs off a node."""
+        now_ms = self.clock.now_ms()
+        storage = len(self.cluster.storage_node_ids)
+        for sequencer in list(self.sequencers.values()):
+            metadata = sequencer.metadata
+            if metadata is None or not may_grow(self.cluster.nodeset_size,
+                                                len(metadata.nodeset), storage):
+                continue
+            target = self._nodeset_target(sequencer.log_id)
+            if next_nodeset(metadata, self._retired, target) == metadata.nodeset:
+                continue
+            log.info("log %d: storage nodes were added: moving to a new epoch on a larger "
+                     "nodeset", sequencer.log_id)
+            self._apply(sequencer, sequencer.on_nodes_retired(self._retired, now_ms, target))
 
     async def start(self) -> None:
         self._broadcast_task = asyncio.create_task(self._broadcast_loop())
@@ -443,7 +469,8 @@ class SequencerRuntime:
         self._retired = retired
         now_ms = self.clock.now_ms()
         for sequencer in list(self.sequencers.values()):
-            effects = sequencer.on_nodes_retired(retired, now_ms)
+            effects = sequencer.on_nodes_retired(retired, now_ms,
+                                                 self._nodeset_target(sequencer.log_id))
             if effects:
                 log.info("log %d: storage nodes %s leave its nodeset: moving to a new epoch",
                          sequencer.log_id, ",".join(sorted(retired)))
@@ -518,7 +545,8 @@ class SequencerRuntime:
         try:
             async with asyncio.timeout(self.config.activation_timeout_ms / 1000):
                 status, epoch, metadata = await self.epoch_store.activate(
-                    log_id, writer=self.node_id, provision=provision, retired=self._retired)
+                    log_id, writer=self.node_id, provision=provision, retired=self._retired,
+                    target=self._nodeset_target(log_id))
                 lce = None
                 if status is Status.OK:
                     status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
