@@ -567,10 +567,13 @@ class SequencerRuntime:
                      log_id, epoch, lce.epoch if lce else -1)
         self._apply(sequencer, sequencer.on_activated(status, epoch, metadata, lce,
                                                       self.clock.now_ms()))
-        if status is Status.OK and self._retired:
-            # A drain that began while this activation was under way: move on at once.
-            self._apply(sequencer, sequencer.on_nodes_retired(self._retired,
-                                                              self.clock.now_ms()))
+        if status is Status.OK and metadata is not None and (self._retired or may_grow(
+                self.cluster.nodeset_size, len(metadata.nodeset),
+                len(self.cluster.storage_node_ids))):
+            # A drain that began, or storage nodes added, while this activation was under
+            # way: move on at once.
+            self._apply(sequencer, sequencer.on_nodes_retired(
+                self._retired, self.clock.now_ms(), self._nodeset_target(log_id)))
         if sequencer.idle_unavailable() and self.sequencers.get(log_id) is sequencer:
             # Nothing to remember: a log id that never activated (e.g. NOTFOUND).
             del self.sequencers[log_id]
