@@ -468,9 +468,17 @@ class SequencerRuntime:
             return
         self._retired = retired
         now_ms = self.clock.now_ms()
+        storage = len(self.cluster.storage_node_ids)
         for sequencer in list(self.sequencers.values()):
-            effects = sequencer.on_nodes_retired(retired, now_ms,
-                                                 self._nodeset_target(sequencer.log_id))
+            metadata = sequencer.metadata
+            target = None
+            if metadata is not None and not retired.isdisjoint(metadata.nodeset):
+                # Only a log that loses nodes may take others in their place (ranking the
+                # candidates hashes every storage node: not for each of a million logs).
+                kept = len(set(metadata.nodeset) - retired)
+                if may_grow(self.cluster.nodeset_size, kept, storage):
+                    target = self._nodeset_target(sequencer.log_id)
+            effects = sequencer.on_nodes_retired(retired, now_ms, target)
             if effects:
                 log.info("log %d: storage nodes %s leave its nodeset: moving to a new epoch",
                          sequencer.log_id, ",".join(sorted(retired)))
