@@ -51,6 +51,7 @@ from shared.ports import EpochStore, Rng
 from shared.read_round import metadata_spans
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.wire.read import GetLogState
 from shared.wire.store import Store
 from shared.wire.store_batch import StoreBatch
 
@@ -63,6 +64,11 @@ LOGS_PER_LOOP_TURN_MAX = 128
 neither stalls it for more than a few ms whatever the number of logs."""
 IDLE_MARKS_IN_FLIGHT_MAX = 64
 """Clean-marks of deactivated epochs written to the epoch store at once."""
+
+
+NODESET_GROW_CONNECT_MS = 5_000
+"""How long a membership change waits for added storage nodes to be reachable before logs
+move to nodesets with them (they move anyway after it)."""
 
 
 class Transport(Protocol):
@@ -261,11 +267,26 @@ class SequencerRuntime:
     def update_cluster(self, cluster: ClusterConfig) -> None:
         """Nodes were added or reweighted (services.membership): new logs get the new default
         nodeset, copysets the new capacities."""
-        grown = cluster.storage_node_ids != self.cluster.storage_node_ids
+        added = [n for n in cluster.storage_node_ids if n not in self.cluster.storage_node_ids]
         self.cluster = cluster
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
-        if grown:
-            self._grow_nodesets()
+        if added and not self._closing:
+            self._spawn(self._grow_when_reachable(added))
+
+    async def _grow_when_reachable(self, added: list[NodeId]) -> None:
+        """Connect to the added storage nodes first (one small request each, for at most
+        ``NODESET_GROW_CONNECT_MS``), then grow the nodesets: the first STOREs to a node
+        that is still being connected to time out, and a timed-out node is graylisted for
+        ``graylist_duration_ms``, so the logs would avoid it just after taking it."""
+        deadline_s = self._loop.time() + NODESET_GROW_CONNECT_MS / 1000
+        for node in added:
+            while self._loop.time() < deadline_s:
+                reply = await self.transport.call(node, GetLogState(log_id=LogId(1)),
+                                                  NODESET_GROW_CONNECT_MS)
+                if not isinstance(reply, Status):
+                    break
+                await asyncio.sleep(0.1)
+        self._grow_nodesets()
 
     def _nodeset_target(self, log_id: LogId) -> NodesetTarget:
         return nodeset_target(log_id, self.cluster, retired=self._retired,
