@@ -123,6 +123,9 @@ async def test_an_added_storage_node_joins_the_nodesets_and_everything_reads_bac
         on_st4 = await _copies_over_protocol(st1, log_id, last, skip=OLD)
         # Copies of the new epochs' records, and nothing of the epochs before it joined.
         assert len(on_st4) >= COPIES_ON_ST4 // 4, len(on_st4)
+        newer = [lsn for lsn in acked[log_id] if lsn_to_epoch(lsn) >= new_since[log_id]]
+        print(f"log {log_id}: {len(on_st4)} of {len(newer)} records of the grown epochs "
+              "have a copy on st4")
         assert all(lsn_to_epoch(lsn) >= new_since[log_id] for lsn in on_st4)
 
     async with Client(state.sequencer_urls, timeout_ms=20_000) as client:
