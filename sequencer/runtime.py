@@ -301,6 +301,7 @@ class SequencerRuntime:
         for sequencer in list(self.sequencers.values()):
             metadata = sequencer.metadata
             if metadata is None or not may_grow(self.cluster.nodeset_size,
+                                                metadata.replication_factor,
                                                 len(metadata.nodeset), storage):
                 continue
             target = self._nodeset_target(sequencer.log_id)
@@ -497,7 +498,8 @@ class SequencerRuntime:
                 # Only a log that loses nodes may take others in their place (ranking the
                 # candidates hashes every storage node: not for each of a million logs).
                 kept = len(set(metadata.nodeset) - retired)
-                if may_grow(self.cluster.nodeset_size, kept, storage):
+                if may_grow(self.cluster.nodeset_size, metadata.replication_factor, kept,
+                            storage):
                     target = self._nodeset_target(sequencer.log_id)
             effects = sequencer.on_nodes_retired(retired, now_ms, target)
             if effects:
@@ -597,8 +599,8 @@ class SequencerRuntime:
         self._apply(sequencer, sequencer.on_activated(status, epoch, metadata, lce,
                                                       self.clock.now_ms()))
         if status is Status.OK and metadata is not None and (self._retired or may_grow(
-                self.cluster.nodeset_size, len(metadata.nodeset),
-                len(self.cluster.storage_node_ids))):
+                self.cluster.nodeset_size, metadata.replication_factor,
+                len(metadata.nodeset), len(self.cluster.storage_node_ids))):
             # A drain that began, or storage nodes added, while this activation was under
             # way: move on at once.
             self._apply(sequencer, sequencer.on_nodes_retired(

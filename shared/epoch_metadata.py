@@ -91,18 +91,20 @@ def next_nodeset(base: LogMetadata, retired: frozenset[NodeId],
                  target: NodesetTarget | None = None) -> tuple[NodeId, ...]:
     """The nodeset of the log's next epoch: ``base.nodeset`` without ``retired`` nodes (they
     take no new copies: draining, drained or removed), topped up with ``target``'s candidates
-    (not retired) while it has fewer than ``target.size`` nodes (storage nodes added to the
-    cluster join existing logs this way). Unchanged when that leaves fewer than R nodes or
+    (not retired) while it has fewer than ``target.size`` nodes, or R (storage nodes added to
+    the cluster join existing logs this way). Unchanged when that leaves fewer than R nodes or
     the metadata already keeps ``NODESET_HISTORY_MAX`` earlier nodesets (appends keep meeting
     the retired nodes' DISABLED answers and avoid them per copyset)."""
     kept = base.nodeset
     if retired and not retired.isdisjoint(kept):
         kept = tuple(n for n in kept if n not in retired)
-    if target is not None and len(kept) < target.size:
+    # Never aim below R: a drained node's place is taken even with a smaller nodeset_size.
+    size = 0 if target is None else max(target.size, base.replication_factor)
+    if target is not None and len(kept) < size:
         have = set(kept)
         extra = [n for n in dict.fromkeys(target.candidates)
                  if n not in have and n not in retired]
-        kept = (*kept, *extra[:target.size - len(kept)])
+        kept = (*kept, *extra[:size - len(kept)])
     if kept == base.nodeset or len(kept) > NODESET_SIZE_MAX or nodeset_blocked(base, kept):
         return base.nodeset
     return kept

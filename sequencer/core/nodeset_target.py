@@ -32,6 +32,7 @@ def nodeset_target(log_id: LogId, cluster: ClusterConfig, *, retired: frozenset[
     return NodesetTarget(candidates=candidates, size=size)
 
 
-def may_grow(nodeset_size: int, current: int, candidates_max: int) -> bool:
-    """Whether a nodeset of ``current`` nodes can grow at all (cheap, before ranking)."""
-    return current < (nodeset_size or candidates_max)
+def may_grow(nodeset_size: int, replication: int, current: int, candidates_max: int) -> bool:
+    """Whether a nodeset of ``current`` nodes can grow at all (cheap, before ranking): below
+    ``nodeset_size`` (0: every storage node) or below R."""
+    return current < max(nodeset_size or candidates_max, replication)

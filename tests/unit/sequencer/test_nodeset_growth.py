@@ -64,6 +64,16 @@ def test_growth_takes_candidates_in_order_and_never_retired_ones() -> None:
         A, B, C)
 
 
+def test_a_drained_node_is_replaced_to_keep_r_even_with_a_smaller_nodeset_size() -> None:
+    meta = LogMetadata(log_id=LOG, next_epoch=Epoch(3), nodeset=(A, B), replication_factor=2,
+                       last_writer=W, version=2)
+    # nodeset_size 1 (below R): b drains, c takes its place, so the log keeps R nodes.
+    assert next_nodeset(meta, frozenset({B}), NodesetTarget(candidates=(C, D), size=1)) == (
+        A, C)
+    # Without a target the node cannot leave (fewer than R would remain).
+    assert next_nodeset(meta, frozenset({B})) == (A, B)
+
+
 def test_no_growth_past_the_history_limit() -> None:
     full = LogMetadata(
         log_id=LOG, next_epoch=Epoch(100), nodeset=(A, B, C), replication_factor=2,
@@ -89,8 +99,9 @@ def test_the_target_skips_nodes_without_capacity_retired_or_dead() -> None:
     sized = nodeset_target(LOG, _cluster({f"s{i}": 1 for i in range(6)}, 4),
                            retired=frozenset(), unavailable=frozenset())
     assert sized.size == 4 and len(sized.candidates) == 6
-    assert may_grow(4, 3, 6) and not may_grow(4, 4, 6) and may_grow(0, 3, 4)
-    assert not may_grow(0, 4, 4)
+    assert may_grow(4, 2, 3, 6) and not may_grow(4, 2, 4, 6) and may_grow(0, 2, 3, 4)
+    assert not may_grow(0, 2, 4, 4)
+    assert may_grow(1, 2, 1, 4)  # below R
 
 
 def test_logs_spread_over_added_nodes_by_capacity() -> None:
