@@ -46,7 +46,7 @@ from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
 from shared.ports import EpochStore
 from shared.read_merge import f_majority
-from shared.read_round import NodesetSpan, ReadRound, metadata_spans, span_of
+from shared.read_round import NodesetSpan, ReadRound, beyond_spans, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId, log_id_valid, lsn_to_epoch
@@ -325,8 +325,11 @@ class FrontEnd:
     # ---- reads ---------------------------------------------------------------------------
 
     async def _log_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
+        """The log's metadata, cached until this node saw a release past the epochs it
+        covers (a later epoch may be on a larger nodeset: ``metadata_spans``)."""
         cached = self._metadata.get(log_id)
-        if cached is not None:
+        if cached is not None and lsn_to_epoch(
+                self._release_seen.get(log_id, Lsn(0))) < cached.next_epoch:
             return Status.OK, cached
         status, metadata = await self.epoch_store.get_metadata(log_id)
         if status is Status.OK and metadata is not None:
@@ -521,7 +524,20 @@ class FrontEnd:
     ) -> ReadOutcome | Lsn:
         """One read round; a ``Lsn`` (the newer release pointer) when a long-poll round ended
         because a storage node's release pointer moved."""
-        span = span_of(self._spans(metadata), from_lsn)
+        spans = self._spans(self._metadata.get(log_id, metadata))
+        if beyond_spans(spans, from_lsn):
+            # The cursor reached an epoch the cached metadata does not cover (handed out
+            # since): its nodeset may have grown. Released records there imply it is stored.
+            _, fresh = await self.epoch_store.get_metadata(log_id)
+            if fresh is not None:
+                self._metadata[log_id] = fresh
+                spans = self._spans(fresh)
+            if beyond_spans(spans, from_lsn):
+                return ReadOutcome(
+                    status=Status.NOTREADY, next_lsn=from_lsn,
+                    release_lsn=self._note_release(log_id, release),
+                    message=f"the nodeset of LSN {from_lsn}'s epoch is not known yet")
+        span = span_of(spans, from_lsn)
         read_round = ReadRound(
             log_id=log_id, span=span, from_lsn=from_lsn, release_lsn=release,
             records_max=records_max, bytes_max=bytes_max, wait_ms=wait_ms,
@@ -752,6 +768,8 @@ class FrontEnd:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")
+        # Metadata cached before the release moved on may miss a later epoch's nodeset.
+        metadata = (await self._log_metadata(log_id))[1] or metadata
         nodeset, replication = self._all_nodes(metadata), metadata.replication_factor
         needed = max(f_majority(len(nodeset), replication), replication)
         answers = await ask_nodeset_by_node(

@@ -85,6 +85,8 @@ class LocalClusterSpec:
     storage_nodes: int = 3
     sequencers: int = 2
     replication: int = 3
+    nodeset_size: int = 0
+    """``cluster.nodeset_size``: storage nodes per log's nodeset; 0 is every storage node."""
     base_port: int = DEFAULT_BASE_PORT
     epoch_store: str = "file"
     """``file`` or a ``zk://host:port/path`` URL, passed through to the nodes."""
@@ -180,6 +182,7 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
     try:
         cluster = ClusterConfig(
             cluster_name="seqlog-local", nodes=nodes, replication_factor=spec.replication,
+            nodeset_size=spec.nodeset_size,
             log_backlog_ms=spec.log_backlog_ms, log_backlogs=spec.log_backlogs,
         )
         file_store = spec.epoch_store == "file"

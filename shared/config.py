@@ -108,7 +108,8 @@ class ClusterConfig:
     replication_factor: int = 3
     """R for logs provisioned on first append."""
     nodeset_size: int = 0
-    """Storage nodes in a new log's nodeset; 0 means every storage node."""
+    """Storage nodes in a log's nodeset; 0 means every storage node. New logs start with
+    it; existing ones grow to it (with storage nodes added since) at their next epoch."""
     log_backlog_ms: int = 0
     """Retention of every log not in `log_backlogs`: each storage node trims records older
     than this (by their append timestamp) and deletes them from disk; 0 keeps them forever."""
