@@ -62,6 +62,21 @@ async def _post(session: aiohttp.ClientSession, url: str, log_id: int, doc: dict
         return response.status, await response.json()
 
 
+RETRY_503_TIMEOUT_S = 30.0
+
+
+async def _post_until_served(session: aiohttp.ClientSession, url: str, log_id: int,
+                             doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """``_post``, again while it answers 503 (nothing written: API.md), as a client does
+    right after a sequencer node's restart, until views agree it is back (bounded)."""
+    deadline = asyncio.get_running_loop().time() + RETRY_503_TIMEOUT_S
+    while True:
+        status, answer = await _post(session, url, log_id, doc)
+        if status != 503 or asyncio.get_running_loop().time() > deadline:
+            return status, answer
+        await asyncio.sleep(0.1)
+
+
 def _compressed(payloads: list[bytes], codec: Codec) -> dict[str, Any]:
     blob = compress_batch(payloads, codec)
     assert blob is not None
@@ -283,12 +298,12 @@ async def test_compressed_batches_end_to_end(cluster_dir: Path) -> None:
                                 ready_timeout_ms=READY_TIMEOUT_MS)
         for first_lsn, last_lsn, payloads in acked:
             expected.update(zip(range(first_lsn, last_lsn + 1), payloads, strict=True))
-        status, again = await _post(session, url, log_id, idem)
+        status, again = await _post_until_served(session, url, log_id, idem)
         assert status == 200 and (again["first_lsn"], again["last_lsn"]) == (
             idem_answer["first_lsn"], idem_answer["last_lsn"]), again
         later_payloads = _lines("later", 100)
-        status, answer = await _post(session, url, log_id,
-                                     _compressed(later_payloads, Codec.LZ4))
+        status, answer = await _post_until_served(session, url, log_id,
+                                                  _compressed(later_payloads, Codec.LZ4))
         assert status == 200, answer
         assert lsn_to_epoch(answer["first_lsn"]) > lsn_to_epoch(acked[-1][1])
         expected.update(zip(range(answer["first_lsn"], answer["last_lsn"] + 1),
