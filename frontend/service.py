@@ -533,6 +533,12 @@ class FrontEnd:
                 self._metadata[log_id] = fresh
                 spans = self._spans(fresh)
             if beyond_spans(spans, from_lsn):
+                if release < from_lsn:
+                    # Its epoch was never handed out (the epoch store is read after the
+                    # sequencer took every epoch it released in): nothing is released there
+                    # yet, an empty page as anywhere past the release pointer, not a 503.
+                    return ReadOutcome(status=Status.OK, next_lsn=from_lsn,
+                                       release_lsn=self._note_release(log_id, release))
                 return ReadOutcome(
                     status=Status.NOTREADY, next_lsn=from_lsn,
                     release_lsn=self._note_release(log_id, release),

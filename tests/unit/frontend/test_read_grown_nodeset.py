@@ -87,3 +87,16 @@ async def test_a_later_epoch_is_read_from_its_grown_nodeset() -> None:
         await front.read(log_id, bridge.next_lsn, 100, 1 << 20, 0)
     epoch2 = {n for n, lsn in cluster.asked_nodes if lsn >= compose_lsn(Epoch(2), Esn(1))}
     assert epoch2 == {*STORAGE, ST4}
+
+
+async def test_a_read_past_every_epoch_handed_out_is_an_empty_page() -> None:
+    """A cursor in an epoch nobody took yet (a fuzzer's LSN 2^64-2, a reader far ahead): no
+    nodeset is known there, but nothing can be released either: 200 with no entries, not a
+    503 (schemathesis flagged it)."""
+    cluster, store = _Recording(), _GrowingStore()
+    front, log_id = _front_end(cluster, store)
+    cluster.release = compose_lsn(Epoch(1), Esn(3))
+    far = Lsn(2**64 - 2)
+    page = await front.read(log_id, far, 100, 1 << 20, 0)
+    assert (page.status, page.records, page.gaps, page.next_lsn) == (Status.OK, [], [], far)
+    assert not [n for n, lsn in cluster.asked_nodes if lsn == far]
