@@ -243,7 +243,7 @@ class SequencerRuntime:
             _RuntimePorts(self), now_ms=clock.now_ms, applied=self._after_apply,
             send_store=transport.request, waiters=self._waiters, deliver=_deliver,
             recovery_request_timeout_ms=config.recovery_request_timeout_ms,
-            store_batch_stores_max=config.store_batch_stores_max)
+            store_batch_stores_max=config.store_batch_stores_max, arm_timer=self._arm_timer)
         """Carries out the cores' effects (``sequencer.handlers``, shared with the
         deterministic simulation)."""
 
@@ -345,14 +345,22 @@ class SequencerRuntime:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_staged)
 
+    def _arm_timer(self, due_ms: int, callback: Callable[[], None]) -> None:
+        """A shared first wave's store timeout (``sequencer.core.shared_wave``)."""
+        self._loop.call_later(max(0.0, (due_ms - self.clock.now_ms()) / 1000), callback)
+
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
         self._expiry_batch = None
         driver = self._driver
         driver.flushing = True
+        staged, self._staged = self._staged, {}
+        self._staged_size.clear()
         try:
-            for group_key in list(self._staged):
-                self._flush_group(group_key)
+            # The appends of different logs of this iteration may share their first wave.
+            driver.append_groups([(self._sequencer(log_id), group)
+                                  for (log_id, _), group in staged.items()],
+                                 self.clock.now_ms())
         finally:
             driver.flushing = False
         # The STOREs of every log's appends of this iteration leave together, now (issue 15:
