@@ -380,9 +380,11 @@ class EffectDriver:
                     failpoints.hit("appender.after_k_stores")
                 effects = sequencer.on_stored(node, store.lsn, store.wave, status,
                                               sealed_epoch, sealed_by, now_ms)
-                if effects:
-                    # None (most answers, all but an appender's last): nothing changed that
-                    # apply looks at, no deadline or appender came or went.
+                if effects or status is not Status.OK:
+                    # Nothing (most OK answers, all but an appender's last): nothing changed
+                    # that apply looks at, no deadline or appender came or went. Any other
+                    # answer may have moved a deadline with no effect (a new wave that found
+                    # no copyset waits for its timer), which only ``apply`` re-arms.
                     self.apply(sequencer, effects)
                     answered.append(sequencer)
             self._release_owed_now(answered)
@@ -415,15 +417,16 @@ class EffectDriver:
                 return
             now_ms = self._now_ms()
             if type(reply) is Stored:
-                if reply.status is Status.OK:
+                status = reply.status
+                if status is Status.OK:
                     failpoints.hit("appender.after_k_stores")
-                effects = sequencer.on_stored(node, reply.lsn, reply.wave, reply.status,
+                effects = sequencer.on_stored(node, reply.lsn, reply.wave, status,
                                               reply.sealed_epoch, reply.sealed_by, now_ms)
             else:
                 status = reply if isinstance(reply, Status) else Status.BADMSG
                 effects = sequencer.on_stored(node, message.lsn, message.wave, status,
                                               Epoch(0), None, now_ms)
-            if effects:  # as in _batch_reply
+            if effects or status is not Status.OK:  # as in _batch_reply
                 self.apply(sequencer, effects)
 
         self._send_store(node, message, on_reply)

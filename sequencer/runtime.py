@@ -243,7 +243,8 @@ class SequencerRuntime:
             _RuntimePorts(self), now_ms=clock.now_ms, applied=self._after_apply,
             send_store=transport.request, waiters=self._waiters, deliver=_deliver,
             recovery_request_timeout_ms=config.recovery_request_timeout_ms,
-            store_batch_stores_max=config.store_batch_stores_max, arm_timer=self._arm_timer)
+            store_batch_stores_max=config.store_batch_stores_max,
+            arm_timer=self._arm_timer if config.shared_waves else None)
         """Carries out the cores' effects (``sequencer.handlers``, shared with the
         deterministic simulation)."""
 

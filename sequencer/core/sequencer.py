@@ -401,7 +401,8 @@ class Sequencer:
         appender = Appender(
             log_id=self.log_id, lsn=compose_lsn(self.epoch, first_esn), first_esn=first_esn,
             payloads=payloads, key=group[0].key, timestamp_ms=timestamp_ms,
-            requests=tuple((p.request_id, len(p.payloads)) for p in group),
+            requests=((group[0].request_id, len(payloads)),) if len(group) == 1 else tuple(
+                (p.request_id, len(p.payloads)) for p in group),
             replication=metadata.replication_factor)
         self.appenders[first_esn] = appender
         return appender
