@@ -42,6 +42,7 @@ from shared.wire.append_multi import (
     AppendedMulti,
     AppendMulti,
     append_multi_entries,
+    entry_append,
     other_answer,
 )
 from shared.wire.codec import Message, encode
@@ -306,8 +307,7 @@ class _ServerProtocol(FramedProtocol):
         guard = self._guard
         admitted: list[tuple[int, Append]] = []
         for index, (log_id, payloads, key) in enumerate(entries):
-            append = Append(log_id=log_id, payloads=payloads, key=key, hops=0,
-                            no_forward=True)
+            append = entry_append(log_id, payloads, key)
             if self.appends_inflight >= inflight_max:
                 answers.answer(index, _overloaded(append, inflight_max))
                 continue

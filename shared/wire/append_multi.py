@@ -26,7 +26,7 @@ from typing import Any
 
 from shared.status import Status
 from shared.types import LogId, Lsn, NodeId, node_id_valid
-from shared.wire.append import Appended
+from shared.wire.append import Append, Appended
 
 APPEND_MULTI_ENTRIES_MAX = 4096
 """Most entries one APPEND_MULTI may carry (a node refuses more: BADMSG)."""
@@ -68,6 +68,27 @@ def append_multi_entries(message: AppendMulti) -> list[AppendEntry] | None:
             if type(payload) is not bytes:
                 return None
     return list(appends)
+
+
+_new_object = object.__new__
+_APPEND_SETTERS = tuple(Append.__dict__[name].__set__ for name in (
+    "log_id", "payloads", "key", "hops", "producer_id", "producer_seq", "compression",
+    "records", "no_forward"))
+assert len(Append.__dataclass_fields__) == 9 and not hasattr(Append, "__post_init__")
+_ENTRY_DEFAULTS = (0, None, 0, 0, 0, True)
+"""``hops``, ``producer_id``, ``producer_seq``, ``compression``, ``records``, ``no_forward``
+of the APPEND an entry stands for."""
+
+
+def entry_append(log_id: LogId, payloads: tuple[bytes, ...], key: str | None) -> Append:
+    """``Append(log_id=..., payloads=..., key=..., hops=0, no_forward=True)``, the APPEND an
+    entry stands for, built through the slots (a frozen dataclass ``__init__`` costs several
+    times as much; one per entry)."""
+    append = _new_object(Append)
+    for setter, value in zip(_APPEND_SETTERS, (log_id, payloads, key, *_ENTRY_DEFAULTS),
+                             strict=True):
+        setter(append, value)
+    return append
 
 
 _OK = int(Status.OK)

@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 from shared.status import Status
 from shared.types import LogId, Lsn, NodeId
 from shared.wire import codec
-from shared.wire.append import Appended
+from shared.wire.append import Append, Appended
 from shared.wire.append_multi import (
     APPEND_MULTI_ENTRIES_MAX,
     AppendedMulti,
     AppendMulti,
     append_multi_entries,
     appended_multi_answers,
+    entry_append,
     ok_answer,
     other_answer,
 )
@@ -114,3 +115,8 @@ def test_appended_multi_answers_stand_for_the_appendeds_they_replace() -> None:
                 (int(Status.NOSEQUENCER), 5, "", None, 0), ()]:
         assert appended_multi_answers(
             AppendedMulti(sequencer_node=None, answers=(bad,)), [(LogId(7), 1)]) is None
+
+
+def test_an_entry_stands_for_an_append_with_no_hops_and_no_forward() -> None:
+    assert entry_append(LogId(7), (b"a",), "k") == Append(
+        log_id=LogId(7), payloads=(b"a",), key="k", hops=0, no_forward=True)
