@@ -114,7 +114,7 @@ class EffectDriver:
 
     __slots__ = ("_answer", "_applied", "_arm_timer", "_batcher", "_deliver", "_live",
                  "_now_ms", "_ports", "_recovery_request_timeout_ms", "_send_store",
-                 "_stores_max", "_waiters", "flushing")
+                 "_stores_max", "_waiters", "flushing", "wave_counts")
 
     def __init__(self, ports: SequencerPorts, *, now_ms: Callable[[], int] | None = None,
                  applied: Callable[[Sequencer], None] | None = None,
@@ -150,6 +150,8 @@ class EffectDriver:
         self._batcher: StoreBatcher[Sequencer | WaveEntry] = StoreBatcher(
             stores_max=store_batch_stores_max)
         self._arm_timer = arm_timer if store_batch_stores_max > 1 else None
+        self.wave_counts = [0, 0, 0]
+        """Shared first waves sent, completed, and handed back to their logs (metrics)."""
         self.flushing = False
         """Set by the owner while it hands a moment's appends to the cores: it calls
         ``flush`` itself afterwards, so nothing is scheduled meanwhile."""
@@ -207,6 +209,7 @@ class EffectDriver:
                     scheduled = True
         assert self._arm_timer is not None
         self._arm_timer(wave.deadline_ms, lambda: self._wave_timeout(wave))
+        self.wave_counts[0] += 1
 
     def _wave_timeout(self, wave: SharedWave) -> None:
         if not wave.done and not wave.dissolved:
@@ -216,6 +219,7 @@ class EffectDriver:
         """Hand the wave's appenders back to their logs (see ``sequencer.core.shared_wave``):
         their own timers, the OK answers they got replayed."""
         wave.dissolved = True
+        self.wave_counts[2] += 1
         live = self._live
         for entry in wave.entries:
             sequencer = entry.sequencer
@@ -230,6 +234,7 @@ class EffectDriver:
         self._release_owed_now(entry.sequencer for entry in wave.entries)
 
     def _complete_wave(self, wave: SharedWave, now_ms: int) -> None:
+        self.wave_counts[1] += 1
         live = self._live
         for entry in wave.entries:
             sequencer = entry.sequencer

@@ -346,6 +346,13 @@ class SequencerRuntime:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_staged)
 
+    @property
+    def shared_wave_counts(self) -> tuple[int, int, int]:
+        """Shared first waves (``sequencer.core.shared_wave``) sent, completed, and handed
+        back to their logs, since the start."""
+        sent, completed, dissolved = self._driver.wave_counts
+        return sent, completed, dissolved
+
     def _arm_timer(self, due_ms: int, callback: Callable[[], None]) -> None:
         """A shared first wave's store timeout (``sequencer.core.shared_wave``)."""
         self._loop.call_later(max(0.0, (due_ms - self.clock.now_ms()) / 1000), callback)
