@@ -44,7 +44,7 @@ from shared.wire.append_multi import (
     APPEND_MULTI_ENTRIES_MAX,
     AppendedMulti,
     AppendMulti,
-    appended_multi_answers,
+    appended_multi_results,
 )
 from shared.wire.codec import Message
 
@@ -203,16 +203,16 @@ class BinaryAppends:
         shape = [(log_id, len(group)) for log_id, _, group in frame]
 
         def on_reply(reply: Message | Status) -> None:
-            answers = (appended_multi_answers(reply, shape) if type(reply) is AppendedMulti
+            answers = (appended_multi_results(reply, shape) if type(reply) is AppendedMulti
                        else None)
+            node = reply.sequencer_node if answers is not None else None  # type: ignore[union-attr]
             for index, (log_id, key, group) in enumerate(frame):
                 answer = reply if answers is None else answers[index]
-                if type(answer) is Appended and answer.status is Status.OK:
-                    node = answer.sequencer_node
+                if isinstance(answer, tuple):  # OK: (first_lsn, timestamp_ms)
                     if node is not None and node != owner:
                         router.learn_route(log_id, node)
-                    timestamp_ms = answer.timestamp_ms
-                    for lsn, (_, future, _) in enumerate(group, answer.first_lsn):
+                    first_lsn, timestamp_ms = answer
+                    for lsn, (_, future, _) in enumerate(group, first_lsn):
                         if not future.done():  # else cancelled: the outcome stays unknown
                             future.set_result(make_single(lsn, timestamp_ms))
                     continue

@@ -236,11 +236,12 @@ class EffectDriver:
     def _complete_wave(self, wave: SharedWave, now_ms: int) -> None:
         self.wave_counts[1] += 1
         live = self._live
+        copyset = frozenset(wave.copyset)
         for entry in wave.entries:
             sequencer = entry.sequencer
             if live is not None and not live(sequencer):
                 continue
-            effects = sequencer.complete_shared(entry.appender, now_ms)
+            effects = sequencer.complete_shared(entry.appender, copyset, now_ms)
             if effects:
                 # The owed RELEASE is staged first (see _release_owed_now).
                 self._release_owed_now((sequencer,))

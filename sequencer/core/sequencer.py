@@ -432,12 +432,15 @@ class Sequencer:
         return (self.state is SequencerState.ACTIVE and appender.wave == 1
                 and self.appenders.get(appender.first_esn) is appender)
 
-    def complete_shared(self, appender: Appender, now_ms: int) -> list[Effect]:
-        """Every node of the shared wave's copyset answered STORED OK for ``appender``."""
-        if not self.shared_live(appender):
+    def complete_shared(self, appender: Appender, copyset: frozenset[NodeId],
+                        now_ms: int) -> list[Effect]:
+        """Every node of the shared wave's ``copyset`` answered STORED OK for ``appender``."""
+        if (self.state is not SequencerState.ACTIVE or appender.wave != 1
+                or self.appenders.get(appender.first_esn) is not appender):
             return []
-        for node in appender.recipients:
-            appender.on_stored_ok(node)
+        # What on_stored_ok of each node leaves (the appender is retired next).
+        appender.stored_nodes = copyset
+        appender.missing = 0
         return self._complete(appender, now_ms)
 
     def adopt_shared(self, appender: Appender) -> None:

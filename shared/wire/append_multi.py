@@ -105,17 +105,22 @@ def other_answer(answer: Appended) -> tuple[int, str | None, str, str | None, in
             answer.retry_after_ms)
 
 
-def appended_multi_answers(
+OkAnswer = tuple[int, int]
+"""An OK entry answer as ``(first_lsn, timestamp_ms)``."""
+
+
+def appended_multi_results(
     reply: AppendedMulti, entries: list[tuple[LogId, int]]
-) -> list[Appended] | None:
-    """Each answer of ``reply`` as the APPENDED it stands for, given each entry's log id and
-    payload count, in order; None if ``reply`` does not fit (wrong length or shape, unknown
-    status, an OK without a valid LSN range)."""
+) -> list[OkAnswer | Appended] | None:
+    """Each answer of ``reply``, given each entry's log id and payload count, in order: an OK
+    one as ``(first_lsn, timestamp_ms)`` (its sequencer is ``reply.sequencer_node``), any
+    other as the APPENDED it stands for; None if ``reply`` does not fit (wrong length or
+    shape, unknown status, an OK without a valid LSN range)."""
     answers = reply.answers
     node = reply.sequencer_node
     if len(answers) != len(entries) or not (node is None or node_id_valid(node)):
         return None
-    results: list[Appended] = []
+    results: list[OkAnswer | Appended] = []
     for answer, (log_id, count) in zip(answers, entries, strict=True):
         if type(answer) is not tuple or not answer or type(answer[0]) is not int:
             return None
@@ -126,10 +131,7 @@ def appended_multi_answers(
             if (type(first_lsn) is not int or type(timestamp_ms) is not int
                     or not 0 < first_lsn <= (1 << 64) - count or timestamp_ms < 0):
                 return None
-            results.append(Appended(
-                status=Status.OK, log_id=log_id, first_lsn=Lsn(first_lsn),
-                last_lsn=Lsn(first_lsn + count - 1), timestamp_ms=timestamp_ms,
-                sequencer_node=node, message=""))
+            results.append((first_lsn, timestamp_ms))
             continue
         status = _STATUS_BY_VALUE.get(answer[0])
         if status is None or len(answer) != 5:
@@ -146,3 +148,18 @@ def appended_multi_answers(
             sequencer_node=None if sequencer_node is None else NodeId(sequencer_node),
             message=text, redirect_data=redirect_data, retry_after_ms=retry_after_ms))
     return results
+
+
+def appended_multi_answers(
+    reply: AppendedMulti, entries: list[tuple[LogId, int]]
+) -> list[Appended] | None:
+    """``appended_multi_results`` with every answer as the APPENDED it stands for."""
+    results = appended_multi_results(reply, entries)
+    if results is None:
+        return None
+    node = reply.sequencer_node
+    return [result if type(result) is Appended else Appended(
+        status=Status.OK, log_id=log_id, first_lsn=Lsn(result[0]),  # type: ignore[index]
+        last_lsn=Lsn(result[0] + count - 1), timestamp_ms=result[1],  # type: ignore[index]
+        sequencer_node=node, message="")
+        for result, (log_id, count) in zip(results, entries, strict=True)]
