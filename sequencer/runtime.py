@@ -198,6 +198,8 @@ class SequencerRuntime:
         self._tasks: set[asyncio.Task[None]] = set()
         self._broadcast_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._stopped = False
+        """Set by ``close`` (``_closing`` is set by ``drain`` already, while appends finish)."""
         self._staged: dict[tuple[LogId, str | None], list[PendingAppend]] = {}
         self._staged_size: dict[tuple[LogId, str | None], tuple[int, int]] = {}
         """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
@@ -354,8 +356,13 @@ class SequencerRuntime:
         return sent, completed, dissolved
 
     def _arm_timer(self, due_ms: int, callback: Callable[[], None]) -> None:
-        """A shared first wave's store timeout (``sequencer.core.shared_wave``)."""
-        self._loop.call_later(max(0.0, (due_ms - self.clock.now_ms()) / 1000), callback)
+        """A shared first wave's store timeout (``sequencer.core.shared_wave``); nothing
+        once the runtime is closed (its per-log timers are cancelled then too)."""
+        def fire() -> None:
+            if not self._stopped:
+                callback()
+
+        self._loop.call_later(max(0.0, (due_ms - self.clock.now_ms()) / 1000), fire)
 
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
@@ -813,6 +820,7 @@ class SequencerRuntime:
 
     async def close(self) -> None:
         self._closing = True
+        self._stopped = True
         if self._timer_handle is not None:
             self._timer_handle.cancel()
         tasks = [t for t in (self._broadcast_task, self._expiry_task, self._idle_task,
