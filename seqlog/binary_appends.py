@@ -16,7 +16,10 @@ APPEND of all their payloads (Kafka's producer batching what queued up while it 
 no linger): a sequencer hands appends of one loop iteration to one appender anyway (one STORE
 wave, consecutive LSNs in arrival order, one timestamp), so this changes nothing the caller
 can see except the cost: one frame, one check and one answer per group instead of per append.
-Each append still gets its own LSN (``first_lsn + i``) and its own future. A group that is not
+Each append still gets its own LSN (``first_lsn + i``) and its own future. On a connection
+whose node speaks protocol version 3 every log's groups of one loop iteration leave together
+as one APPEND_MULTI (one entry per log and key, ``shared.wire.append_multi``), answered in one
+APPENDED_MULTI; each entry's answer is handled as its group's would be. A group that is not
 written (any answer but OK) is taken apart: each append goes on alone through the rules above,
 so an answer about the group (TOOBIG against a node's smaller batch limits) is never wrongly
 pinned on one append, and an unknown outcome stays unknown for each. An append made on an

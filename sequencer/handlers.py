@@ -4,6 +4,11 @@ core. ``sequencer.runtime.SequencerRuntime`` (asyncio, ``shared.net.PeerPool``) 
 deterministic simulation (``tests/simulation/sim_sequencer.py``) both drive their cores with
 this one ``EffectDriver``, so that the simulation runs the code production runs.
 
+``append_groups`` hands a moment's appends to the cores and lets the appenders of different
+logs share their first wave (``sequencer.core.shared_wave``): it stages their STOREs with a
+``WaveEntry`` as owner, counts the STORED_BATCH answers per wave, and completes or hands back
+the wave's appenders.
+
 What differs between the two lives behind ``SequencerPorts``: how a message travels, how an
 epoch is activated or a last clean epoch written (tasks against the epoch store, or simulated
 delays), what an append's answer reaches, and what happens after each batch of effects (timers,

@@ -12,7 +12,9 @@ loop for 70-90 ms each time.
 
 Appends to one log that arrive in the same event-loop iteration are handed to the core
 together (``Sequencer.on_append_group``), so that they share one appender: under load this
-turns many small STOREs into a few large ones, which is what Python needs to keep up.
+turns many small STOREs into a few large ones, which is what Python needs to keep up. The
+appenders of different logs started in one iteration share their first wave (one copyset,
+timer and count of answers: ``sequencer.core.shared_wave``, ``shared_waves`` setting).
 
 ``append_nowait`` is the hot entry: it stages the append and calls ``done`` with the answer
 later, with no Task and no future per append; the coroutine ``append`` wraps it.
