@@ -46,6 +46,15 @@ class LocalSequencer(Protocol):
 
     def epoch(self, log_id: LogId) -> Epoch: ...
 
+    def inflight_tail(self, log_id: LogId) -> Lsn:
+        """The highest LSN the log's active sequencer here has handed out (at least its
+        release pointer)."""
+        ...
+
+    def active_tails(self) -> list[tuple[LogId, Lsn, Lsn]]:
+        """``(log, release_lsn, inflight_tail)`` of every log active here."""
+        ...
+
     def request_activation(self, log_id: LogId) -> None:
         """Activate the log's sequencer if it is not active, with no append."""
         ...

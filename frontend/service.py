@@ -46,10 +46,10 @@ from shared.net.read_driver import run_round
 from shared.net.types import ReplyFn
 from shared.ports import EpochStore
 from shared.read_merge import f_majority
-from shared.read_round import NodesetSpan, ReadRound, metadata_spans, span_of
+from shared.read_round import NodesetSpan, ReadRound, beyond_spans, metadata_spans, span_of
 from shared.routing import routable_sequencers, sequencer_for
 from shared.status import Status
-from shared.types import Epoch, LogId, Lsn, NodeId, lsn_to_epoch
+from shared.types import Epoch, LogId, Lsn, NodeId, log_id_valid, lsn_to_epoch
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
 from shared.wire.codec import Message
 from shared.wire.hello import PROTOCOL_VERSION
@@ -325,8 +325,11 @@ class FrontEnd:
     # ---- reads ---------------------------------------------------------------------------
 
     async def _log_metadata(self, log_id: LogId) -> tuple[Status, LogMetadata | None]:
+        """The log's metadata, cached until this node saw a release past the epochs it
+        covers (a later epoch may be on a larger nodeset: ``metadata_spans``)."""
         cached = self._metadata.get(log_id)
-        if cached is not None:
+        if cached is not None and lsn_to_epoch(
+                self._release_seen.get(log_id, Lsn(0))) < cached.next_epoch:
             return Status.OK, cached
         status, metadata = await self.epoch_store.get_metadata(log_id)
         if status is Status.OK and metadata is not None:
@@ -336,16 +339,96 @@ class FrontEnd:
     def _local_release(self, log_id: LogId) -> Lsn:
         return self.sequencer.release_lsn(log_id) if self.sequencer is not None else Lsn(0)
 
-    def sequencer_state(self, log_id: LogId, *, activate: bool = False) -> SequencerState:
+    def sequencer_state(self, log_id: LogId, *, activate: bool = False,
+                        all_logs: bool = False) -> SequencerState:
         """This node's sequencer of ``log_id``, for peers serving reads of it; ``activate``:
-        start activating it if it is not active (the answer still says NOSEQUENCER)."""
+        start activating it if it is not active (the answer still says NOSEQUENCER);
+        ``all_logs``: with the tails of every log active here (``active_tails``)."""
         active = self.sequencer is not None and self.sequencer.is_active(log_id)
         if activate and not active and self.sequencer is not None:
             self.sequencer.request_activation(log_id)
         return SequencerState(
             status=Status.OK if active else Status.NOSEQUENCER, log_id=log_id,
             release_lsn=self._local_release(log_id),
-            epoch=self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0))
+            epoch=self.sequencer.epoch(log_id) if self.sequencer is not None else Epoch(0),
+            tail_lsn=(self.sequencer.inflight_tail(log_id) if active
+                      and self.sequencer is not None else Lsn(0)),
+            tails=tuple((int(log), int(release), int(tail)) for log, release, tail in (
+                self.sequencer.active_tails() if all_logs and self.sequencer is not None
+                else ())))
+
+    async def active_tails(self) -> dict[LogId, tuple[Lsn, Lsn]] | None:
+        """``(release_lsn, tail_lsn)`` of every log active on any sequencer node (this one,
+        and one GET_SEQUENCER_STATE ``all_logs`` to each other), for rebuilding's plan
+        (``storage_node.core.rebuild``): only an active sequencer acknowledges appends, so
+        every append that can still be acknowledged is below one of these tails. None when a
+        sequencer node did not answer and this node's failure detector does not say it is
+        DEAD (a dead process acknowledges nothing)."""
+        view = self.gossip.view() if self.gossip is not None else {}
+        nodes = [n.node_id for n in self.config.cluster.nodes if "sequencer" in n.roles]
+        found: dict[LogId, tuple[Lsn, Lsn]] = {}
+
+        def note(log_id: int, release: int, tail: int) -> None:
+            if log_id_valid(log_id) and release >= 0 and tail >= 0:
+                old = found.get(LogId(log_id), (Lsn(0), Lsn(0)))
+                found[LogId(log_id)] = (Lsn(max(old[0], release)),
+                                        Lsn(max(old[1], release, tail)))
+
+        async def ask(node: NodeId) -> bool:
+            if node == self.node_id:
+                for log, release, tail in (self.sequencer.active_tails()
+                                           if self.sequencer is not None else ()):
+                    note(log, release, tail)
+                return True
+            reply = await self.pool.call(node, GetSequencerState(log_id=LogId(1),
+                                                                 all_logs=True),
+                                         SEQUENCER_STATE_TIMEOUT_MS)
+            if type(reply) is not SequencerState or type(reply.tails) is not tuple:
+                return view.get(node) == "DEAD"
+            for item in reply.tails:
+                if (type(item) is not tuple or len(item) != 3
+                        or not all(type(v) is int for v in item)):
+                    return False  # malformed: asked again
+                note(*item)
+            return True
+
+        answered = await asyncio.gather(*(ask(node) for node in nodes))
+        return found if all(answered) else None
+
+    async def inflight_tail(self, log_id: LogId) -> tuple[Lsn, Lsn] | None:
+        """``(release_lsn, tail_lsn)`` of the log's active sequencer (this node's, the
+        owner's, or the latest epoch's writer's), for rebuilding's plan
+        (``storage_node.core.rebuild``): once the release pointer reaches ``tail_lsn``, every
+        append taken before the question is decided. ``(0, 0)`` when nothing can be in
+        flight: the log does not exist, or no sequencer is active and its latest epoch is
+        clean. None when that cannot be told now (no sequencer answered, the epoch is not
+        clean): the log's sequencer is asked to activate, so asking again later succeeds."""
+        owner = self.owner(log_id)
+        candidates: list[NodeId | None] = [owner]
+        status, fresh = await self.epoch_store.get_metadata(log_id)
+        if status is Status.NOTFOUND:
+            return Lsn(0), Lsn(0)
+        if status is not Status.OK or fresh is None:
+            return None
+        if fresh.last_writer is not None and fresh.last_writer != owner and (
+                self.config.cluster.node(fresh.last_writer)):
+            candidates.append(fresh.last_writer)
+        for node in candidates:
+            if node is None or node == self.node_id:
+                if self.sequencer is not None and self.sequencer.is_active(log_id):
+                    return (self.sequencer.release_lsn(log_id),
+                            self.sequencer.inflight_tail(log_id))
+                continue
+            reply = await self.pool.call(node, GetSequencerState(log_id=log_id),
+                                         SEQUENCER_STATE_TIMEOUT_MS)
+            if type(reply) is SequencerState and reply.status is Status.OK:
+                return reply.release_lsn, max(reply.release_lsn, reply.tail_lsn)
+        lce_status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
+        latest = Epoch(max(fresh.next_epoch - 1, 0))
+        if lce_status is Status.OK and lce is not None and lce.epoch >= latest:
+            return Lsn(0), Lsn(0)
+        self._ask_activation(log_id, owner)
+        return None
 
     async def _release_hint(self, log_id: LogId) -> Lsn:
         """The freshest release pointer this node can get: its own sequencer's, or the one of
@@ -441,7 +524,20 @@ class FrontEnd:
     ) -> ReadOutcome | Lsn:
         """One read round; a ``Lsn`` (the newer release pointer) when a long-poll round ended
         because a storage node's release pointer moved."""
-        span = span_of(self._spans(metadata), from_lsn)
+        spans = self._spans(self._metadata.get(log_id, metadata))
+        if beyond_spans(spans, from_lsn):
+            # The cursor reached an epoch the cached metadata does not cover (handed out
+            # since): its nodeset may have grown. Released records there imply it is stored.
+            _, fresh = await self.epoch_store.get_metadata(log_id)
+            if fresh is not None:
+                self._metadata[log_id] = fresh
+                spans = self._spans(fresh)
+            if beyond_spans(spans, from_lsn):
+                return ReadOutcome(
+                    status=Status.NOTREADY, next_lsn=from_lsn,
+                    release_lsn=self._note_release(log_id, release),
+                    message=f"the nodeset of LSN {from_lsn}'s epoch is not known yet")
+        span = span_of(spans, from_lsn)
         read_round = ReadRound(
             log_id=log_id, span=span, from_lsn=from_lsn, release_lsn=release,
             records_max=records_max, bytes_max=bytes_max, wait_ms=wait_ms,
@@ -471,14 +567,16 @@ class FrontEnd:
         """``tail``, asked again with backoff for up to ``TAIL_READY_WAIT_MS`` while it answers
         NOTREADY: a sequencer that is activating or recovering (the first append to a log, a
         failover) is ready within milliseconds, and the caller should get the tail, not a 503
-        to retry, as an append waits for the activation it triggers. Past the bound the
-        NOTREADY goes out (a cluster without enough storage nodes stays unready)."""
+        to retry, as an append waits for the activation it triggers. Past the bound, or when
+        too few storage nodes answer (no wait helps until they are back: a console listing
+        many logs must not wait on each), the NOTREADY goes out at once."""
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + TAIL_READY_WAIT_MS / 1000
         pause_s = TAIL_RETRY_PAUSE_MS_MIN / 1000
         while True:
             outcome = await self.tail(log_id)
-            if outcome.status is not Status.NOTREADY or loop.time() + pause_s > deadline_s:
+            if (outcome.status is not Status.NOTREADY or not outcome.settling
+                    or loop.time() + pause_s > deadline_s):
                 return outcome
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, TAIL_RETRY_PAUSE_MS_MAX / 1000)
@@ -556,6 +654,7 @@ class FrontEnd:
                    else "is recovering")
             return TailOutcome(
                 status=Status.NOTREADY, sequencer_node=owner,
+                settling=not (answered and releasing and sealed < seq_epoch),
                 message=f"the sequencer of log {log_id} {why} ({storage_answers} of "
                         f"{len(metadata.nodeset)} storage nodes answered); the tail is not "
                         "known yet: ask again")
@@ -669,6 +768,8 @@ class FrontEnd:
             return LsnOutcome(
                 status=Status.INVALID_PARAM,
                 message=f"trim point {trim_lsn} is beyond the release pointer {release}")
+        # Metadata cached before the release moved on may miss a later epoch's nodeset.
+        metadata = (await self._log_metadata(log_id))[1] or metadata
         nodeset, replication = self._all_nodes(metadata), metadata.replication_factor
         needed = max(f_majority(len(nodeset), replication), replication)
         answers = await ask_nodeset_by_node(

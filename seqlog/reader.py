@@ -33,7 +33,7 @@ from shared.config import TransportConfig
 from shared.net.pool import PeerPool
 from shared.net.read_driver import run_round
 from shared.read_merge import Merged
-from shared.read_round import NodesetSpan, ReadRound, RoundResult, span_of
+from shared.read_round import NodesetSpan, ReadRound, RoundResult, beyond_spans, span_of
 from shared.status import LogError, Status
 from shared.types import CLIENT_ID_PREFIX, Epoch, LogId, Lsn, NodeId, lsn_valid
 
@@ -221,6 +221,17 @@ class LogReader:
         progress_s = loop.time()
         while not self._finished():
             await self._has_space.wait()
+            if beyond_spans(self._spans, self._cursor):
+                # An epoch handed out after the spans were fetched: its nodeset may have
+                # grown, so it is read only once the spans cover it (``metadata_spans``).
+                await self._refresh_spans(loop.time(), force=True)
+                if beyond_spans(self._spans, self._cursor):
+                    if (loop.time() - progress_s) * 1000 > self._stall_timeout_ms:
+                        raise LogError(Status.NOTREADY, (
+                            f"log {self.log_id}: no nodeset known for LSN {self._cursor}"))
+                    await asyncio.sleep(retry_ms / 1000)
+                    retry_ms = min(retry_ms * 2, RETRY_MS_MAX)
+                    continue
             result = await self._round()
             self.rounds_count += 1
             self._release = Lsn(max(self._release, result.release_lsn))
@@ -247,11 +258,13 @@ class LogReader:
             elif self._cursor <= self._release or self._wait_ms == 0:
                 await asyncio.sleep(IDLE_MS / 1000)
 
-    async def _refresh_spans(self, now_s: float) -> None:
-        """Fetch the nodesets again (at most every ``SPANS_REFRESH_MS``): spans made before a
-        drain still count the drained node, which may be gone now. Failures keep the spans
-        (they stay correct: a span only ever loses nodes whose copies are elsewhere)."""
-        if self._refresh is None or (now_s - self._refreshed_s) * 1000 < SPANS_REFRESH_MS:
+    async def _refresh_spans(self, now_s: float, *, force: bool = False) -> None:
+        """Fetch the nodesets again (at most every ``SPANS_REFRESH_MS`` unless ``force``: the
+        cursor passed the last span): spans made before a drain still count the drained
+        node, which may be gone now. Failures keep the spans (they stay correct: a span only
+        ever loses nodes whose copies are elsewhere)."""
+        if self._refresh is None or (
+                not force and (now_s - self._refreshed_s) * 1000 < SPANS_REFRESH_MS):
             return
         self._refreshed_s = now_s
         try:

@@ -39,6 +39,7 @@ from sequencer.core.effects import (
     ReleaseAdvanced,
     WriteLastCleanEpoch,
 )
+from sequencer.core.nodeset_target import may_grow, nodeset_target
 from sequencer.core.sequencer import PendingAppend, Sequencer, SequencerState
 from sequencer.core.store_timeout import StoreLatency
 from sequencer.handlers import Callback, EffectDriver
@@ -47,11 +48,12 @@ from shared import failpoints
 from shared.clock import Clock
 from shared.config import ClusterConfig, SequencerConfig
 from shared.effects import Send
-from shared.epoch_metadata import ProvisionSpec
+from shared.epoch_metadata import NodesetTarget, ProvisionSpec, next_nodeset
 from shared.ports import EpochStore, Rng
 from shared.read_round import metadata_spans
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
+from shared.wire.read import GetLogState
 from shared.wire.store import Store
 from shared.wire.store_batch import StoreBatch
 
@@ -64,6 +66,11 @@ LOGS_PER_LOOP_TURN_MAX = 128
 neither stalls it for more than a few ms whatever the number of logs."""
 IDLE_MARKS_IN_FLIGHT_MAX = 64
 """Clean-marks of deactivated epochs written to the epoch store at once."""
+
+
+NODESET_GROW_CONNECT_MS = 5_000
+"""How long a membership change waits for added storage nodes to be reachable before logs
+move to nodesets with them (they move anyway after it)."""
 
 
 class Transport(Protocol):
@@ -265,8 +272,49 @@ class SequencerRuntime:
     def update_cluster(self, cluster: ClusterConfig) -> None:
         """Nodes were added or reweighted (services.membership): new logs get the new default
         nodeset, copysets the new capacities."""
+        added = [n for n in cluster.storage_node_ids if n not in self.cluster.storage_node_ids]
         self.cluster = cluster
         self._weights = {n.node_id: n.storage_capacity for n in cluster.nodes}
+        if added and not self._closing:
+            self._spawn(self._grow_when_reachable(added))
+
+    async def _grow_when_reachable(self, added: list[NodeId]) -> None:
+        """Connect to the added storage nodes first (one small request each, for at most
+        ``NODESET_GROW_CONNECT_MS``), then grow the nodesets: the first STOREs to a node
+        that is still being connected to time out, and a timed-out node is graylisted for
+        ``graylist_duration_ms``, so the logs would avoid it just after taking it."""
+        deadline_s = self._loop.time() + NODESET_GROW_CONNECT_MS / 1000
+        for node in added:
+            while self._loop.time() < deadline_s:
+                reply = await self.transport.call(node, GetLogState(log_id=LogId(1)),
+                                                  NODESET_GROW_CONNECT_MS)
+                if not isinstance(reply, Status):
+                    break
+                await asyncio.sleep(0.1)
+        self._grow_nodesets()
+
+    def _nodeset_target(self, log_id: LogId) -> NodesetTarget:
+        return nodeset_target(log_id, self.cluster, retired=self._retired,
+                              unavailable=self._unavailable)
+
+    def _grow_nodesets(self) -> None:
+        """Storage nodes were added: every active log whose nodeset is smaller than the one
+        wanted (``sequencer.core.nodeset_target``) finishes its epoch and takes a new one on
+        the grown nodeset, as a drain moves logs off a node."""
+        now_ms = self.clock.now_ms()
+        storage = len(self.cluster.storage_node_ids)
+        for sequencer in list(self.sequencers.values()):
+            metadata = sequencer.metadata
+            if metadata is None or not may_grow(self.cluster.nodeset_size,
+                                                metadata.replication_factor,
+                                                len(metadata.nodeset), storage):
+                continue
+            target = self._nodeset_target(sequencer.log_id)
+            if next_nodeset(metadata, self._retired, target) == metadata.nodeset:
+                continue
+            log.info("log %d: storage nodes were added: moving to a new epoch on a larger "
+                     "nodeset", sequencer.log_id)
+            self._apply(sequencer, sequencer.on_nodes_retired(self._retired, now_ms, target))
 
     async def start(self) -> None:
         self._broadcast_task = asyncio.create_task(self._broadcast_loop())
@@ -427,6 +475,17 @@ class SequencerRuntime:
         sequencer = self.sequencers.get(log_id)
         return sequencer.epoch if sequencer is not None else Epoch(0)
 
+    def inflight_tail(self, log_id: LogId) -> Lsn:
+        """``Sequencer.inflight_tail`` (rebuilding's walk bound)."""
+        sequencer = self.sequencers.get(log_id)
+        return sequencer.inflight_tail() if sequencer is not None else Lsn(0)
+
+    def active_tails(self) -> list[tuple[LogId, Lsn, Lsn]]:
+        """``(log, release_lsn, inflight_tail)`` of every active log here: only an active
+        sequencer acknowledges appends (rebuilding's plan)."""
+        return [(log_id, s.release_lsn, s.inflight_tail())
+                for log_id, s in self.sequencers.items() if s.state is SequencerState.ACTIVE]
+
     def is_active(self, log_id: LogId) -> bool:
         sequencer = self.sequencers.get(log_id)
         return sequencer is not None and sequencer.state is SequencerState.ACTIVE
@@ -467,8 +526,18 @@ class SequencerRuntime:
             return
         self._retired = retired
         now_ms = self.clock.now_ms()
+        storage = len(self.cluster.storage_node_ids)
         for sequencer in list(self.sequencers.values()):
-            effects = sequencer.on_nodes_retired(retired, now_ms)
+            metadata = sequencer.metadata
+            target = None
+            if metadata is not None and not retired.isdisjoint(metadata.nodeset):
+                # Only a log that loses nodes may take others in their place (ranking the
+                # candidates hashes every storage node: not for each of a million logs).
+                kept = len(set(metadata.nodeset) - retired)
+                if may_grow(self.cluster.nodeset_size, metadata.replication_factor, kept,
+                            storage):
+                    target = self._nodeset_target(sequencer.log_id)
+            effects = sequencer.on_nodes_retired(retired, now_ms, target)
             if effects:
                 log.info("log %d: storage nodes %s leave its nodeset: moving to a new epoch",
                          sequencer.log_id, ",".join(sorted(retired)))
@@ -543,7 +612,8 @@ class SequencerRuntime:
         try:
             async with asyncio.timeout(self.config.activation_timeout_ms / 1000):
                 status, epoch, metadata = await self.epoch_store.activate(
-                    log_id, writer=self.node_id, provision=provision, retired=self._retired)
+                    log_id, writer=self.node_id, provision=provision, retired=self._retired,
+                    target=self._nodeset_target(log_id))
                 lce = None
                 if status is Status.OK:
                     status, lce = await self.epoch_store.get_last_clean_epoch(log_id)
@@ -564,10 +634,13 @@ class SequencerRuntime:
                      log_id, epoch, lce.epoch if lce else -1)
         self._apply(sequencer, sequencer.on_activated(status, epoch, metadata, lce,
                                                       self.clock.now_ms()))
-        if status is Status.OK and self._retired:
-            # A drain that began while this activation was under way: move on at once.
-            self._apply(sequencer, sequencer.on_nodes_retired(self._retired,
-                                                              self.clock.now_ms()))
+        if status is Status.OK and metadata is not None and (self._retired or may_grow(
+                self.cluster.nodeset_size, metadata.replication_factor,
+                len(metadata.nodeset), len(self.cluster.storage_node_ids))):
+            # A drain that began, or storage nodes added, while this activation was under
+            # way: move on at once.
+            self._apply(sequencer, sequencer.on_nodes_retired(
+                self._retired, self.clock.now_ms(), self._nodeset_target(log_id)))
         if sequencer.idle_unavailable() and self.sequencers.get(log_id) is sequencer:
             # Nothing to remember: a log id that never activated (e.g. NOTFOUND).
             del self.sequencers[log_id]

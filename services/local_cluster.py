@@ -36,6 +36,7 @@ from typing import Any
 
 from epoch_store import zk_server
 from epoch_store.zk_server import ServerHandle
+from services import token_cli
 from shared.config import (
     AuthConfig,
     ClusterConfig,
@@ -84,6 +85,8 @@ class LocalClusterSpec:
     storage_nodes: int = 3
     sequencers: int = 2
     replication: int = 3
+    nodeset_size: int = 0
+    """``cluster.nodeset_size``: storage nodes per log's nodeset; 0 is every storage node."""
     base_port: int = DEFAULT_BASE_PORT
     epoch_store: str = "file"
     """``file`` or a ``zk://host:port/path`` URL, passed through to the nodes."""
@@ -179,6 +182,7 @@ def plan(spec: LocalClusterSpec) -> list[ProcessConfig]:
     try:
         cluster = ClusterConfig(
             cluster_name="seqlog-local", nodes=nodes, replication_factor=spec.replication,
+            nodeset_size=spec.nodeset_size,
             log_backlog_ms=spec.log_backlog_ms, log_backlogs=spec.log_backlogs,
         )
         file_store = spec.epoch_store == "file"
@@ -606,6 +610,10 @@ def format_table(state: ClusterState, root: Path) -> str:
     footer = [f"epoch store: {state.epoch_store}"]
     if state.ca_file:
         footer.append(f"secure: TLS and node authentication on; CA {state.ca_file}")
+    token_file = root / token_cli.AUTH_DIR / token_cli.ADMIN_TOKEN_FILE
+    if state.sequencer_urls and token_file.exists():
+        footer.append(f"console: {state.sequencer_urls[0]}/ui/ (sign in with the admin token "
+                      f"in {token_file})")
     if state.zookeeper is not None:
         running = "running" if zk_server.alive(state.zookeeper) else "stopped"
         footer.append(f"zookeeper: pid {state.zookeeper.pid}, {running}, "

@@ -9,8 +9,9 @@ logged reason and the node keeps running on its old configuration.
 Applying: the transport learns the new addresses, gossip starts tracking the new members (ALIVE
 and never heard of, as at start-up: silent ones go DEAD after the threshold), routing takes the
 new sequencer weights (rendezvous hashing moves about 1/n of the logs to a new sequencer node,
-which recovers them like any failover), and logs provisioned from now on get the new default
-nodeset. Existing logs keep their nodeset.
+which recovers them like any failover), logs provisioned from now on get the new default
+nodeset, and existing logs take added storage nodes into their nodesets at a new epoch (the
+sequencer runtime's ``update_cluster``; see ``sequencer.core.nodeset_target``).
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ class ClusterConfig:
     replication_factor: int = 3
     """R for logs provisioned on first append."""
     nodeset_size: int = 0
-    """Storage nodes in a new log's nodeset; 0 means every storage node."""
+    """Storage nodes in a log's nodeset; 0 means every storage node. New logs start with
+    it; existing ones grow to it (with storage nodes added since) at their next epoch."""
     log_backlog_ms: int = 0
     """Retention of every log not in `log_backlogs`: each storage node trims records older
     than this (by their append timestamp) and deletes them from disk; 0 keeps them forever."""
@@ -563,6 +564,10 @@ class LimitsConfig:
     http_connections_per_ip_max: int = 1_000
     """Open HTTP connections from one client address; past it a new one is answered 503
     OVERLOADED and closed, so one flooding host cannot take the node's connections."""
+    data_connections_per_ip_max: int = 1_000
+    """Open data-port connections from one client address, and as many TLS handshakes under
+    way; past it a new one is closed before HELLO. A peer that proves it is a node (TLS or the
+    cluster secret) does not count."""
     request_head_timeout_ms: int = 10_000
     """A new connection's first request line and headers must arrive within this."""
 
@@ -570,6 +575,8 @@ class LimitsConfig:
         _in_range("http_connections_max", self.http_connections_max, 1, 1_000_000)
         _in_range("data_connections_max", self.data_connections_max, 1, 1_000_000)
         _in_range("http_connections_per_ip_max", self.http_connections_per_ip_max, 1,
+                  1_000_000)
+        _in_range("data_connections_per_ip_max", self.data_connections_per_ip_max, 1,
                   1_000_000)
         _in_range("request_head_timeout_ms", self.request_head_timeout_ms, 10, 600_000)
 

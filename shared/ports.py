@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from shared.epoch_metadata import LastCleanEpoch, LogMetadata, ProvisionSpec
+from shared.epoch_metadata import LastCleanEpoch, LogMetadata, NodesetTarget, ProvisionSpec
 from shared.status import Status
 from shared.types import Epoch, LogId, Lsn, NodeId
 
@@ -25,13 +25,14 @@ class EpochStore(Protocol):
 
     async def activate(
         self, log_id: LogId, *, writer: NodeId, provision: ProvisionSpec | None,
-        retired: frozenset[NodeId] = frozenset(),
+        retired: frozenset[NodeId] = frozenset(), target: NodesetTarget | None = None,
     ) -> tuple[Status, Epoch, LogMetadata | None]:
         """Take the log's next epoch for ``writer`` (provisioning the log first if ``provision``
         is given and it does not exist). Returns the epoch taken and the metadata after the
         bump. No epoch is ever returned twice. ``retired``: storage nodes that take no new
         copies; the epoch taken is stored on the log's nodeset without them when at least R
-        nodes remain (``epoch_store.core.metadata.next_nodeset``)."""
+        nodes remain; ``target``: the nodeset the writer wants it on, which the log's nodeset grows
+        towards (``shared.epoch_metadata.next_nodeset``)."""
         ...
 
     async def get_last_clean_epoch(self, log_id: LogId) -> tuple[Status, LastCleanEpoch | None]:

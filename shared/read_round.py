@@ -86,11 +86,18 @@ def metadata_spans(metadata: LogMetadata, moved: frozenset[NodeId] = frozenset()
     f-majority of that set holds one (reading a superset of where the copies are is always
     correct; it only asks more nodes). A span whose nodeset is every storage node (the
     default) simply loses the moved nodes. A span that would keep fewer than R nodes is left
-    as recorded."""
+    as recorded.
+
+    The last span ends at the last epoch the metadata handed out (``next_epoch - 1``): the
+    next activation may put later epochs on a larger nodeset (storage nodes added), where an
+    f-majority of this one could miss every copy of a record. A reader past the last span
+    (``beyond_spans``) reads the metadata again; by then it covers the epoch, whose nodeset
+    was stored before anything was released in it."""
     spans: list[NodesetSpan] = []
     ranges = metadata.nodeset_ranges()
+    known = Epoch(max(metadata.next_epoch - 1, ranges[-1].first_epoch, EPOCH_MIN))
     for index, item in enumerate(ranges):
-        last = (EPOCH_MAX if index + 1 == len(ranges)
+        last = (known if index + 1 == len(ranges)
                 else Epoch(ranges[index + 1].first_epoch - 1))
         if last < item.first_epoch:
             continue
@@ -114,6 +121,12 @@ def nodes_of_epochs(spans: list[NodesetSpan], first_epoch: Epoch,
         if span.first_epoch <= last_epoch and span.last_epoch >= first_epoch:
             nodes.update(dict.fromkeys(span.nodeset))
     return tuple(nodes)
+
+
+def beyond_spans(spans: list[NodesetSpan], lsn: Lsn) -> bool:
+    """Whether ``lsn`` lies past every span: its epoch's nodeset is not known from them yet
+    (see ``metadata_spans``); the reader fetches the metadata again before reading it."""
+    return lsn > spans[-1].until_lsn
 
 
 def span_of(spans: list[NodesetSpan], lsn: Lsn) -> NodesetSpan:

@@ -46,3 +46,14 @@ def routable_sequencers(
         if chosen:
             return chosen
     return []
+
+
+def rendezvous_order(log_id: LogId, nodes: Iterable[tuple[NodeId, float]]) -> list[NodeId]:
+    """Every node with weight, best first by the same score as ``sequencer_for`` (ties by id):
+    the order in which a log's nodeset takes storage nodes (``shared.epoch_metadata``
+    ``NodesetTarget``), so logs spread over added nodes in proportion to their weight and a
+    log's choice changes only by the nodes added or removed."""
+    scored = [(-weight / math.log(_unit_hash(log_id, node_id)), node_id)
+              for node_id, weight in nodes if weight > 0]
+    scored.sort(key=lambda item: (-item[0], item[1]))
+    return [node_id for _, node_id in scored]

@@ -35,11 +35,11 @@ class AuthorityFile:
             return
         except (OSError, ValueError) as error:
             log.error("%s is unreadable (%s): vouching for nothing", self._path, error)
-            status.unsure_of_everything()
+            status.status_lost()
             return
         if not status.restore(document):
             log.error("%s is malformed: vouching for nothing", self._path)
-            status.unsure_of_everything()
+            status.status_lost()
         self._saved_version = status.version
 
     def save(self, status: AuthorityStatus) -> None:

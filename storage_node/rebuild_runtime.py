@@ -13,11 +13,15 @@ Every storage node runs one ``RebuildRuntime`` beside its ``StorageNode``:
    marker of another node or cluster stops the start (``ForeignDiskError``).
 2. **Every ``poll_interval_ms``** it reads the cluster state:
    - as a donor, for every other shard being rebuilt (or drained) it runs a ``DonorCore``
-     (``storage_node.core.rebuild``): chunks of its copies go to that shard in REBUILD_STORE
+     (``storage_node.core.rebuild``): a plan first (the sequencers' tails, through the
+     node's ``FrontEnd``: ``sequencer_tail``/``active_tails``, released before the walk),
+     then chunks of its copies go to that shard in REBUILD_STORE
      frames, under a token-bucket rate limit, with checkpoints saved in the cluster state
      (so a restarted donor resumes there), and finally ``done``;
    - as the shard being rebuilt, once every donor is done it vouches for everything again
-     (``AuthorityStatus.clear``, durable first) and then records AUTHORITATIVE.
+     (``AuthorityStatus.clear``, durable first) and then records AUTHORITATIVE; damage found
+     since the rebuild began (its start-up scan, a read) makes it begin the rebuild again
+     for a new generation instead (``target_step``).
 3. **As the target** (``on_rebuild_store``) it writes the copies a donor sends where it holds
    none (in its index, or of equal or higher precedence queued for its writer:
    ``storage_node.core.rebuild_accept``), adopting the donor's release pointer, trim point
@@ -33,7 +37,7 @@ import bisect
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,14 +53,19 @@ from shared.wire.trim import Trim
 from storage_node import disk_identity
 from storage_node.core.rebuild import (
     READ_RECORDS_MAX,
+    AskTails,
     DonorCore,
     Finished,
+    ListLogs,
     ReadChunk,
     SaveCheckpoint,
     SendChunk,
     Sleep,
+    Tail,
+    TargetStep,
     TokenBucket,
     narrowed,
+    target_step,
 )
 from storage_node.core.rebuild_accept import queued_winners, rebuild_pieces
 from storage_node.core.store_machine import store_fields_status
@@ -68,6 +77,12 @@ from storage_node.segment_format import SealEntry, TrimEntry
 log = logging.getLogger(__name__)
 
 ReplyFn = Callable[[Message], None]
+SequencerTailFn = Callable[[LogId], Awaitable[tuple[Lsn, Lsn] | None]]
+"""``(release_lsn, tail_lsn)`` of a log's sequencer, or None (``FrontEnd.inflight_tail``)."""
+ActiveTailsFn = Callable[[], Awaitable[dict[LogId, tuple[Lsn, Lsn]] | None]]
+"""The same for every log active on any sequencer node, or None (``FrontEnd.active_tails``)."""
+TAIL_ASKS_CONCURRENT_MAX = 64
+"""Sequencer questions one donor has in flight at once while planning."""
 RequestFn = Callable[[NodeId, Message, Callable[[Any], None], int], None]
 """``request(node, message, callback, timeout_ms)``: ``callback`` gets the answer or a Status."""
 START_STATE_WAIT_MS = 15_000
@@ -125,7 +140,9 @@ class RebuildRuntime:
     def __init__(self, *, node: StorageNode, data_dir: str, cluster_name: str,
                  state_store: ClusterStateStore, storage_nodes: Callable[[], tuple[str, ...]],
                  request: RequestFn, config: RebuildConfig | None = None,
-                 wall_ms: Callable[[], int] | None = None) -> None:
+                 wall_ms: Callable[[], int] | None = None,
+                 sequencer_tail: SequencerTailFn | None = None,
+                 active_tails: ActiveTailsFn | None = None) -> None:
         self._node = node
         self._me = str(node.node_id)
         self._data_dir = data_dir
@@ -133,6 +150,11 @@ class RebuildRuntime:
         self._store = state_store
         self._storage_nodes = storage_nodes
         self._request = request
+        self._sequencer_tail = sequencer_tail
+        self._active_tails = active_tails
+        """Donors plan their walks by the logs' sequencer tails (``storage_node.core.
+        rebuild``); None only where no sequencer can be asked (then the walks are bounded by
+        what each donor holds, which misses appends in flight when the disk was lost)."""
         self._config = config or RebuildConfig()
         self._wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
         self._accept_writes = node.accepts_writes
@@ -204,8 +226,25 @@ class RebuildRuntime:
         self._lost_reason = reason
         self.generation = known_generation + 1
 
+    async def _begin_again(self) -> None:
+        """Damage found while the shard is rebuilt: a rebuild of the next generation, with
+        its marker written first (the rebuild is recorded by ``_record_shard``)."""
+        self._lost("copies found damaged while being rebuilt", self.generation)
+        log.error("storage node %s: damage found while its shard is rebuilt: rebuilding it "
+                  "again as generation %d", self._me, self.generation)
+        await asyncio.get_running_loop().run_in_executor(
+            None, disk_identity.write, self._data_dir, disk_identity.new_marker(
+                cluster=self._cluster_name, node_id=self._me, generation=self.generation))
+
     async def after_start(self) -> None:
-        """The store is open: make the loss durable, record it, start polling."""
+        """The store is open: make the loss durable, record it, start polling. A node that
+        restarts while its shard is rebuilt and whose start found damage (copies the donors
+        had sent may be gone) begins its rebuild again (``target_step``)."""
+        authority = self._node.store.authority
+        if not self._lost_reason and target_step(
+                self.state.shard(self._me), self.generation, authority.damage_found,
+                authority.damage_covered) is TargetStep.RESTART:
+            await self._begin_again()
         if self._lost_reason:
             authority = self._node.store.authority
             authority.unsure_of_everything()
@@ -221,6 +260,8 @@ class RebuildRuntime:
 
     async def _record_shard(self) -> bool:
         now_ms = self._wall_ms()
+        authority = self._node.store.authority
+        found = authority.damage_found  # what the rebuild recorded here repairs
         if self._lost_reason:
             transition = cs.rebuild_started(self._me, self.generation, self._donors(),
                                             now_ms=now_ms, reason=self._lost_reason,
@@ -233,6 +274,9 @@ class RebuildRuntime:
                         "(%s); retrying", self._me, status.name)
             return False
         self.state = state
+        if self._lost_reason:
+            authority.rebuild_covers(found)
+            await self._node.store.save_authority()
         self._lost_reason = ""
         self._register = False
         return True
@@ -298,18 +342,27 @@ class RebuildRuntime:
         mine = state.shard(self._me)
         self._node.machine.set_accept_writes(self._accept_writes and not (
             mine is not None and mine.status in _NO_NEW_COPIES))
-        if (mine is not None and mine.status is ShardStatus.REBUILDING
-                and mine.rebuild_generation == self.generation and mine.donors_done):
+        authority = self._node.store.authority
+        step = target_step(mine, self.generation, authority.damage_found,
+                           authority.damage_covered)
+        if step is TargetStep.RESTART:
+            await self._begin_again()
+            await self._record_shard()  # retried by the next poll if it fails
+            return
+        if step is TargetStep.FINISH and mine is not None:
             await self._finish(mine.rebuild_generation)
         elif (mine is not None and mine.status is ShardStatus.AUTHORITATIVE
               and mine.generation == self.generation and self._node.store.authority.damaged):
             # Copies found damaged (a start-up scan, a read): rebuild them from the others.
             # (A whole-shard rebuild that writes only what is missing or damaged here.)
+            found = authority.damage_found
             status, new_state = await cs.change(self._store, cs.rebuild_started(
                 self._me, self.generation, self._donors(), now_ms=self._wall_ms(),
                 reason="damaged copies found", requested_by=self._me), self._rng)
             if status is Status.OK:
                 self.state = state = new_state
+                authority.rebuild_covers(found)
+                await self._node.store.save_authority()
                 log.warning("storage node %s: damaged copies found: rebuilding them",
                             self._me)
         for shard in state.shards:
@@ -386,7 +439,9 @@ class RebuildRuntime:
         core = DonorCore(shard=donation.shard, logs=logs, progress=progress, bucket=bucket,
                          by_copyset=self._config.by_copyset,
                          checkpoint_interval_ms=self._config.checkpoint_interval_ms,
-                         now_ms=now_ms, chunk_bytes_max=self._config.chunk_bytes_max)
+                         now_ms=now_ms, chunk_bytes_max=self._config.chunk_bytes_max,
+                         tails=self._sequencer_tail is not None
+                         and self._active_tails is not None)
         donation.core = core
         log.info("storage node %s: donating to the rebuild of %s (generation %d) from log "
                  "%d LSN %d", self._me, donation.shard, donation.generation, progress.log_id,
@@ -396,6 +451,12 @@ class RebuildRuntime:
             effect = core.next(now_ms)
             if effect is None:
                 await asyncio.sleep(0.01)
+            elif isinstance(effect, AskTails):
+                core.on_tails(await self._ask_tails(effect.log_ids, effect.everywhere),
+                              self._wall_ms())
+            elif isinstance(effect, ListLogs):
+                core.on_logs([(int(log_id), int(node.log_state(log_id).last_lsn))
+                              for log_id in node.log_ids()], self._wall_ms())
             elif isinstance(effect, ReadChunk):
                 pieces, next_lsn = await node.store.read_entries(
                     LogId(effect.log_id), Lsn(effect.from_lsn), Lsn(effect.until_lsn),
@@ -431,6 +492,44 @@ class RebuildRuntime:
                     return
                 core.progress = _undone(effect.progress)
                 await asyncio.sleep(1.0)
+
+    async def _ask_tails(self, log_ids: tuple[int, ...], everywhere: bool
+                         ) -> dict[int, Tail | None] | None:
+        """Each log's sequencer's tail (``FrontEnd.inflight_tail``), a bounded number at a
+        time; a question that fails is None (the core asks again). ``everywhere``: first
+        every sequencer node's active logs (``FrontEnd.active_tails``; None if one did not
+        answer), which answer for those logs and add the ones this donor does not hold."""
+        ask, ask_all = self._sequencer_tail, self._active_tails
+        assert ask is not None and ask_all is not None
+        answers: dict[int, Tail | None] = {}
+        gate = asyncio.Semaphore(TAIL_ASKS_CONCURRENT_MAX)
+        if everywhere:
+            try:
+                active = await ask_all()
+            except Exception:  # a peer failure: asked again
+                log.debug("storage node %s: active logs: no answer", self._me, exc_info=True)
+                active = None
+            if active is None:
+                return None
+            for log_id, (release, tail) in active.items():
+                held = int(self._node.log_state(log_id).last_lsn)
+                answers[int(log_id)] = Tail(int(release), int(tail), held)
+            log_ids = tuple(log_id for log_id in log_ids if log_id not in answers)
+
+        async def one(log_id: int) -> None:
+            async with gate:
+                try:
+                    found = await ask(LogId(log_id))
+                except Exception:  # an epoch store or peer failure: asked again
+                    log.debug("storage node %s: tail of log %d: no answer", self._me, log_id,
+                              exc_info=True)
+                    found = None
+            held = int(self._node.log_state(LogId(log_id)).last_lsn)
+            answers[log_id] = (None if found is None
+                               else Tail(int(found[0]), int(found[1]), held))
+
+        await asyncio.gather(*(one(log_id) for log_id in log_ids))
+        return answers
 
     def _target(self, donation: _Donation, log_id: int) -> str | None:
         """Where a chunk goes: back to the rebuilt shard, or for a drain to another node
@@ -597,11 +696,12 @@ class RebuildRuntime:
 
     def metrics(self) -> dict[str, int]:
         stats = self.stats
-        remaining = 0
+        remaining = planning = 0
         for donation in self._donations.values():
             if donation.core is not None:
                 progress = donation.core.progress
                 remaining += max(0, progress.bytes_total - progress.bytes)
+                planning += donation.core.planning
         mine = self.state.shard(self._me)
         return {
             "rebuild_chunks_sent": stats.chunks_sent, "rebuild_records_sent": stats.records_sent,
@@ -611,6 +711,8 @@ class RebuildRuntime:
             "rebuild_records_written": stats.records_written,
             "rebuild_send_failures": stats.send_failures,
             "rebuild_donations_active": len(self._donations),
+            # Donations still waiting for the sequencers' tails to be released.
+            "rebuild_donations_planning": planning,
             "rebuild_donor_bytes_remaining_estimate": remaining,
             "rebuild_finished": stats.rebuilds_finished,
             "rebuild_shard_rebuilding": int(mine is not None

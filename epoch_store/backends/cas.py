@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from epoch_store.core import metadata as core
-from shared.epoch_metadata import LastCleanEpoch, LogMetadata, ProvisionSpec
+from shared.epoch_metadata import LastCleanEpoch, LogMetadata, NodesetTarget, ProvisionSpec
 from shared.status import Status
 from shared.types import EPOCH_INVALID, Epoch, LogId, Lsn, NodeId
 
@@ -138,7 +138,7 @@ class CasEpochStore:
 
     async def activate(
         self, log_id: LogId, *, writer: NodeId, provision: ProvisionSpec | None,
-        retired: frozenset[NodeId] = frozenset(),
+        retired: frozenset[NodeId] = frozenset(), target: NodesetTarget | None = None,
     ) -> tuple[Status, Epoch, LogMetadata | None]:
         status = self._check(log_id)
         if status != Status.OK:
@@ -149,7 +149,8 @@ class CasEpochStore:
             if status != Status.OK:
                 return status, None
             status, after = core.plan_activation(
-                current, log_id=log_id, writer=writer, provision=provision, retired=retired
+                current, log_id=log_id, writer=writer, provision=provision, retired=retired,
+                target=target,
             )
             if status != Status.OK:
                 return status, None

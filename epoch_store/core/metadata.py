@@ -15,12 +15,13 @@ LogDevice's ``EpochMetaDataUpdateToNextEpoch``). Planners never return ``AGAIN``
 reserved for lost compare-and-swap races.
 
 Nodeset changes: an activation may be told which storage nodes take no new copies
-(``retired``: draining, drained or removed). The epoch it takes then starts a new nodeset
-range without them (``next_nodeset``), recorded in the same compare-and-swap as the epoch, so
-every epoch's nodeset is known before anything is stored in it. A new nodeset is always a
-subset of the one before: a reader or recovery that still uses an older, larger nodeset for a
-later epoch stays correct (every f-majority of a superset of the nodes holding a record's R
-copies includes one of them). Nodes are only ever dropped, never added, and never below R.
+(``retired``: draining, drained or removed) and which nodeset the writer wants (``target``:
+storage nodes added to the cluster join existing logs). The epoch it takes then starts a new
+nodeset range (``next_nodeset``), recorded in the same compare-and-swap as the epoch, so
+every epoch's nodeset is known before anything is stored in it, and never below R nodes.
+A nodeset that grew is no subset of the one before: readers and recovery use metadata only
+for the epochs it has handed out (below ``next_epoch``) and read it again for later ones
+(``shared.read_round.metadata_spans``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shared.epoch_metadata import (
     EpochNodeset,
     LastCleanEpoch,
     LogMetadata,
+    NodesetTarget,
     ProvisionSpec,
     next_nodeset,
 )
@@ -95,11 +97,13 @@ def plan_activation(
     writer: NodeId,
     provision: ProvisionSpec | None,
     retired: frozenset[NodeId] = frozenset(),
+    target: NodesetTarget | None = None,
 ) -> tuple[Status, LogMetadata | None]:
     """The metadata to write for ``writer`` to take the next epoch, which is the returned
     ``next_epoch - 1``. ``NOTFOUND`` (missing, no ``provision``), ``TOOBIG`` (epochs exhausted),
     ``INVALID_PARAM`` (bad log id, writer or provision spec). ``retired``: nodes the epoch
-    taken must not store on (see ``next_nodeset``)."""
+    taken must not store on; ``target``: the nodeset the writer wants it on (see
+    ``next_nodeset``)."""
     if check_log_id(log_id) != Status.OK or not node_id_valid(writer):
         return Status.INVALID_PARAM, None
     if current is None:
@@ -116,7 +120,7 @@ def plan_activation(
     if base.next_epoch >= EPOCH_MAX:
         return Status.TOOBIG, None
     since, earlier = base.nodeset_since, base.earlier
-    nodeset = next_nodeset(base, retired)
+    nodeset = next_nodeset(base, retired, target)
     if nodeset != base.nodeset:
         taken = base.next_epoch
         if since < taken:

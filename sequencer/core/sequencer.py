@@ -45,7 +45,7 @@ from sequencer.core.sliding_window import SlidingWindow
 from sequencer.core.store_timeout import StoreLatency
 from shared.config import SequencerConfig
 from shared.effects import Send, send_of
-from shared.epoch_metadata import LastCleanEpoch, LogMetadata, next_nodeset
+from shared.epoch_metadata import LastCleanEpoch, LogMetadata, NodesetTarget, next_nodeset
 from shared.limits import PRODUCER_SEQS_KEPT
 from shared.ports import Rng
 from shared.read_round import metadata_spans, nodes_of_epochs
@@ -172,16 +172,18 @@ class Sequencer:
         spans = metadata_spans(metadata, self.moved_nodes, self.storage_nodes)
         return nodes_of_epochs(spans, first_epoch, epoch)
 
-    def on_nodes_retired(self, retired: frozenset[NodeId], now_ms: int) -> list[Effect]:
-        """Storage nodes of the current nodeset take no new copies any more (being drained):
-        finish this epoch as an exhausted one is finished (its appends complete, up to
-        ``epoch_drain_timeout_ms``; new ones wait) and take a new epoch, whose nodeset the
-        activation picks without them. Nothing if they cannot leave the nodeset (fewer than R
-        would remain)."""
+    def on_nodes_retired(self, retired: frozenset[NodeId], now_ms: int,
+                         target: NodesetTarget | None = None) -> list[Effect]:
+        """The next epoch's nodeset differs from this one: storage nodes of the current
+        nodeset take no new copies any more (being drained), or the nodeset wanted
+        (``target``: storage nodes were added) is larger. Finish this epoch as an exhausted one
+        is finished (its appends complete, up to ``epoch_drain_timeout_ms``; new ones wait)
+        and take a new epoch, whose nodeset the activation picks. Nothing if the nodeset
+        would stay as it is (fewer than R would remain, nothing to add)."""
         metadata = self.metadata
         if (self.state is not SequencerState.ACTIVE or self._drain_until_ms is not None
                 or metadata is None or self.window is None
-                or next_nodeset(metadata, retired) == metadata.nodeset):
+                or next_nodeset(metadata, retired, target) == metadata.nodeset):
             return []
         if not self.appenders:
             return self._advance_after_drain(True, now_ms)
@@ -867,6 +869,17 @@ class Sequencer:
         ):
             return None
         return self.drained_clean_tail()
+
+    def inflight_tail(self) -> Lsn:
+        """The highest LSN this sequencer has handed out (in flight or done), at least the
+        release pointer: once the release pointer reaches it, every append it had taken is
+        decided and earlier epochs are recovered (rebuilding plans its walks by it:
+        ``storage_node.core.rebuild``). With no append in this epoch yet it is the epoch's
+        ESN 0, which only recovery's release reaches."""
+        window = self.window
+        if self.state is not SequencerState.ACTIVE or window is None:
+            return self.release_lsn
+        return max(self.release_lsn, compose_lsn(self.epoch, Esn(window.next_esn - 1)))
 
     def drained_clean_tail(self) -> Lsn | None:
         """When the current epoch is fully drained (nothing in flight, every record released),

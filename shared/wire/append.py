@@ -57,6 +57,9 @@ class GetSequencerState:
     activate: bool = field(default=False, metadata=EXTENSION)
     """Activate the log's sequencer if it is not active (a tail asked for a log whose last
     epoch is not clean: only recovery can tell what it released)."""
+    all_logs: bool = field(default=False, metadata=EXTENSION)
+    """Also answer ``tails`` for every log this node's sequencer has active (rebuilding's
+    plan: ``storage_node.core.rebuild``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,3 +69,8 @@ class SequencerState:
     log_id: LogId
     release_lsn: Lsn
     epoch: Epoch
+    tail_lsn: Lsn = field(default=Lsn(0), metadata=EXTENSION)
+    """With OK: the highest LSN the sequencer has handed out, in flight or not (at least
+    ``release_lsn``); rebuilding's donors wait until the release pointer reaches it."""
+    tails: tuple[tuple[int, int, int], ...] = field(default=(), metadata=EXTENSION)
+    """Asked ``all_logs``: ``(log_id, release_lsn, tail_lsn)`` of every log active here."""

@@ -64,6 +64,13 @@ class AuthorityStatus:
         """Bumped on every change (a save can tell whether it has anything new to write)."""
         self.damaged = False
         """Whether the node is unsure of anything: a plain attribute, checked per message."""
+        self.damage_found = 0
+        """Times damage was found (a scan, a read, the status itself lost): durable, so that
+        a rebuild under way can tell that copies its donors already sent are gone again
+        (``storage_node.core.rebuild.target_step``)."""
+        self.damage_covered = 0
+        """``damage_found`` when the rebuild under way began: damage found since is not
+        repaired by it (durable)."""
 
     def _changed(self) -> None:
         self.version += 1
@@ -85,7 +92,8 @@ class AuthorityStatus:
         return {"version": FORMAT_VERSION, "all_logs": [list(r) for r in self._all],
                 "logs": {str(log_id): [list(r) for r in ranges]
                          for log_id, ranges in sorted(self._logs.items())},
-                "damaged_segments": sorted(self.damaged_segments)}
+                "damaged_segments": sorted(self.damaged_segments),
+                "damage_found": self.damage_found, "damage_covered": self.damage_covered}
 
     # ---- changes (each returns whether anything changed: then ``save``) -------------------
 
@@ -95,6 +103,7 @@ class AuthorityStatus:
         if not new:
             return False
         self.damaged_segments |= new
+        self.damage_found += 1
         log.error("segments %s are damaged: this node is no longer authoritative for any log "
                   "until it is rebuilt", sorted(new))
         self._all = EVERYTHING
@@ -112,6 +121,7 @@ class AuthorityStatus:
         else:
             self._logs[log_id] = normalized((*self._logs.get(log_id, ()),
                                              (first_lsn, last_lsn)))
+        self.damage_found += 1
         self._changed()
         return True
 
@@ -146,9 +156,22 @@ class AuthorityStatus:
         return True
 
     def unsure_of_everything(self) -> None:
-        """Vouch for nothing (the status itself was lost or is unreadable)."""
+        """Vouch for nothing (a new disk, or the status itself was lost or is unreadable)."""
         self._all = EVERYTHING
         self._changed()
+
+    def status_lost(self) -> None:
+        """The durable status is unreadable: vouch for nothing, and count it as damage (what
+        it said about a rebuild under way is gone too)."""
+        self.damage_found = max(self.damage_found, self.damage_covered) + 1
+        self.unsure_of_everything()
+
+    def rebuild_covers(self, damage_found: int) -> None:
+        """A rebuild of everything began (or began again) after ``damage_found`` damage
+        was found: that damage is repaired by it."""
+        if damage_found > self.damage_covered:
+            self.damage_covered = damage_found
+            self._changed()
 
     def restore(self, document: Any) -> bool:
         """The status from ``snapshot``'s document; False (nothing changed) if malformed."""
@@ -166,8 +189,12 @@ class AuthorityStatus:
             if not key.isdigit() or not log_id_valid(int(key)) or not ranges:
                 return False
             restored[LogId(int(key))] = ranges
+        found, covered = document.get("damage_found", 0), document.get("damage_covered", 0)
+        if type(found) is not int or type(covered) is not int or min(found, covered) < 0:
+            return False
         self._all, self._logs = all_logs, restored
         self.damaged_segments = frozenset(segments)
+        self.damage_found, self.damage_covered = found, covered
         self._changed()
         return True
 

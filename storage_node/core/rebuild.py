@@ -18,6 +18,27 @@ every record of every log, each sent by each of its holders); with ``by_copyset`
 copies that name the shard are, which is exact only for records whose copies all came from
 their last wave.
 
+Which LSNs: every log's walk goes up to its sequencer's tail when the walk was planned, and
+starts only once that tail is released (LogDevice's rebuilding planner does the same). An
+append in flight when the shard lost its disk can still be acknowledged counting a STORED
+that shard answered from its old disk (an amend from an earlier wave, or the current wave's
+answer arriving late), so its other copies may reach the donors after the rebuild began; a
+walk bounded by what the donor held when it began would pass before them, and the record
+would keep fewer than R copies. So, before walking, the donor plans (``AskTails``): it asks
+every sequencer node for the tails of all the logs it has active (only an active sequencer
+acknowledges appends; a log the donor holds no copy of yet is planned too) and each of its
+own logs' sequencer for its tail (the highest LSN it had handed out, in flight or not; or
+"nothing in flight"), and asks again until the release pointer has passed that tail: every
+append that could have counted the lost disk is then decided, and its copies on this donor
+are durable and inside the walk. The plan is made after the shard was recorded REBUILDING,
+so it covers everything in flight when the disk was lost. Logs whose copies reached the
+donor meanwhile (their appends done before the sequencers were asked) are planned too: it
+lists its logs again until the list stops growing (``ListLogs``).
+
+The node being rebuilt (``target_step``) finishes once every donor is done, unless it found
+damage after the rebuild began (a restart's scan, a read: copies the donors already sent may
+be gone again): then the rebuild begins again, for a new generation.
+
 The rate limit is a token bucket in bytes per second (``TokenBucket``), taken before each chunk
 is sent, so that a rebuild leaves the disks and the network to appends. Chunks are small
 (``chunk_bytes_max``): the rebuilt node writes each in a group commit shared with appends'
@@ -29,8 +50,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import Enum
 
-from shared.cluster_state import DonorProgress
+from shared.cluster_state import DonorProgress, ShardState, ShardStatus
 from shared.compression import expand_stored
 from shared.status import Status
 from shared.types import LSN_MAX, Lsn
@@ -41,6 +63,10 @@ READ_RECORDS_MAX = 2048
 """Records one read of the donor's store covers at most."""
 SEND_RETRY_MS_MIN = 200
 SEND_RETRY_MS_MAX = 5_000
+TAIL_RETRY_MS_MIN = 20
+"""First wait before asking a log's sequencer again (no answer, or its tail not yet
+released); doubles up to ``TAIL_RETRY_MS_MAX``."""
+TAIL_RETRY_MS_MAX = 1_000
 
 
 class TokenBucket:
@@ -67,6 +93,30 @@ class TokenBucket:
             self._tokens -= size_bytes
             return 0
         return int(-self._tokens * 1000 / self.rate_bytes_per_s) + 1
+
+
+class TargetStep(Enum):
+    NOTHING = "nothing"
+    RESTART = "restart"
+    """Damage was found since this rebuild began (a restart's scan, a read): copies the
+    donors already sent may be gone again, and their walks will not come back for them. The
+    rebuild begins again, for a new generation (every donor walks from the start; what the
+    node still holds is not written twice)."""
+    FINISH = "finish"
+    """Every donor is done: vouch for everything again, then record AUTHORITATIVE."""
+
+
+def target_step(shard: ShardState | None, generation: int, damage_found: int,
+                damage_covered: int) -> TargetStep:
+    """What the node whose shard ``shard`` is (as the cluster state says) does at a poll,
+    with its disk of ``generation`` and its authority status's damage counters
+    (``AuthorityStatus.damage_found``/``damage_covered``)."""
+    if (shard is None or shard.status is not ShardStatus.REBUILDING
+            or shard.rebuild_generation != generation):
+        return TargetStep.NOTHING
+    if damage_found > damage_covered:
+        return TargetStep.RESTART
+    return TargetStep.FINISH if shard.donors_done else TargetStep.NOTHING
 
 
 def wanted(copyset: tuple[str, ...], shard: str, *, by_copyset: bool) -> bool:
@@ -125,6 +175,32 @@ class SendChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class AskTails:
+    """Ask these logs' sequencers for their tails; ``everywhere``: and every sequencer node
+    for the tails of all the logs it has active. Answer with ``on_tails``."""
+
+    log_ids: tuple[int, ...]
+    everywhere: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ListLogs:
+    """List the donor's logs again (``on_logs``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """A log's sequencer's answer, as the driver saw it. ``tail_lsn``: the highest LSN it
+    had handed out (0 when nothing can be in flight: no sequencer is active and the log's
+    last epoch is clean, or the log does not exist); ``release_lsn``: its release pointer;
+    ``held_lsn``: the donor's last LSN of the log when the answer came."""
+
+    release_lsn: int
+    tail_lsn: int
+    held_lsn: int
+
+
+@dataclass(frozen=True, slots=True)
 class Sleep:
     until_ms: int
 
@@ -139,19 +215,23 @@ class Finished:
     progress: DonorProgress
 
 
-Effect = ReadChunk | SendChunk | Sleep | SaveCheckpoint | Finished
+Effect = AskTails | ListLogs | ReadChunk | SendChunk | Sleep | SaveCheckpoint | Finished
 
 
 class DonorCore:
-    """One donor's walk for one lost shard. ``logs``: (log id, last LSN held when the walk
-    reaches it is decided by the driver; here the bound given) in any order; copies appended
-    after that bound reach the shard from their sequencer (it is alive again). Call ``next``
-    whenever the driver is idle and carry out the effect; feed back ``on_read``/``on_sent``/
-    ``on_checkpointed``."""
+    """One donor's walk for one lost shard. ``logs``: (log id, last LSN the donor holds) in
+    any order. First the plan (module docstring: ``AskTails`` until each log's tail is
+    released, ``ListLogs`` until no log is new), then the walk of each log up to its tail or
+    what it held, whichever is higher; copies appended after the tail reach the shard from
+    their sequencer (it is alive again). ``tails=False`` skips the plan (the walk is bounded
+    by ``logs`` alone: not safe against appends in flight when the disk was lost). Call
+    ``next`` whenever the driver is idle and carry out the effect; feed back ``on_tails``/
+    ``on_logs``/``on_read``/``on_sent``/``on_checkpointed``."""
 
     def __init__(self, *, shard: str, logs: list[tuple[int, int]], progress: DonorProgress,
                  bucket: TokenBucket, by_copyset: bool, checkpoint_interval_ms: int,
-                 now_ms: int, chunk_bytes_max: int = REBUILD_BYTES_MAX) -> None:
+                 now_ms: int, chunk_bytes_max: int = REBUILD_BYTES_MAX,
+                 tails: bool = True) -> None:
         self.shard = shard
         self._chunk_bytes_max = min(chunk_bytes_max, REBUILD_BYTES_MAX)
         self.progress = progress
@@ -172,10 +252,27 @@ class DonorCore:
         self._retry_ms = SEND_RETRY_MS_MIN
         self._dirty = False
         self.sends_failed = 0
+        # The plan: per log, the tail its sequencer first reported (None: not answered yet)
+        # and the release pointer it last reported.
+        self._planning = tails
+        self._everywhere = not tails
+        """Whether every sequencer node has said which logs it has active."""
+        self._tails: dict[int, int | None] = {log_id: None for log_id, _ in self._logs}
+        self._released: dict[int, int] = {}
+        self._asking = self._listing = False
+        self._ask_at_ms = now_ms
+        self._ask_retry_ms = TAIL_RETRY_MS_MIN
+        self.tails_asked = 0
+
+    @property
+    def planning(self) -> bool:
+        """Still waiting for the logs' tails to be released (nothing walked yet)."""
+        return self._planning
 
     @property
     def busy(self) -> bool:
-        return self._reading or self._sending or self._saving
+        return (self._reading or self._sending or self._saving or self._asking
+                or self._listing)
 
     def next(self, now_ms: int) -> Effect | None:
         """The next thing to do, or None while an effect is under way."""
@@ -183,6 +280,8 @@ class DonorCore:
             return None
         if self.progress.done:
             return None
+        if self._planning:
+            return self._plan(now_ms)
         if self._dirty and (now_ms - self._saved_ms >= self._checkpoint_interval_ms
                             or (self._pending is None and self._index >= len(self._logs))):
             self._saving = True
@@ -205,6 +304,82 @@ class DonorCore:
             return self.next(now_ms)
         self._reading = True
         return ReadChunk(log_id, self._from_lsn, until_lsn)
+
+    def _plan(self, now_ms: int) -> Effect:
+        waiting = tuple(log_id for log_id, tail in self._tails.items()
+                        if tail is None or self._released.get(log_id, 0) < tail)
+        if not waiting and self._everywhere:
+            self._listing = True
+            return ListLogs()
+        if now_ms < self._ask_at_ms:
+            return Sleep(self._ask_at_ms)
+        self._asking = True
+        self.tails_asked += len(waiting)
+        return AskTails(waiting, everywhere=not self._everywhere)
+
+    def on_tails(self, answers: dict[int, Tail | None] | None, now_ms: int) -> None:
+        """The answers to ``AskTails`` (a log's None: its sequencer did not answer; all None:
+        asked ``everywhere`` and not every sequencer node answered: asked again). A log's tail
+        is the one its sequencer reported first; a later answer only says how far it has
+        released (a tail that moved on is not waited for). Logs answered that the donor does
+        not hold (active elsewhere; asked ``everywhere``) are planned too: a copy of one of
+        their appends in flight may still reach this donor."""
+        assert self._asking
+        self._asking = False
+        incomplete = answers is None
+        if answers is None:
+            answers = {}
+        elif not self._everywhere:
+            self._everywhere = True
+            new = [(log_id, 0) for log_id, answer in answers.items()
+                   if answer is not None and log_id not in self._tails
+                   and log_id >= self.progress.log_id]
+            if new:
+                for log_id, _ in new:
+                    self._tails[log_id] = None
+                self._add_logs(new)
+        for log_id, answer in answers.items():
+            if answer is None or log_id not in self._tails:
+                continue
+            if self._tails[log_id] is None:
+                self._tails[log_id] = answer.tail_lsn
+                self._raise_until(log_id, max(answer.tail_lsn, answer.held_lsn))
+            # Nothing in flight (no active sequencer, the epoch clean): all is decided.
+            released = LSN_MAX if answer.tail_lsn == 0 else answer.release_lsn
+            self._released[log_id] = max(self._released.get(log_id, 0), released)
+        if not incomplete and all(tail is not None and self._released.get(log_id, 0) >= tail
+                                  for log_id, tail in self._tails.items()):
+            self._ask_retry_ms = TAIL_RETRY_MS_MIN
+            self._ask_at_ms = now_ms
+        else:
+            self._ask_at_ms = now_ms + self._ask_retry_ms
+            self._ask_retry_ms = min(self._ask_retry_ms * 2, TAIL_RETRY_MS_MAX)
+
+    def on_logs(self, logs: list[tuple[int, int]], now_ms: int) -> None:
+        """The donor's logs as they are now: those it did not plan yet are planned too; none
+        new, and the walk begins."""
+        assert self._listing
+        self._listing = False
+        new = [(log_id, last) for log_id, last in logs
+               if log_id not in self._tails and log_id >= self.progress.log_id]
+        if not new:
+            self._planning = False
+            return
+        for log_id, _ in new:
+            self._tails[log_id] = None
+        self._add_logs(new)
+        self._ask_at_ms = now_ms
+        self._ask_retry_ms = TAIL_RETRY_MS_MIN
+
+    def _add_logs(self, new: list[tuple[int, int]]) -> None:
+        self._logs = sorted([*self._logs, *new])
+        self._index = 0  # nothing was walked yet
+        self._from_lsn = (max(1, self.progress.next_lsn)
+                          if self._logs[0][0] == self.progress.log_id else 1)
+
+    def _raise_until(self, log_id: int, until_lsn: int) -> None:
+        self._logs = [(log, max(until, until_lsn) if log == log_id else until)
+                      for log, until in self._logs]
 
     def on_read(self, pieces: list[Piece], next_lsn: int, now_ms: int) -> None:
         """What the store holds of the chunk asked for, up to (not including) ``next_lsn``."""

@@ -17,7 +17,13 @@ from epoch_store import (
     ZooKeeperEpochStore,
 )
 from epoch_store.zk_server import ServerHandle
-from shared.epoch_metadata import EpochNodeset, LastCleanEpoch, LogMetadata, ProvisionSpec
+from shared.epoch_metadata import (
+    EpochNodeset,
+    LastCleanEpoch,
+    LogMetadata,
+    NodesetTarget,
+    ProvisionSpec,
+)
 from shared.status import Status
 from shared.types import EPOCH_MAX, Epoch, Esn, LogId, Lsn, NodeId, compose_lsn
 from tests.zk_support import unique_root
@@ -250,3 +256,13 @@ async def test_a_nodeset_change_is_recorded_with_the_epoch_that_takes_it(
     status, _, kept = await other.activate(LOG, writer=N1, provision=None,
                                            retired=frozenset({s1}))
     assert status == Status.OK and kept is not None and kept.nodeset == (s1, s3)
+    # A storage node added to the cluster: the nodeset wanted is larger, and the epoch taken
+    # grows to it (the members stay, the new node joins); another handle reads the ranges.
+    s4 = NodeId("s4")
+    status, epoch, grown = await other.activate(
+        LOG, writer=N2, provision=None,
+        target=NodesetTarget(candidates=(s4, NodeId("s2"), s1, s3), size=3))
+    assert status == Status.OK and grown is not None
+    assert (grown.nodeset, grown.nodeset_since) == ((s1, s3, s4), epoch)
+    assert grown.earlier[-1] == EpochNodeset(Epoch(4), (s1, s3), 2)
+    assert (await store.get_metadata(LOG)) == (Status.OK, grown)

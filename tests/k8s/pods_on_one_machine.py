@@ -10,7 +10,8 @@ cluster would provide is simulated as follows; nothing else is changed:
 - **Volumes**: each volume mount becomes a directory; paths under a mount in the environment
   (and in zoo.cfg) point there. A ConfigMap or Secret volume holds one file per key, an
   ``emptyDir`` is emptied when its pod restarts, a ``volumeClaimTemplates`` claim keeps its
-  data across restarts of its pod (a PersistentVolumeClaim).
+  data across restarts of its pod (a PersistentVolumeClaim) unless ``replace_claims`` gives
+  the pod new, empty ones (a deleted claim, a lost volume).
 - **DNS and Services**: ``SEQLOG_CONNECT_TO`` maps every name a pod would resolve (pod names
   under a headless Service, ClusterIP Services with their endpoints) to the pods' addresses,
   and ``SEQLOG_LISTEN_HOST`` is the pod IP instead of ``0.0.0.0`` (pods here share one network
@@ -244,6 +245,19 @@ class PodsOnOneMachine:
 
     def pod(self, name: str) -> Pod:
         return next(p for p in self.pods if p.name == name)
+
+    def replace_claims(self, pod: Pod) -> list[Path]:
+        """What deleting a stopped pod's PersistentVolumeClaims (or losing their volumes)
+        does: the StatefulSet controller makes new, empty claims from its
+        ``volumeClaimTemplates`` when the pod comes back. Returns the claims' directories."""
+        if pod.running():
+            raise PodError(f"{pod.name} still runs: a bound claim cannot be replaced")
+        replaced = []
+        for claim in pod.statefulset["spec"].get("volumeClaimTemplates", []):
+            path = self.root / "pvc" / f"{claim['metadata']['name']}-{pod.name}"
+            shutil.rmtree(path, ignore_errors=True)
+            replaced.append(path)
+        return replaced
 
     # -- volumes and environment -----------------------------------------------------------
 

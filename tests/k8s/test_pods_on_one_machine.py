@@ -318,8 +318,8 @@ async def test_adding_a_storage_node_by_config_change_and_full_restart(
     """The scale-out procedure of docs/DEPLOY.md as the code supports it today: the storage
     StatefulSet and SEQLOG_STORAGE_REPLICAS grow together, and since nodes with different
     cluster configs refuse each other, every Seqlog pod restarts at once. Existing logs keep
-    their nodeset (an epoch bump copies it) and all their records; logs provisioned after
-    the change use the new node too."""
+    all their records and take the new node into their nodeset at their next epoch (the
+    earlier epochs stay on the old nodeset); logs provisioned after the change use it too."""
     sequencers = pods.by_component("sequencer")
     storage_before = [p.name for p in pods.by_component("storage")]
     async with aiohttp.ClientSession(headers=_auth_headers()) as session:
@@ -359,7 +359,8 @@ async def test_adding_a_storage_node_by_config_change_and_full_restart(
             assert records[lsn] == b"before" and records[body["lsn"]] == b"after"
             state = await asyncio.to_thread(read_log_state, url, LogId(log))
             assert state.metadata is not None
-            assert list(state.metadata.nodeset) == storage_before
+            assert list(state.metadata.nodeset) == [*storage_before, added[0].name]
+            assert list(state.metadata.nodeset_ranges()[0].nodeset) == storage_before
         status, body, _ = await _append(session, sequencers[0].http, 100, b"new log")
         assert status == 200, body
         state = await asyncio.to_thread(read_log_state, url, LogId(100))

@@ -22,6 +22,11 @@ answer arrives, so it advances with simulated time. Its ports:
 - the owner of a log: the simulation's routing table (what clients use), in place of the
   rendezvous hash over the gossip view.
 
+Rebuilding donors ask through frontends of their own (``storage_frontend``: a storage node's,
+with no sequencer, and a failure detector's view in which a sequencer node that is down is
+DEAD): ``RebuildRuntime._ask_tails`` runs on this loop (``run``), its messages take their
+delays from another stream, and its activation requests are delivered (``activation``).
+
 T1 then holds every OK answer to at least the highest tail any frontend reported before the
 request started (requests that overlap may finish in either order); a crashed node's pending
 requests are dropped with it.
@@ -32,8 +37,8 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from frontend.service import FrontEnd
 from sequencer.core.sequencer import SequencerState
@@ -50,21 +55,28 @@ if TYPE_CHECKING:
     from tests.simulation.sim_cluster import SimCluster
     from tests.simulation.sim_sequencer import SimSequencerNode
 
+T = TypeVar("T")
+
 
 class _Pool:
     """``PeerPool`` as ``FrontEnd.tail`` uses it (``call``, ``send``)."""
 
     cluster_fingerprint = "sim"
 
-    def __init__(self, frontends: SimFrontends, node_id: NodeId) -> None:
+    def __init__(self, frontends: SimFrontends, node_id: NodeId,
+                 rng: random.Random | None = None) -> None:
         self._frontends = frontends
         self._node_id = node_id
+        self._rng = rng
 
     def send(self, node: NodeId, message: Any) -> bool:
-        return True  # activation requests: dropped (module docstring)
+        if self._rng is not None:  # a rebuilding donor's: delivered (``inflight_tails``)
+            self._frontends.activation(self._node_id, node, message, self._rng)
+        return True  # the tail checker's activation requests: dropped (module docstring)
 
     async def call(self, node: NodeId, message: Any, timeout_ms: int) -> Any:
-        return await self._frontends.request(self._node_id, node, message, timeout_ms)
+        return await self._frontends.request(self._node_id, node, message, timeout_ms,
+                                             self._rng)
 
 
 class _LocalSequencer:
@@ -86,8 +98,31 @@ class _LocalSequencer:
         core = self._node.cores.get(log_id)
         return core.sequencer.epoch if core is not None else Epoch(0)
 
+    def inflight_tail(self, log_id: LogId) -> Lsn:
+        core = self._node.cores.get(log_id)
+        return core.sequencer.inflight_tail() if core is not None else Lsn(0)
+
+    def active_tails(self) -> list[tuple[LogId, Lsn, Lsn]]:
+        return [(log_id, core.sequencer.release_lsn, core.sequencer.inflight_tail())
+                for log_id, core in self._node.cores.items()
+                if core.sequencer.state is SequencerState.ACTIVE]
+
     def request_activation(self, log_id: LogId) -> None:
         """Dropped (module docstring)."""
+
+
+class _SequencerView:
+    """``frontend.ports.MembershipView`` of a storage node's frontend: a sequencer node that
+    is down is DEAD (its appenders died with it), as the failure detector says soon after."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self._cluster = cluster
+
+    def view(self) -> dict[NodeId, str]:
+        return {n: "ALIVE" if node.up else "DEAD" for n, node in self._cluster.sequencers.items()}
+
+    def subscribe(self, listener: Any) -> None:
+        """Routing follows the simulation's table (``owner``), not the view."""
 
 
 class _EpochStore:
@@ -119,6 +154,10 @@ class SimFrontends:
         """Tail requests in flight, one per frontend and log at a time."""
         self.broken_tail: TailHook | None = None
         """Replaces the answer of a NOTREADY tail (``test_broken_cores``)."""
+        self._plan_rng = random.Random(seed ^ 0x9E7A)
+        """Delays of rebuilding donors' questions (their own stream: the tail checker's
+        questions do not change the schedule)."""
+        self._plans: set[asyncio.Task[None]] = set()
 
     # ---- the frontends -------------------------------------------------------------------
 
@@ -139,6 +178,61 @@ class SimFrontends:
             front.owner = cluster.route.get  # type: ignore[method-assign]
             self._frontends[key] = front
         return front
+
+    def storage_frontend(self, node_id: NodeId) -> FrontEnd:
+        """A storage node's frontend (no sequencer here), new with each incarnation: what a
+        rebuilding donor asks the logs' sequencers through (``FrontEnd.inflight_tail``)."""
+        cluster = self._cluster
+        key = (node_id, -1 - cluster.storage[node_id].incarnation)
+        front = self._frontends.get(key)
+        if front is None:
+            nodes = tuple(NodeConfig(node_id=n, roles=("sequencer",)) for n in cluster.sequencers)
+            nodes += tuple(NodeConfig(node_id=n, roles=("storage",)) for n in cluster.storage)
+            config = ProcessConfig(node_id=node_id, cluster=ClusterConfig(nodes=nodes),
+                                   data_dir="/nonexistent")
+            front = FrontEnd(config=config,
+                             pool=cast(PeerPool, _Pool(self, node_id, self._plan_rng)),
+                             sequencer=None, epoch_store=cast(EpochStore, _EpochStore(cluster)),
+                             gossip=_SequencerView(cluster))
+            front.owner = cluster.route.get  # type: ignore[method-assign]
+            self._frontends[key] = front
+        return front
+
+    def run(self, coroutine: Coroutine[Any, Any, T], done: Callable[[T], None]) -> None:
+        """``coroutine`` on this module's loop (a rebuilding donor's questions to the
+        sequencers, ``RebuildRuntime._ask_tails``); ``done`` gets its result in a later
+        event of the simulation."""
+        queue = self._cluster.queue
+
+        async def ask() -> None:
+            result = await coroutine
+            queue.after(0, lambda: done(result))  # outside this loop: the donor steps on
+
+        task = _loop().create_task(ask())
+        task._log_destroy_pending = False  # type: ignore[attr-defined]
+        self._plans.add(task)
+        if not _loop().is_running():  # else the pump under way steps it
+            self._pump()
+
+    def activation(self, src: NodeId, dst: NodeId, message: Any,
+                   rng: random.Random) -> None:
+        """A donor's GET_SEQUENCER_STATE(activate): the sequencer node ``dst`` activates the
+        log if it is not active (``Sequencer.on_activate_request``), as
+        ``FrontEnd.sequencer_state`` has ``SequencerRuntime`` do."""
+        cluster = self._cluster
+        network, queue = cluster.network, cluster.queue
+        if (type(message) is not GetSequencerState or not message.activate
+                or dst not in cluster.sequencers):
+            return
+
+        def deliver() -> None:
+            node = cluster.sequencers[dst]
+            if not node.up or network.cut(src, dst):
+                return
+            core = node.core(message.log_id)
+            node._apply(core, core.sequencer.on_activate_request(cluster.now_ms))
+
+        queue.after(self._delay_ms(rng), deliver)
 
     def ask_tails(self, log_id: LogId, nodeset: tuple[NodeId, ...]) -> None:
         """Every up sequencer node's frontend starts a tail request for ``log_id`` (unless
@@ -173,7 +267,7 @@ class SimFrontends:
     # ---- the transport -------------------------------------------------------------------
 
     def request(self, src: NodeId, dst: NodeId, message: Any,
-                timeout_ms: int) -> asyncio.Future[Any]:
+                timeout_ms: int, rng: random.Random | None = None) -> asyncio.Future[Any]:
         """``message`` from ``src``'s frontend to ``dst``; the future gets the answer or the
         failure ``Status`` (module docstring)."""
         cluster = self._cluster
@@ -200,25 +294,26 @@ class SimFrontends:
                     or network.cut(src, dst)):
                 return  # never answered: the timeout ends it
             reply = self._handle(src, dst, message)
-            queue.after(self._delay_ms(), lambda: None if network.cut(src, dst) else settle(
+            queue.after(self._delay_ms(rng), lambda: None if network.cut(src, dst) else settle(
                 reply))
 
-        queue.after(self._delay_ms(), deliver)
+        queue.after(self._delay_ms(rng), deliver)
         return answer
 
     def _handle(self, src: NodeId, dst: NodeId, message: Any) -> Any:
         cluster = self._cluster
         if type(message) is GetSequencerState:
-            return self.frontend(dst).sequencer_state(message.log_id, activate=False)
+            return self.frontend(dst).sequencer_state(message.log_id, activate=False,
+                                                      all_logs=message.all_logs)
         assert type(message) is GetLogState, message
         answers: list[Any] = []
         cluster.storage[dst].on_message(src, message, answers.append)
         assert len(answers) == 1, "GET_LOG_STATE is answered at once"
         return answers[0]
 
-    def _delay_ms(self) -> int:
+    def _delay_ms(self, rng: random.Random | None = None) -> int:
         network = self._cluster.network
-        return self._rng.randint(network.delay_ms_min, network.delay_ms_max)
+        return (rng or self._rng).randint(network.delay_ms_min, network.delay_ms_max)
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -235,6 +330,9 @@ class SimFrontends:
             if task.done():
                 del self._tasks[key]
                 task.result()
+        for task in [t for t in self._plans if t.done()]:
+            self._plans.discard(task)
+            task.result()
 
     def _drop_dead(self) -> None:
         """Tail requests of crashed frontends end with their process."""
@@ -248,9 +346,10 @@ class SimFrontends:
 
     def close(self) -> None:
         """Cancel every request in flight (the run is over)."""
-        for task in self._tasks.values():
+        for task in [*self._tasks.values(), *self._plans]:
             task.cancel()
         self._tasks.clear()
+        self._plans.clear()
         self._pump()
 
 

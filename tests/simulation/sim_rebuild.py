@@ -11,8 +11,11 @@ What runs is the production code, driven by the event queue:
 - the cluster state is a ``shared.cluster_state.ClusterState`` in a simulated store
   (``SimClusterStateStore``), changed only by the module's transitions (``rebuild_started``,
   ``donor_progressed``, ``rebuild_finished``), by compare-and-swap on a version;
-- each donor walks its copies with ``storage_node.core.rebuild.DonorCore`` (token bucket,
-  chunks, checkpoints, resume from the checkpoint after a crash); its reads come from the
+- each donor walks its copies with ``storage_node.core.rebuild.DonorCore`` (its plan, token
+  bucket, chunks, checkpoints, resume from the checkpoint after a crash); the plan's
+  questions are the shipped ``RebuildRuntime._ask_tails`` through a ``FrontEnd`` of the
+  donor's own (``SimFrontends.storage_frontend``) over simulated messages, and a donor's
+  activation requests are delivered (an unclean log's sequencer activates); its reads come from the
   simulated disk, each record packed as the STORE fields a segment holds
   (``shared.wire.codec.encode_fields``); its chunks go over the simulated network as
   REBUILD_STORE frames, with a timeout;
@@ -22,7 +25,8 @@ What runs is the production code, driven by the event queue:
   simulated node as the ``StorageNode`` it expects;
 - every ``poll_interval_ms`` each up node reads the cluster state: donors start (or resume)
   their walks, and a node whose donors are all done vouches for everything again
-  (``AuthorityStatus.clear``) and records AUTHORITATIVE.
+  (``AuthorityStatus.clear``) and records AUTHORITATIVE, or, having found damage since its
+  rebuild began, begins it again for a new generation (``target_step``).
 
 Not modelled: drains, the start-up identity marker (the sim knows the disk is new), a damaged
 node's own rebuild (damage is modelled without repair), epoch-store failures of the cluster
@@ -46,14 +50,19 @@ from shared.wire.rebuild import RebuildStore, RebuildStored
 from shared.wire.store import Store, payloads_checksum
 from storage_node.core.rebuild import (
     READ_RECORDS_MAX,
+    AskTails,
     DonorCore,
     Finished,
+    ListLogs,
     Piece,
     ReadChunk,
     SaveCheckpoint,
     SendChunk,
     Sleep,
+    Tail,
+    TargetStep,
     TokenBucket,
+    target_step,
 )
 from storage_node.rebuild_runtime import RebuildConfig, RebuildRuntime
 from tests.simulation.sim_clock import EventQueue
@@ -147,6 +156,9 @@ class _RuntimePorts:
     def core(self) -> Any:
         return self._node.handlers
 
+    def log_state(self, log_id: LogId) -> Any:
+        return self._node.machine.state(log_id)
+
 
 @dataclass(eq=False)
 class _Donation:
@@ -169,11 +181,17 @@ class SimRebuilding:
         runtime_config = RebuildConfig(send_timeout_ms=config.send_timeout_ms)
         for node_id, node in cluster.storage.items():
             ports = _RuntimePorts(node)
+
+            def front(node_id: NodeId = node_id) -> Any:
+                return cluster.frontends.storage_frontend(node_id)
+
             runtime = RebuildRuntime(
                 node=ports,  # type: ignore[arg-type]
                 data_dir="", cluster_name="sim", state_store=None,  # type: ignore[arg-type]
                 storage_nodes=lambda: tuple(cluster.storage), request=_no_request,
-                config=runtime_config, wall_ms=cluster.clock.now_ms)
+                config=runtime_config, wall_ms=cluster.clock.now_ms,
+                sequencer_tail=lambda log_id, front=front: front().inflight_tail(log_id),
+                active_tails=lambda front=front: front().active_tails())
             runtime.generation = node.generation
             assert ports.handler is not None
             node.rebuild_handler = _on_the_queue(ports.handler, cluster.queue)
@@ -234,8 +252,24 @@ class SimRebuilding:
         state = self.state
         runtime.state = state
         mine = state.shard(node_id)
-        if (mine is not None and mine.status is ShardStatus.REBUILDING
-                and mine.rebuild_generation == node.generation and mine.donors_done):
+        authority = node.disk.authority
+        step = target_step(mine, node.generation, authority.damage_found,
+                           authority.damage_covered)
+        if step is TargetStep.RESTART:
+            # As ``RebuildRuntime._begin_again``: damage found while being rebuilt (copies
+            # the donors sent may be gone): the rebuild begins again, for a new generation.
+            found = authority.damage_found
+            node.generation += 1
+            runtime.generation = node.generation
+            donors = tuple(n for n in self._cluster.storage if n != node_id)
+            runtime.state = state = self.store.change(cs.rebuild_started(
+                node_id, node.generation, donors, now_ms=self._cluster.now_ms,
+                reason="copies found damaged while being rebuilt", requested_by=node_id))
+            authority.rebuild_covers(found)
+            self._cluster.stats["rebuild_begun_again"] += 1
+            self._cluster.log(f"storage {node_id} damaged while REBUILDING: generation "
+                              f"{node.generation} from {list(donors)}")
+        elif step is TargetStep.FINISH and mine is not None:
             # As ``RebuildRuntime._finish``: vouch for everything again, then say so.
             node.disk.authority.clear(None, 1, LSN_MAX)
             runtime.state = self.store.change(cs.rebuild_finished(
@@ -296,6 +330,14 @@ class SimRebuilding:
             effect = core.next(now_ms)
             if effect is None:
                 return  # an effect is under way: its completion steps again
+            if isinstance(effect, AskTails):
+                self._ask_tails(donation, effect)
+                return
+            if isinstance(effect, ListLogs):
+                node = cluster.storage[donation.donor]
+                core.on_logs([(int(log_id), int(node.machine.state(log_id).last_lsn))
+                              for log_id in node.machine.log_ids()], now_ms)
+                continue
             if isinstance(effect, ReadChunk):
                 self._read(donation, effect)
                 return
@@ -318,6 +360,22 @@ class SimRebuilding:
             cluster.log(f"storage {donation.donor} donated {effect.progress.records} records "
                         f"to {donation.shard}")
             return
+
+    def _ask_tails(self, donation: _Donation, effect: AskTails) -> None:
+        """The shipped ``RebuildRuntime._ask_tails`` (through the shipped
+        ``FrontEnd.active_tails``/``inflight_tail`` of the donor's own frontend, over
+        simulated messages)."""
+        cluster = self._cluster
+        runtime = self.runtimes[donation.donor]
+
+        def answered(answers: dict[int, Tail | None] | None) -> None:
+            if not self._alive(donation):
+                return
+            cluster.stats["rebuild_tails_asked"] += len(effect.log_ids)
+            donation.core.on_tails(answers, cluster.now_ms)
+            self._step(donation)
+
+        cluster.frontends.run(runtime._ask_tails(effect.log_ids, effect.everywhere), answered)
 
     def _read(self, donation: _Donation, chunk: ReadChunk) -> None:
         node = self._cluster.storage[donation.donor]

@@ -162,22 +162,19 @@ def test_a_replaced_node_trusted_at_once_is_caught(monkeypatch: pytest.MonkeyPat
     assert failure.checker in ("R2", "R1"), failure
 
 
-# ---- open defect found by the simulation ---------------------------------------------------
+# ---- defects the simulation found (fixed) ------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=SimulationFailure,
-                   reason="open: an amend counts a STORED from a disk replaced since "
-                          "(sequencer.core.appender); see the test's docstring")
 def test_an_amend_from_a_disk_replaced_since_does_not_count(
         request: pytest.FixtureRequest) -> None:
     """Soak seed 80's defect, scripted. R=2 on n1..n3; n3 is cut off (its STORE hangs), so
     wave 1 of an append gets STORED only from X, then times out. X's disk is replaced before
     wave 2. Wave 2 counts X's wave-1 STORED as an amend (``Appender``: "a node that answered
     STORED OK in an earlier wave holds a durable copy") and sends the payload to one other
-    node only: the append is acknowledged with one copy, and X's rebuild cannot restore the
-    other (no donor held it when X's rebuild walked). One more lost disk loses it; readers
-    through X (authoritative again) and a node without it read a gap. (The same happens when
-    the STORED counted is the current wave's: soak seed 4323; ``test_seeds.
-    STALE_STORED_SEEDS``.)"""
+    node only: the append is acknowledged with one real copy. The donors' walks must still
+    restore the other: each plans its walk by the log's sequencer tail and waits for it to be
+    released (``storage_node.core.rebuild``), so the append is decided, and its copy on the
+    other node durable, before that node walks past it. (The same happens when the STORED
+    counted is the current wave's: soak seed 4323; ``test_seeds.STALE_STORED_SEEDS``.)"""
     cluster = replicated_cluster(partition_connfail_ratio=0.0, store_timeout_ms_min=50,
                                  store_timeout_ms_max=50)
     with report(cluster, request):
@@ -198,25 +195,27 @@ def test_an_amend_from_a_disk_replaced_since_does_not_count(
         assert appender.wave == 1
         cluster.replace_disk(stored, down_ms=20)
         wait(cluster, lambda: append.outcome is not None, "the append's answer")
-        if append.outcome == Status.OK:
-            copies = [n for n, node in cluster.storage.items()
-                      if (append.log_id, append.first_lsn) in node.disk.records]
-            wait(cluster, lambda: rebuilt(cluster, stored), "the replaced node rebuilt")
-            copies = [n for n, node in cluster.storage.items()
-                      if (append.log_id, append.first_lsn) in node.disk.records]
-            assert len(copies) >= 2, f"acknowledged with copies on {copies} only"
+        assert append.outcome == Status.OK, append.outcome
+        copies = [n for n, node in cluster.storage.items()
+                  if (append.log_id, append.first_lsn) in node.disk.records]
+        assert len(copies) == 1, copies  # acknowledged with one real copy (the defect's start)
+        wait(cluster, lambda: rebuilt(cluster, stored), "the replaced node rebuilt")
+        copies = [n for n, node in cluster.storage.items()
+                  if (append.log_id, append.first_lsn) in node.disk.records]
+        assert len(copies) >= 2, f"acknowledged with copies on {copies} only"
+        heal_and_check(cluster)
 
 
-@pytest.mark.xfail(strict=True, raises=SimulationFailure,
-                   reason="open: damage found by a restart mid-rebuild is forgotten when the "
-                          "rebuild finishes; see the test's docstring")
 def test_copies_a_rebuilding_node_loses_to_damage_are_not_vouched_for(
         request: pytest.FixtureRequest) -> None:
     """n1's disk is replaced and rebuilt; mid-way it restarts and its scan finds the tail of
-    what it wrote damaged (copies the donors already sent and checkpointed). When the donors
-    finish, ``RebuildRuntime._finish`` clears everything (``AuthorityStatus.clear``), so n1
-    vouches for copies it lost, and readers through n1 and a node without them read a gap
-    where others read the record. (The simulation keeps this out of its generated mix:
+    what it wrote damaged (copies the donors already sent and checkpointed). Had the rebuild
+    just finished, ``RebuildRuntime._finish`` would clear everything
+    (``AuthorityStatus.clear``) and n1 would vouch for copies it lost (readers through n1 and
+    a node without them would read a gap where others read the record). The damage found is
+    counted durably (``AuthorityStatus.damage_found``) and, found after the rebuild began,
+    makes it begin again for a new generation (``storage_node.core.rebuild.target_step``):
+    every donor walks from the start. (The simulation keeps this out of its generated mix:
     ``SimCluster.restart_storage`` never damages a node being rebuilt.)"""
     cluster = replicated_cluster(rebuild_rate_bytes_per_s=300, rebuild_chunk_bytes_max=64)
     with report(cluster, request):
@@ -229,3 +228,10 @@ def test_copies_a_rebuilding_node_loses_to_damage_are_not_vouched_for(
         cluster.rebuilding.on_restart(N1)
         wait(cluster, lambda: rebuilt(cluster, N1), "n1 rebuilt")
         heal_and_check(cluster)
+        # Every copy the donors hold is back on n1, the lost tail included.
+        for node_id in (N2, N3):
+            for key in cluster.storage[node_id].disk.records:
+                assert key in cluster.storage[N1].disk.records, key
+        assert cluster.stats["rebuild_begun_again"] == 1
+        shard = cluster.rebuilding.state.shard(N1)
+        assert shard is not None and shard.generation == 3  # replaced (2), begun again (3)

@@ -7,33 +7,25 @@ A failure prints the checker, the seed's options, the last events and the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 
 import pytest
 
-from shared.status import Status
-from shared.types import NodeId
 from tests.simulation.runner import SimulationFailure, run_simulation
-from tests.simulation.sim_cluster import SimCluster
 
 SEEDS = range(1, 241)
 SOAK_SEEDS = range(1_000, 6_000)
-STALE_STORED_SEEDS: frozenset[int] = frozenset({
-    175, 1010, 2623, 2693, 2989, 3092, 3188, 3405, 3499, 3557, 3938, 4323, 4384, 4391, 4417, 4711,
-    4889, 4943, 4986, 5054, 5092, 5144, 5240, 5422, 5471, 5473, 5608, 5700, 5971})
-"""Seeds (default seed 175 since shared first waves changed the trajectories, and 28 of the
-5000 soak seeds) that find an open defect (issue 17,
-found by the disk_replaced fault): an append in
-flight when a storage node's disk is replaced is acknowledged counting that node's STORED
-from before the replacement (an amend from an earlier wave, or the current wave's answer), so
-it has fewer than R copies; and the rebuild does not restore the lost copy, because the
-donors' walks (bounded by what each held when it began) passed before the other copies were
-written. D1 or R2 fires. ``test_disk_replacement.
-test_an_amend_from_a_disk_replaced_since_does_not_count`` scripts it;
-``test_stale_stored_seeds_pass_with_an_oracle`` checks that each of these seeds fails only
-for it. (LogDevice's rebuilding planner bounds each log by its sequencer's tail, in-flight
-appends included, and waits for it to be released before walking.)"""
-KNOWN_OPEN_SEEDS: frozenset[int] = STALE_STORED_SEEDS
+STALE_STORED_SEEDS: tuple[int, ...] = (
+    1010, 2623, 2693, 2989, 3092, 3188, 3405, 3499, 3557, 3938, 4323, 4384, 4391, 4417, 4711,
+    4889, 4943, 4986, 5054, 5092, 5144, 5240, 5422, 5471, 5473, 5608, 5700, 5971)
+"""Soak seeds (28 of the 5000) that found a defect of issue 17, now fixed: an append in flight
+when a storage node's disk is replaced was acknowledged counting that node's STORED from
+before the replacement (an amend from an earlier wave, or the current wave's answer), and the
+rebuild did not restore the lost copy, because the donors' walks (bounded by what each held
+when it began) passed before the other copies were written (D1 or R2 fired). Donors now plan
+their walks by the sequencers' tails and wait for them to be released
+(``storage_node.core.rebuild``); ``test_stale_stored_seeds`` keeps them passing, and
+``test_disk_replacement.test_an_amend_from_a_disk_replaced_since_does_not_count`` scripts it."""
+KNOWN_OPEN_SEEDS: frozenset[int] = frozenset()
 """Seeds that find an open defect, each covered by an xfail test (skipped in the soak)."""
 
 
@@ -42,14 +34,13 @@ def run_seed(seed: int) -> None:
     assert result.outcomes.get("OK", 0) > 0, result.summary()
 
 
-_STALE_STORED_OPEN = pytest.mark.xfail(strict=True, raises=SimulationFailure,
-                                reason="open: an ack counts a STORED from a disk replaced "
-                                       "since (STALE_STORED_SEEDS)")
-
-
-@pytest.mark.parametrize("seed", [pytest.param(seed, marks=_STALE_STORED_OPEN)
-                                  if seed in KNOWN_OPEN_SEEDS else seed for seed in SEEDS])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_seed(seed: int) -> None:
+    run_seed(seed)
+
+
+@pytest.mark.parametrize("seed", STALE_STORED_SEEDS)
+def test_stale_stored_seeds(seed: int) -> None:
     run_seed(seed)
 
 
@@ -90,38 +81,3 @@ def test_seed_4489_clean_mark_past_the_bridge() -> None:
     the LNG the STOREs carried and decides the bridge at ESN 3 again
     (``StoreMachine.clean_mark``, ``LogStorageState.settled``)."""
     run_seed(4489)
-
-
-def forget_replaced_amends() -> Callable[[], None]:
-    """An oracle, not a fix: when a disk is replaced, every live appender forgets that node's
-    STOREDs (waits for it again, or for a new wave). Returns the undo."""
-    original = SimCluster.replace_disk
-
-    def replace_disk(self: SimCluster, node_id: NodeId, *, down_ms: int | None = None) -> None:
-        for node in self.sequencers.values():
-            for core in node.cores.values():
-                for appender in core.sequencer.appenders.values():
-                    appender.stored_nodes = appender.stored_nodes - {node_id}
-                    if appender.recipients.get(node_id) is Status.OK:
-                        appender.recipients[node_id] = None  # wait again (wave timeout)
-                        appender.missing += 1
-        original(self, node_id, down_ms=down_ms)
-
-    SimCluster.replace_disk = replace_disk  # type: ignore[method-assign]
-
-    def undo() -> None:
-        SimCluster.replace_disk = original  # type: ignore[method-assign]
-    return undo
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_stale_stored_seeds_pass_with_an_oracle() -> None:
-    """Each seed listed for the defect passes once every live appender forgets the STOREDs
-    of a replaced disk: it fails for that defect and nothing else."""
-    undo = forget_replaced_amends()
-    try:
-        for seed in sorted(STALE_STORED_SEEDS):
-            run_simulation(seed)
-    finally:
-        undo()

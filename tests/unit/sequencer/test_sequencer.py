@@ -351,3 +351,18 @@ def test_a_tail_can_activate_a_log_with_no_append() -> None:
     sequencer.on_activated(Status.OK, Epoch(2), metadata(2), lce, 2)
     assert sequencer.state is SequencerState.ACTIVE and not sequencer.appenders
     assert sequencer.on_activate_request(3) == []
+
+
+def test_inflight_tail_covers_appends_not_yet_released() -> None:
+    """Rebuilding's plan waits until the release pointer reaches this tail: it must cover
+    every LSN handed out, acknowledged or not (``storage_node.core.rebuild``)."""
+    sequencer = active_sequencer(replication=1, release_delay_ms=0)
+    # The helper's first append is done: nothing in flight.
+    assert sequencer.inflight_tail() == sequencer.release_lsn == compose_lsn(Epoch(1), Esn(1))
+    a = stores(sequencer.on_append(2, (b"a",), None, 1, 0))[0]
+    b = stores(sequencer.on_append(3, (b"b", b"c"), None, 1, 0))[0]
+    assert sequencer.inflight_tail() == b.message.last_lsn > sequencer.release_lsn
+    sequencer.on_stored(a.node, a.message.lsn, 1, Status.OK, Epoch(0), None, 1)
+    assert sequencer.release_lsn == a.message.lsn < sequencer.inflight_tail()
+    sequencer.on_stored(b.node, b.message.lsn, 1, Status.OK, Epoch(0), None, 2)
+    assert sequencer.inflight_tail() == sequencer.release_lsn == b.message.last_lsn

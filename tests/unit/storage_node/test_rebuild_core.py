@@ -29,9 +29,10 @@ def _piece(lsn: int, copyset: tuple[str, ...] = ("st1", "st2"), size: int = 10) 
 
 def _core(logs: list[tuple[int, int]], progress: DonorProgress | None = None, *,
           rate: int = 0, by_copyset: bool = False) -> DonorCore:
+    # Without the plan (its own tests: test_rebuild_plan.py): the walk alone.
     return DonorCore(shard="st2", logs=logs, progress=progress or DonorProgress(),
                      bucket=TokenBucket(rate, 100, 0), by_copyset=by_copyset,
-                     checkpoint_interval_ms=1_000, now_ms=0)
+                     checkpoint_interval_ms=1_000, now_ms=0, tails=False)
 
 
 def test_walks_every_log_in_order_and_finishes() -> None:
