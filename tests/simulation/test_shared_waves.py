@@ -50,10 +50,7 @@ def many_logs_options(seed: int) -> SimOptions:
     return dataclasses.replace(generated, logs_count=8, burst_ratio=0.8, burst_appends_max=12,
                                client_delay_ms_max=0, appends_count=120,
                                append_group_records_max=max(
-                                   4, generated.append_group_records_max),
-                               # Replaced disks find the open defect of STALE_STORED_SEEDS
-                               # (test_seeds), here as in any appender: left to those seeds.
-                               disk_replace_ratio=0.0)
+                                   4, generated.append_group_records_max))
 
 
 def test_many_logs_seeds(wave_counts: Counter[str]) -> None:
