@@ -60,14 +60,14 @@ class InstantTransport:
         return Status.CONNFAILED
 
 
-async def run(appends: int, inflight: int, logs: int = LOGS) -> float:
+async def run(appends: int, inflight: int, logs: int = LOGS, shared_waves: bool = True) -> float:
     cluster = ClusterConfig(
         nodes=(NodeConfig(node_id=NodeId("seq"), roles=("sequencer",)),
                *(NodeConfig(node_id=n, roles=("storage",), data_port=1) for n in STORAGE)),
         replication_factor=3)
     store = open_epoch_store(f"file://{tempfile.mkdtemp(prefix='bench-glue-')}/epochs")
     runtime = SequencerRuntime(
-        node_id=NodeId("seq"), config=SequencerConfig(), cluster=cluster,
+        node_id=NodeId("seq"), config=SequencerConfig(shared_waves=shared_waves), cluster=cluster,
         transport=InstantTransport(asyncio.get_running_loop()), epoch_store=store,
         clock=SystemClock(), rng=random.Random(1))
     await runtime.start()
@@ -106,10 +106,13 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=60_000)
     parser.add_argument("--inflight", type=int, default=64)
     parser.add_argument("--logs", type=int, default=LOGS)
+    parser.add_argument("--no-shared-waves", action="store_true",
+                        help="sequencer.shared_waves off (each appender its own first wave)")
     args = parser.parse_args()
-    cpu_s = asyncio.run(run(args.appends, args.inflight, args.logs))
+    cpu_s = asyncio.run(run(args.appends, args.inflight, args.logs, not args.no_shared_waves))
     print(json.dumps({"bench": "sequencer_glue", "appends": args.appends,
                       "inflight": args.inflight, "logs": args.logs,
+                      "shared_waves": not args.no_shared_waves,
                       "cpu_us_per_append": round(cpu_s * 1e6, 2)}))
 
 

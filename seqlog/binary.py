@@ -32,7 +32,13 @@ from shared.net.types import Counters
 from shared.status import LogError, Status
 from shared.types import CLIENT_ID_PREFIX, NodeId
 from shared.wire.codec import Message, encode, encode_fields, encode_parts
-from shared.wire.hello import PROTOCOL_VERSION, Hello, HelloReply
+from shared.wire.hello import (
+    CLIENT_APPEND_MULTI_VERSION,
+    CLIENT_APPEND_VERSION,
+    PROTOCOL_VERSION,
+    Hello,
+    HelloReply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +70,7 @@ HeldSender = Callable[["BinaryConnection", Any, list[Any]], None]
 
 class BinaryConnection(FramedProtocol):
     __slots__ = ("_held", "_held_sender", "_last_mark_s", "_marks", "_next_id", "_pending",
-                 "_sweep", "_timeout_s", "hello_reply")
+                 "_sweep", "_timeout_s", "hello_reply", "protocol_version")
 
     def __init__(self, counters: Counters, timeout_ms: int) -> None:
         super().__init__(counters)
@@ -81,6 +87,14 @@ class BinaryConnection(FramedProtocol):
         """Items waiting for this loop iteration's flush, by key (``hold``)."""
         self._held_sender: HeldSender | None = None
         self.hello_reply: asyncio.Future[HelloReply | Status] = self._loop.create_future()
+        self.protocol_version = PROTOCOL_VERSION
+        """The version this connection's HELLO announced and the node accepted: at least
+        ``CLIENT_APPEND_MULTI_VERSION`` lets it send APPEND_MULTI."""
+
+    @property
+    def multi(self) -> bool:
+        """Whether the node takes APPEND_MULTI on this connection."""
+        return self.protocol_version >= CLIENT_APPEND_MULTI_VERSION
 
     @property
     def inflight(self) -> int:
@@ -265,6 +279,15 @@ class Connections:
         return result
 
     async def _connect(self, address: str) -> BinaryConnection | LogError:
+        result = await self._connect_version(address, PROTOCOL_VERSION)
+        if isinstance(result, LogError) and result.status is Status.PROTONOSUPPORT:
+            # A node older than APPEND_MULTI refuses our version: APPENDs only.
+            again = await self._connect_version(address, CLIENT_APPEND_VERSION)
+            if not isinstance(again, LogError):
+                return again
+        return result
+
+    async def _connect_version(self, address: str, version: int) -> BinaryConnection | LogError:
         host, _, port_text = address.rpartition(":")
         if not host or not port_text.isdigit():
             return LogError(Status.CONNFAILED, f"bad data address {address!r}")
@@ -276,7 +299,8 @@ class Connections:
                 _, conn = await loop.create_connection(
                     lambda: kind(self.counters, self._timeout_ms), host,
                     int(port_text), ssl=self._ssl)
-                conn.send(encode(Hello(node_id=self._node_id, protocol_version=PROTOCOL_VERSION,
+                conn.protocol_version = version
+                conn.send(encode(Hello(node_id=self._node_id, protocol_version=version,
                                        cluster_fingerprint=self.cluster_fingerprint,
                                        token=self._token)))
                 reply = await conn.hello_reply
@@ -299,7 +323,7 @@ class Connections:
         if isinstance(reply, HelloReply):
             return LogError(Status.PROTONOSUPPORT,
                             f"{address} ({reply.node_id}) refused our HELLO "
-                            f"(protocol {PROTOCOL_VERSION}): {reply.status.name}")
+                            f"(protocol {version}): {reply.status.name}")
         return LogError(Status.CONNFAILED, f"{address}: closed during HELLO ({reply.name})")
 
     async def close(self) -> None:

@@ -16,7 +16,10 @@ APPEND of all their payloads (Kafka's producer batching what queued up while it 
 no linger): a sequencer hands appends of one loop iteration to one appender anyway (one STORE
 wave, consecutive LSNs in arrival order, one timestamp), so this changes nothing the caller
 can see except the cost: one frame, one check and one answer per group instead of per append.
-Each append still gets its own LSN (``first_lsn + i``) and its own future. A group that is not
+Each append still gets its own LSN (``first_lsn + i``) and its own future. On a connection
+whose node speaks protocol version 3 every log's groups of one loop iteration leave together
+as one APPEND_MULTI (one entry per log and key, ``shared.wire.append_multi``), answered in one
+APPENDED_MULTI; each entry's answer is handled as its group's would be. A group that is not
 written (any answer but OK) is taken apart: each append goes on alone through the rules above,
 so an answer about the group (TOOBIG against a node's smaller batch limits) is never wrongly
 pinned on one append, and an unknown outcome stays unknown for each. An append made on an
@@ -40,6 +43,12 @@ from shared.http_contract import NOTHING_WRITTEN, OUTCOME_UNKNOWN, TRY_ELSEWHERE
 from shared.status import LogError, Status
 from shared.types import LogId, NodeId
 from shared.wire.append import Append, Appended
+from shared.wire.append_multi import (
+    APPEND_MULTI_ENTRIES_MAX,
+    AppendedMulti,
+    AppendMulti,
+    appended_multi_results,
+)
 from shared.wire.codec import Message
 
 T = TypeVar("T")
@@ -55,6 +64,16 @@ _Held = tuple[bytes, "asyncio.Future[Any]", Callable[[Appended], Any]]
 """A single append waiting for its group to leave: payload, caller's future, result maker."""
 _REGROUP_ALONE = frozenset({Status.TOOBIG, Status.INVALID_PARAM, Status.BADMSG})
 """Answers to a group that may be about the group, not the appends: each is sent alone."""
+MULTI_RECORDS_MAX = 4096
+MULTI_BYTES_MAX = 1024 * 1024
+"""An APPEND_MULTI (appends to many logs bound for one node, one entry per log) leaves at
+once when it holds this many appends, and carries at most this many payload bytes (and
+``APPEND_MULTI_ENTRIES_MAX`` entries; more go in another frame)."""
+_MULTI = "multi"
+"""The one key under which a connection that takes APPEND_MULTI holds its single appends."""
+_MultiHeld = tuple[LogId, str | None, NodeId | None, bytes, "asyncio.Future[Any]",
+                   Callable[[Appended], Any]]
+"""A single append held for an APPEND_MULTI: log, key, owner, payload, future, result maker."""
 
 
 class BinaryUnavailable(Exception):
@@ -121,9 +140,99 @@ class BinaryAppends:
             conn.send_held()  # appends leave in the order they were made
             self._request(conn, _single(log_id, payload, key), owner, future, make)
             return
+        if conn.multi:
+            # Every log's appends of this loop iteration to this node: one APPEND_MULTI.
+            if conn.hold(_MULTI, (log_id, key, owner, payload, future, make),
+                         self._send_multi) >= MULTI_RECORDS_MAX:
+                self._send_multi(conn, _MULTI, conn.release_held(_MULTI))
+            return
         group_key = (log_id, key, owner)
         if conn.hold(group_key, (payload, future, make), self._send_group) >= GROUP_RECORDS_MAX:
             self._send_group(conn, group_key, conn.release_held(group_key))
+
+    def _send_multi(self, conn: BinaryConnection, _key: object,
+                    items: list[_MultiHeld]) -> None:
+        """Send the single appends held for one node's connection, of any logs: each log's
+        (and key's) appends as one entry within the group bounds, the entries in as few
+        APPEND_MULTI frames as the frame bounds allow (a lone entry as an APPEND)."""
+        groups: dict[tuple[LogId, str | None], list[_MultiHeld]] = {}
+        for item in items:
+            group = groups.get((item[0], item[1]))
+            if group is None:
+                groups[(item[0], item[1])] = [item]
+            else:
+                group.append(item)
+        owner = items[0][2]
+        frame: list[tuple[LogId, str | None, list[_Held]]] = []
+        frame_bytes = 0
+        for (log_id, key), group in groups.items():
+            start = 0
+            size = 0
+            held = [(item[3], item[4], item[5]) for item in group]
+            for index, (payload, _, _) in enumerate(held):
+                grown = size + len(payload)
+                if index > start and (grown > GROUP_BYTES_MAX or index - start >= (
+                        GROUP_RECORDS_MAX)):
+                    frame_bytes = self._add_entry(conn, owner, frame, frame_bytes,
+                                                  (log_id, key, held[start:index]), size)
+                    start, grown = index, len(payload)
+                size = grown
+            frame_bytes = self._add_entry(conn, owner, frame, frame_bytes,
+                                          (log_id, key, held[start:] if start else held), size)
+        self._send_frame(conn, owner, frame)
+
+    def _add_entry(self, conn: BinaryConnection, owner: NodeId | None,
+                   frame: list[tuple[LogId, str | None, list[_Held]]], frame_bytes: int,
+                   entry: tuple[LogId, str | None, list[_Held]], size: int) -> int:
+        """Add ``entry`` (of ``size`` payload bytes) to ``frame``, sending the frame first if
+        it would grow past its bounds; the frame's bytes afterwards."""
+        if frame and (len(frame) >= APPEND_MULTI_ENTRIES_MAX
+                      or frame_bytes + size > MULTI_BYTES_MAX):
+            self._send_frame(conn, owner, frame[:])
+            frame.clear()
+            frame_bytes = 0
+        frame.append(entry)
+        return frame_bytes + size
+
+    def _send_frame(self, conn: BinaryConnection, owner: NodeId | None,
+                    frame: list[tuple[LogId, str | None, list[_Held]]]) -> None:
+        if len(frame) == 1:
+            log_id, key, group = frame[0]
+            self._send_combined(conn, (log_id, key, owner), group)
+            return
+        make_single = self._make_single
+        assert make_single is not None
+        router = self._router
+        shape = [(log_id, len(group)) for log_id, _, group in frame]
+
+        def on_reply(reply: Message | Status) -> None:
+            answers = (appended_multi_results(reply, shape) if type(reply) is AppendedMulti
+                       else None)
+            node = reply.sequencer_node if answers is not None else None  # type: ignore[union-attr]
+            for index, (log_id, key, group) in enumerate(frame):
+                answer = reply if answers is None else answers[index]
+                if isinstance(answer, tuple):  # OK: (first_lsn, timestamp_ms)
+                    if node is not None and node != owner:
+                        router.learn_route(log_id, node)
+                    first_lsn, timestamp_ms = answer
+                    for lsn, (_, future, _) in enumerate(group, first_lsn):
+                        if not future.done():  # else cancelled: the outcome stays unknown
+                            future.set_result(make_single(lsn, timestamp_ms))
+                    continue
+                # Nothing written, or unknown: each append goes on alone, as for a group.
+                alone = (type(answer) is Appended and answer.status in _REGROUP_ALONE
+                         and len(group) > 1)
+                if alone:
+                    self._make_single = None  # a node that refuses groups: stop grouping
+                for payload, future, make in group:
+                    if not future.done():
+                        self._spawn(self._run(_single(log_id, payload, key),
+                                              None if alone else owner,
+                                              None if alone else answer, future, make))
+
+        conn.request(AppendMulti(appends=tuple(
+            (log_id, tuple(p for p, _, _ in group), key) for log_id, key, group in frame)),
+            on_reply)
 
     def _send_group(self, conn: BinaryConnection,
                     group_key: tuple[LogId, str | None, NodeId | None],

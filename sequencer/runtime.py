@@ -12,7 +12,9 @@ loop for 70-90 ms each time.
 
 Appends to one log that arrive in the same event-loop iteration are handed to the core
 together (``Sequencer.on_append_group``), so that they share one appender: under load this
-turns many small STOREs into a few large ones, which is what Python needs to keep up.
+turns many small STOREs into a few large ones, which is what Python needs to keep up. The
+appenders of different logs started in one iteration share their first wave (one copyset,
+timer and count of answers: ``sequencer.core.shared_wave``, ``shared_waves`` setting).
 
 ``append_nowait`` is the hot entry: it stages the append and calls ``done`` with the answer
 later, with no Task and no future per append; the coroutine ``append`` wraps it.
@@ -205,6 +207,8 @@ class SequencerRuntime:
         self._tasks: set[asyncio.Task[None]] = set()
         self._broadcast_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._stopped = False
+        """Set by ``close`` (``_closing`` is set by ``drain`` already, while appends finish)."""
         self._staged: dict[tuple[LogId, str | None], list[PendingAppend]] = {}
         self._staged_size: dict[tuple[LogId, str | None], tuple[int, int]] = {}
         """(records, payload bytes) of each staged group, kept so staging stays O(1)."""
@@ -250,7 +254,8 @@ class SequencerRuntime:
             _RuntimePorts(self), now_ms=clock.now_ms, applied=self._after_apply,
             send_store=transport.request, waiters=self._waiters, deliver=_deliver,
             recovery_request_timeout_ms=config.recovery_request_timeout_ms,
-            store_batch_stores_max=config.store_batch_stores_max)
+            store_batch_stores_max=config.store_batch_stores_max,
+            arm_timer=self._arm_timer if config.shared_waves else None)
         """Carries out the cores' effects (``sequencer.handlers``, shared with the
         deterministic simulation)."""
 
@@ -393,14 +398,34 @@ class SequencerRuntime:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_staged)
 
+    @property
+    def shared_wave_counts(self) -> tuple[int, int, int]:
+        """Shared first waves (``sequencer.core.shared_wave``) sent, completed, and handed
+        back to their logs, since the start."""
+        sent, completed, dissolved = self._driver.wave_counts
+        return sent, completed, dissolved
+
+    def _arm_timer(self, due_ms: int, callback: Callable[[], None]) -> None:
+        """A shared first wave's store timeout (``sequencer.core.shared_wave``); nothing
+        once the runtime is closed (its per-log timers are cancelled then too)."""
+        def fire() -> None:
+            if not self._stopped:
+                callback()
+
+        self._loop.call_later(max(0.0, (due_ms - self.clock.now_ms()) / 1000), fire)
+
     def _flush_staged(self) -> None:
         self._flush_scheduled = False
         self._expiry_batch = None
         driver = self._driver
         driver.flushing = True
+        staged, self._staged = self._staged, {}
+        self._staged_size.clear()
         try:
-            for group_key in list(self._staged):
-                self._flush_group(group_key)
+            # The appends of different logs of this iteration may share their first wave.
+            driver.append_groups([(self._sequencer(log_id), group)
+                                  for (log_id, _), group in staged.items()],
+                                 self.clock.now_ms())
         finally:
             driver.flushing = False
         # The STOREs of every log's appends of this iteration leave together, now (issue 15:
@@ -870,6 +895,7 @@ class SequencerRuntime:
 
     async def close(self) -> None:
         self._closing = True
+        self._stopped = True
         if self._timer_handle is not None:
             self._timer_handle.cancel()
         tasks = [t for t in (self._broadcast_task, self._expiry_task, self._idle_task,

@@ -113,6 +113,13 @@ class _RoleCollector(Collector):
                                     "sequencers deactivated after idle_deactivate_ms without "
                                     "appends (epoch marked clean, dropped from memory)",
                                     value=self.sequencer.deactivations_count)
+            waves = GaugeMetricFamily(
+                "seqlog_sequencer_shared_waves", "first waves shared by appenders of "
+                "different logs, by how they ended (sent: all of them)", labels=["result"])
+            for result, count in zip(("sent", "completed", "dissolved"),
+                                     self.sequencer.shared_wave_counts, strict=True):
+                waves.add_metric([result], count)
+            yield waves
             yield GaugeMetricFamily("seqlog_sequencer_appends_in_flight",
                                     "appends waiting for their copies",
                                     value=sum(len(s.appenders) for s in sequencers))

@@ -245,6 +245,11 @@ class SequencerConfig:
     frame per loop iteration (STORE_BATCH, RELEASE_BATCH: docs/PROTOCOL.md). 1 sends each in
     a frame of its own, as builds before STORE_BATCH did: set it while storage nodes of such
     builds remain in the cluster (they close a connection that carries one)."""
+    shared_waves: bool = True
+    """Appenders of different logs started in one loop iteration send their first wave
+    together: one copyset, one store timer and one count of answers for all of them
+    (``sequencer.core.shared_wave``; needs ``store_batch_stores_max`` above 1). False: each
+    appender picks, times and counts its own first wave."""
     producers_per_log_max: int = 10_000
     """Producers of idempotent appends a log's sequencer keeps in memory; one it drops is
     looked up on the storage nodes again when it comes back."""

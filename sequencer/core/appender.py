@@ -34,7 +34,7 @@ from shared.effects import Send, send_of
 from shared.ports import Rng
 from shared.status import Status
 from shared.types import Esn, LogId, Lsn, NodeId
-from shared.wire.store import ProducerTag, payloads_checksum, sequencer_store
+from shared.wire.store import ProducerTag, Store, payloads_checksum, sequencer_store
 
 _NONE: frozenset[NodeId] = frozenset()
 
@@ -170,6 +170,23 @@ class Appender:
             last_known_good, release_lsn, timeout_ms, self.key, self.payloads, self.checksum,
             self.producers, self.compression, self.records if self.compression else 0)
         return [send_of(node, store) for node in sends]
+
+    def send_shared_wave(
+        self, *, copyset: tuple[NodeId, ...], timeout_ms: int, sequencer_node: NodeId,
+        last_known_good: Esn, release_lsn: Lsn, now_ms: int,
+    ) -> Store:
+        """The first wave, to ``copyset`` picked for many appenders at once
+        (``sequencer.core.shared_wave``): the state ``send_wave`` leaves, and the STORE."""
+        assert self.wave == 0 and not self.stored_nodes
+        self.wave = 1
+        self.sent_ms = now_ms
+        self.deadline_ms = now_ms + timeout_ms
+        self.recipients = dict.fromkeys(copyset)
+        self.missing = len(copyset)
+        return sequencer_store(
+            self.log_id, self.lsn, 1, sequencer_node, copyset, self.timestamp_ms,
+            last_known_good, release_lsn, timeout_ms, self.key, self.payloads, self.checksum,
+            self.producers, self.compression, self.records if self.compression else 0)
 
     def awaited_sent_ms(self, node: NodeId) -> int:
         """When the STORE whose answer ``node`` owes the current wave went out."""

@@ -58,6 +58,11 @@ class NodesetState:
         self._expire(now_ms)
         return set(self._graylist_until_ms)
 
+    def clean(self) -> bool:
+        """Nothing black- or graylisted: a copyset any other clean state of the same nodeset
+        would pick from the same nodes (``sequencer.core.shared_wave``)."""
+        return not (self._blacklist_until_ms or self._graylist_until_ms)
+
     def pick_copyset(
         self,
         replication: int,

@@ -63,7 +63,7 @@ from shared.types import (
 )
 from shared.wire.recovery import Clean
 from shared.wire.release import Release, release_of
-from shared.wire.store import ProducerTag
+from shared.wire.store import ProducerTag, Store
 
 Effect = Any
 RELEASE_BROADCASTS_PER_MOVE = 3
@@ -372,6 +372,85 @@ class Sequencer:
         )
         self.appenders[first_esn] = appender
         return self._send_wave(appender, now_ms)
+
+    # ---- appends sharing a wave with other logs' (sequencer.core.shared_wave) -----------
+
+    def start_shared(self, group: list[PendingAppend], now_ms: int) -> Appender | None:
+        """``group`` (as for ``on_append_group``) gets its LSNs and appender, whose first wave
+        goes out with other logs' appenders of the same moment (one copyset, one timer, one
+        answer per node for all of them: ``sequencer.core.shared_wave``); None, nothing
+        done, when it cannot (not ACTIVE, draining, idempotent or compressed appends, a
+        black- or graylisted node, the window or the epoch's ESNs full): then
+        ``on_append_group`` takes it the usual way."""
+        window, nodeset, metadata = self.window, self.nodeset, self.metadata
+        if (self.state is not SequencerState.ACTIVE or self._drain_until_ms is not None
+                or window is None or nodeset is None or metadata is None
+                or not nodeset.clean()):
+            return None
+        for pending in group:
+            if pending.producer is not None or pending.compression:
+                return None
+        payloads = group[0].payloads if len(group) == 1 else tuple(
+            payload for pending in group for payload in pending.payloads)
+        if len(payloads) > window.esns_left():
+            return None
+        first_esn = window.grow(len(payloads))
+        if first_esn is None:
+            return None
+        self.last_append_ms = now_ms
+        timestamp_ms = self.timestamp_floor_ms = max(group[0].timestamp_ms,
+                                                     self.timestamp_floor_ms)
+        appender = Appender(
+            log_id=self.log_id, lsn=compose_lsn(self.epoch, first_esn), first_esn=first_esn,
+            payloads=payloads, key=group[0].key, timestamp_ms=timestamp_ms,
+            requests=((group[0].request_id, len(payloads)),) if len(group) == 1 else tuple(
+                (p.request_id, len(p.payloads)) for p in group),
+            replication=metadata.replication_factor)
+        self.appenders[first_esn] = appender
+        return appender
+
+    def send_shared(self, appender: Appender, copyset: tuple[NodeId, ...], timeout_ms: int,
+                    now_ms: int) -> Store:
+        """The STORE of ``appender``'s shared first wave to ``copyset``."""
+        assert self.window is not None
+        store = appender.send_shared_wave(
+            copyset=copyset, timeout_ms=timeout_ms, sequencer_node=self.node_id,
+            last_known_good=self.window.lng, release_lsn=self.release_lsn, now_ms=now_ms)
+        owed = self._release_owed
+        if owed:
+            # These STOREs carry the release pointer (as in _send_wave).
+            owed.difference_update(copyset)
+            if not owed:
+                self._release_due_ms = None
+        return store
+
+    def send_first_wave(self, appender: Appender, now_ms: int) -> list[Effect]:
+        """``appender`` (from ``start_shared``) sends its first wave alone after all."""
+        return self._send_wave(appender, now_ms)
+
+    def shared_live(self, appender: Appender) -> bool:
+        """Whether ``appender`` is still this sequencer's, in its first wave (not completed,
+        not ended by a preemption or a new epoch)."""
+        return (self.state is SequencerState.ACTIVE and appender.wave == 1
+                and self.appenders.get(appender.first_esn) is appender)
+
+    def complete_shared(self, appender: Appender, copyset: frozenset[NodeId],
+                        now_ms: int) -> list[Effect]:
+        """Every node of the shared wave's ``copyset`` answered STORED OK for ``appender``."""
+        if (self.state is not SequencerState.ACTIVE or appender.wave != 1
+                or self.appenders.get(appender.first_esn) is not appender):
+            return []
+        # What on_stored_ok of each node leaves (the appender is retired next).
+        appender.stored_nodes = copyset
+        appender.missing = 0
+        return self._complete(appender, now_ms)
+
+    def adopt_shared(self, appender: Appender) -> None:
+        """The shared wave ended without completing ``appender`` (an answer other than OK,
+        or its timeout): from now on it is this sequencer's like any other, with the
+        wave's deadline as its store timeout."""
+        if self.shared_live(appender):
+            heapq.heappush(self._timers, (appender.deadline_ms, appender.first_esn, 1))
 
     def _withdraw_producers(self, group: list[PendingAppend]) -> list[PendingAppend]:
         """``group`` goes back to wait without LSNs: its idempotent appends are no longer in

@@ -44,8 +44,16 @@ from shared.status import Status
 from shared.tls import is_node_cert
 from shared.types import Lsn, NodeId, is_client_id, node_id_valid
 from shared.wire.append import Append, Appended
+from shared.wire.append_multi import (
+    AppendedMulti,
+    AppendMulti,
+    append_multi_entries,
+    entry_append,
+    other_answer,
+)
 from shared.wire.codec import Message, encode
 from shared.wire.hello import (
+    CLIENT_APPEND_MULTI_VERSION,
     CLIENT_APPEND_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
@@ -62,6 +70,8 @@ CLIENT_MESSAGES: frozenset[type] = frozenset({Read, GetLogState, FindTime})
 """What any client connection may send; with ``CLIENT_APPEND_VERSION`` also APPEND. Anything
 else closes it."""
 CLIENT_APPEND_MESSAGES: frozenset[type] = CLIENT_MESSAGES | {Append}
+CLIENT_APPEND_MULTI_MESSAGES: frozenset[type] = CLIENT_APPEND_MESSAGES | {AppendMulti}
+"""With ``CLIENT_APPEND_MULTI_VERSION``: also APPEND_MULTI."""
 
 CLOSE_WAIT_S = 5.0
 """How long ``Server.close`` waits for sockets to go away before giving up on them."""
@@ -112,6 +122,45 @@ class _ReadReply(_Reply):
         if conn is not None:
             conn.reads_inflight -= 1
             super().__call__(message)
+
+
+class _MultiAnswers:
+    """The answers of one APPEND_MULTI: one slot per entry; the APPENDED_MULTI leaves when
+    the last slot is filled. Each admitted entry holds a place under the connection's
+    in-flight bound until it is answered."""
+
+    __slots__ = ("_answers", "_conn", "_correlation_id", "_missing")
+
+    def __init__(self, conn: _ServerProtocol, correlation_id: int, count: int) -> None:
+        self._conn = conn
+        self._correlation_id = correlation_id
+        self._answers: list[tuple[object, ...] | None] = [None] * count
+        self._missing = count
+
+    def answer(self, index: int, message: Appended) -> None:
+        answers = self._answers
+        if answers[index] is not None:
+            return  # answered already: later calls are ignored, as for one APPEND
+        answers[index] = ((0, message.first_lsn, message.timestamp_ms)
+                          if message.status is Status.OK else other_answer(message))
+        self._missing -= 1
+        if not self._missing:
+            conn = self._conn
+            conn.send(encode(AppendedMulti(sequencer_node=conn._node_id,
+                                           answers=tuple(answers)),  # type: ignore[arg-type]
+                             self._correlation_id))
+
+    def entry_reply(self, index: int) -> ReplyFn:
+        """The ``ReplyFn`` of entry ``index``, handed to the handler like an APPEND's."""
+        conn = self._conn
+
+        def reply(message: Message) -> None:
+            if self._answers[index] is None:
+                conn.appends_inflight -= 1
+                assert isinstance(message, Appended)
+                self.answer(index, message)
+
+        return reply
 
 
 def _overloaded(message: Append, inflight_max: int) -> Appended:
@@ -238,6 +287,10 @@ class _ServerProtocol(FramedProtocol):
                 return
             self.appends_inflight += 1
             reply = _AppendReply(self, correlation_id)
+        elif type(message) is AppendMulti:
+            assert isinstance(message, AppendMulti)
+            self._on_append_multi(peer, correlation_id, message)
+            return
         else:
             if self._guard is not None and (denied := self._guard.check(message)) is not None:
                 self._refuse(correlation_id, message, denied)
@@ -259,6 +312,43 @@ class _ServerProtocol(FramedProtocol):
             # A handler bug: closing makes the peer fail its requests now instead of waiting
             # for replies that will never come.
             log.exception("handler failed on %s from %s; closing", type(message).__name__, peer)
+            self.abort(Status.INTERNAL)
+
+    def _on_append_multi(self, peer: NodeId, correlation_id: int,
+                         message: AppendMulti) -> None:
+        """A client's APPEND_MULTI: each entry is bounded, checked and answered as an APPEND
+        of its own would be (docs/PROTOCOL.md); the answers leave together in one
+        APPENDED_MULTI once the last one is in."""
+        entries = append_multi_entries(message)
+        if entries is None or not correlation_id:
+            self.desync(f"client {peer} sent a malformed APPEND_MULTI")
+            return
+        answers = _MultiAnswers(self, correlation_id, len(entries))
+        inflight_max = self._appends_inflight_max
+        guard = self._guard
+        admitted: list[tuple[int, Append]] = []
+        for index, (log_id, payloads, key) in enumerate(entries):
+            append = entry_append(log_id, payloads, key)
+            if self.appends_inflight >= inflight_max:
+                answers.answer(index, _overloaded(append, inflight_max))
+                continue
+            if guard is not None and (denied := guard.check(append)) is not None:
+                if denied.status is Status.UNAUTHENTICATED:
+                    self._refuse(0, append, denied)  # closes the connection: nothing runs
+                    return
+                refused = refusal(append, denied)
+                assert isinstance(refused, Appended)
+                answers.answer(index, refused)
+                continue
+            self.appends_inflight += 1
+            admitted.append((index, append))
+        handler = self._handler
+        try:
+            # Each entry goes the way of an APPEND: same checks, redirects, answers.
+            for index, append in admitted:
+                handler.on_message(peer, append, answers.entry_reply(index))
+        except Exception:
+            log.exception("handler failed on APPEND_MULTI from %s; closing", peer)
             self.abort(Status.INTERNAL)
 
     def _refuse(self, correlation_id: int, message: Message, denied: Denied) -> None:
@@ -303,7 +393,9 @@ class _ServerProtocol(FramedProtocol):
                 return
             self._guard = guard
         if is_client_id(message.node_id):
-            allowed = (CLIENT_APPEND_MESSAGES if message.protocol_version >= CLIENT_APPEND_VERSION
+            version = message.protocol_version
+            allowed = (CLIENT_APPEND_MULTI_MESSAGES if version >= CLIENT_APPEND_MULTI_VERSION
+                       else CLIENT_APPEND_MESSAGES if version >= CLIENT_APPEND_VERSION
                        else CLIENT_MESSAGES)
         security = self._security
         if allowed is not None or not security.required:

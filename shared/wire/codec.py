@@ -28,6 +28,7 @@ import msgpack
 from shared.limits import FRAME_BYTES_MAX
 from shared.status import Status
 from shared.wire.append import Append, Appended, GetSequencerState, SequencerState
+from shared.wire.append_multi import AppendedMulti, AppendMulti
 from shared.wire.framing import LENGTH as _LENGTH
 from shared.wire.gossip import Gossip
 from shared.wire.hello import Auth, Hello, HelloReply
@@ -52,7 +53,7 @@ Message: TypeAlias = (
     | GetDigest | Digest | Clean | Cleaned | Trim | Trimmed | FindTime | FoundTime
     | GetProducer | ProducerState | StoreBatch | StoredBatch
     | ReleaseBatch | Auth
-    | RebuildStore | RebuildStored
+    | RebuildStore | RebuildStored | AppendMulti | AppendedMulti
 )
 
 MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
@@ -88,6 +89,8 @@ MESSAGE_CLASSES: dict[MessageType, type[Any]] = {
     MessageType.AUTH: Auth,
     MessageType.REBUILD_STORE: RebuildStore,
     MessageType.REBUILD_STORED: RebuildStored,
+    MessageType.APPEND_MULTI: AppendMulti,
+    MessageType.APPENDED_MULTI: AppendedMulti,
 }
 assert set(MESSAGE_CLASSES) == set(MessageType) - RETIRED
 

@@ -10,9 +10,9 @@ from shared.status import Status
 from shared.types import NodeId
 from shared.wire.extension import EXTENSION
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """The newest protocol version this build speaks. 2: clients may send APPEND (with
-``no_forward``) and get ``Appended.redirect_data`` (docs/PROTOCOL.md)."""
+``no_forward``) and get ``Appended.redirect_data``; 3: also APPEND_MULTI (docs/PROTOCOL.md)."""
 PROTOCOL_VERSION_MIN = 1
 """The oldest version a node accepts in a HELLO."""
 NODE_PROTOCOL_VERSION = 1
@@ -22,6 +22,10 @@ while a cluster is upgraded one node at a time."""
 CLIENT_APPEND_VERSION = 2
 """A client must announce at least this version to send APPEND; a node too old for that
 refuses its HELLO with PROTONOSUPPORT."""
+CLIENT_APPEND_MULTI_VERSION = 3
+"""A client must announce at least this version to send APPEND_MULTI. A node too old for it
+refuses the HELLO with PROTONOSUPPORT; the client then says hello again with
+``CLIENT_APPEND_VERSION`` and sends APPENDs only."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

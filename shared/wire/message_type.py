@@ -38,6 +38,8 @@ class MessageType(IntEnum):
     AUTH = 30
     REBUILD_STORE = 31
     REBUILD_STORED = 32
+    APPEND_MULTI = 33
+    APPENDED_MULTI = 34
 
 
 RETIRED: frozenset[MessageType] = frozenset()

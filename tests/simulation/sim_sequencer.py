@@ -117,7 +117,8 @@ class SimSequencerNode:
         self._core_of: dict[Sequencer, Core] = {}
         """Every core this node ever made, by its ``Sequencer`` (the ports get the latter)."""
         self.driver = EffectDriver(
-            self, live=self.live, store_batch_stores_max=self.config.store_batch_stores_max)
+            self, live=self.live, store_batch_stores_max=self.config.store_batch_stores_max,
+            arm_timer=self._arm_timer)
         env.network.add_node(node_id, self._on_message)
         env.queue.after(self.config.release_broadcast_interval_ms, self._broadcast)
 
@@ -159,12 +160,25 @@ class SimSequencerNode:
         self._flush_scheduled = False
         driver = self.driver
         driver.flushing = True
+        staged, self._staged = self._staged, {}
         try:
-            for log_id in list(self._staged):
-                self._flush_group(log_id)
+            if self.up:
+                # As the runtime: appends of different logs may share their first wave.
+                driver.append_groups([(self.core(log_id).sequencer, group)
+                                      for log_id, group in staged.items() if group],
+                                     self._now_ms)
         finally:
             driver.flushing = False
         driver.flush()
+
+    def _arm_timer(self, due_ms: int, callback: Callable[[], None]) -> None:
+        incarnation = self.incarnation
+
+        def fire() -> None:
+            if incarnation == self.incarnation and self.up:
+                callback()
+
+        self.env.queue.after(max(0, due_ms - self._now_ms), fire)
 
     def _flush_group(self, log_id: LogId) -> None:
         group = self._staged.pop(log_id, None)

@@ -336,3 +336,77 @@ async def test_a_burst_of_first_appends_fetches_the_cluster_view_once(
         assert c.protocol == "binary"
     assert len({r.lsn for r in results}) == 256
     assert n1.hits["cluster"] == 1, n1.hits
+
+
+def owned_logs(owner: str, count: int) -> list[int]:
+    return [log_id for log_id in range(1, 10 * count) if hashed_owner(log_id) == owner][:count]
+
+
+async def test_single_appends_to_many_logs_of_one_loop_iteration_travel_as_one_frame(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, _ = nodes
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    logs = owned_logs(owner.node_id, 40)
+    async with client(n1.url) as c:
+        await c.append(logs[0], b"warm")
+        assert c._binary is not None
+        conn = next(iter(c._binary.connections._ready.values()))
+        assert conn.multi
+        frames_before = c._binary.connections.counters.frames_sent
+        results = await asyncio.gather(*(c.append_future(log_id, b"%d.%d" % (log_id, i))
+                                         for i in range(3) for log_id in logs))
+        # The first alone (the connection was idle), then one APPEND_MULTI.
+        assert c._binary.connections.counters.frames_sent - frames_before == 2
+    # Each append its own LSN in its own log, in the order made.
+    lsns = {(log_id, i): r.lsn for (i, log_id), r in zip(
+        [(i, log_id) for i in range(3) for log_id in logs], results, strict=True)}
+    for log_id in logs:
+        base = E1 + (2 if log_id == logs[0] else 1)
+        assert [lsns[(log_id, i)] for i in range(3)] == [base + i for i in range(3)]
+        assert [p for _, p, _ in n1.cluster.logs[log_id][-3:]] == [
+            b"%d.%d" % (log_id, i) for i in range(3)]
+
+
+async def test_append_multi_entries_fail_and_retry_each_on_their_own(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    n1, _ = nodes
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    logs = owned_logs(owner.node_id, 4)
+    async with client(n1.url) as c:
+        await c.append(logs[3], b"warm")
+        # The first append of the burst leaves alone (the connection is idle) and is refused;
+        # then in the APPEND_MULTI the first entry is refused (nothing written: its appends
+        # are retried alone), the second's outcome is unknown (each of its appends fails
+        # so), the third is written.
+        owner.canned = [error(429, "SEQNOBUFS"), error(429, "SEQNOBUFS"),
+                        error(504, "TIMEDOUT")]
+        lone = c.append_future(logs[2], b"lone")
+        outcomes = await asyncio.gather(
+            *(c.append_future(log_id, b"%d.%d" % (log_id, i)) for log_id in logs[:3]
+              for i in range(2)), return_exceptions=True)
+        assert (await lone).lsn == E1 + 3  # retried after the entry of its log was written
+    first, second, third = outcomes[0:2], outcomes[2:4], outcomes[4:6]
+    assert sorted(r.lsn for r in first) == [E1 + 1, E1 + 2]  # type: ignore[union-attr]
+    assert all(isinstance(o, LogError) and o.status is Status.TIMEDOUT for o in second)
+    assert [r.lsn for r in third] == [E1 + 1, E1 + 2]  # type: ignore[union-attr]
+    assert logs[1] not in n1.cluster.logs  # the fake wrote nothing for its canned answer
+
+
+async def test_a_node_without_append_multi_gets_appends(
+        nodes: tuple[FakeNode, FakeNode], monkeypatch: pytest.MonkeyPatch) -> None:
+    import shared.net.server as server_module
+    from shared.wire.hello import CLIENT_APPEND_VERSION
+
+    monkeypatch.setattr(server_module, "PROTOCOL_VERSION", CLIENT_APPEND_VERSION)
+    n1, _ = nodes
+    owner = n1.cluster.nodes[n1.cluster.sequencer]
+    logs = owned_logs(owner.node_id, 5)
+    async with client(n1.url) as c:
+        await c.append(logs[0], b"warm")
+        assert c.protocol == "binary" and c._binary is not None
+        conn = next(iter(c._binary.connections._ready.values()))
+        assert not conn.multi
+        frames_before = c._binary.connections.counters.frames_sent
+        results = await asyncio.gather(*(c.append_future(log_id, b"x") for log_id in logs))
+        assert c._binary.connections.counters.frames_sent - frames_before == 5  # one APPEND per log
+    assert [r.lsn for r in results] == [E1 + 2] + [E1 + 1] * 4
