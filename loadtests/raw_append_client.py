@@ -170,6 +170,10 @@ class RawAppender:
             idle.append(conn)
         check_answer(code, headers, raw)
 
+    def owner(self, log_id: int) -> str:
+        """The URL of a prepared log's sequencer."""
+        return self._owners[log_id][0]
+
     async def loop_connections(self, log_ids: list[int], connections: int
                                ) -> LoopConnections:
         """``connections`` connections for ``LoopConnections.run``, connection *k* appending
@@ -363,3 +367,30 @@ class LoopConnections:
         for conn in self._conns:
             if conn.transport is not None:
                 conn.transport.close()
+
+
+async def _print_owner(seed: str, log_id: int) -> None:
+    appender = RawAppender([seed])
+    try:
+        await appender.prepare(log_id, [b"owner probe"])
+        print(appender.owner(log_id))
+    finally:
+        await appender.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m loadtests.raw_append_client SEED_URL LOG_ID``: print the URL of the log's
+    sequencer (one append goes to it), e.g. to point wrk (``loadtests/wrk_append.lua``) at it:
+    a request to another node would be forwarded, one more hop than the benchmark means."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or not args[1].isdigit():
+        print("usage: python -m loadtests.raw_append_client SEED_URL LOG_ID", file=sys.stderr)
+        return 2
+    asyncio.run(_print_owner(args[0], int(args[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
