@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from http_fakes import ApiClient, FakeLogService, serve
 
+from loadtests.bench_append import bench, build_parser
 from loadtests.raw_append_client import RawAppender
 from shared.status import LogError, Status
 from shared.types import LogId
@@ -122,3 +123,14 @@ async def test_a_closed_loop_ends_when_its_connections_are_gone(
     finally:
         await appender.close()
     assert result.latencies_s == [] and sum(result.errors.values()) >= 1
+
+
+async def test_bench_append_raw_counts_every_request_once(
+        client: ApiClient, fake: FakeLogService) -> None:
+    args = build_parser().parse_args(["--url", _url(client), "--client", "raw", "--inflight",
+                                      "3", "--records", "12", "--warmup", "3"])
+    args.loadavg_start = "0"
+    out = await bench(args)
+    assert (out["records"], out["requests"], out["errors"]) == (12, 12, {})
+    # One append finds the owner, 3 warm up, 12 are measured.
+    assert len(fake.appends) == 1 + 3 + 12
