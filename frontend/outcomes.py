@@ -64,6 +64,9 @@ class TailOutcome:
     epoch: Epoch = Epoch(0)
     sequencer_node: NodeId | None = None
     message: str = ""
+    settling: bool = False
+    """NOTREADY only while a sequencer activates, recovers or takes over (soon ready), not
+    because too few storage nodes answer (ready only once they are back)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

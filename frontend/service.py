@@ -471,14 +471,16 @@ class FrontEnd:
         """``tail``, asked again with backoff for up to ``TAIL_READY_WAIT_MS`` while it answers
         NOTREADY: a sequencer that is activating or recovering (the first append to a log, a
         failover) is ready within milliseconds, and the caller should get the tail, not a 503
-        to retry, as an append waits for the activation it triggers. Past the bound the
-        NOTREADY goes out (a cluster without enough storage nodes stays unready)."""
+        to retry, as an append waits for the activation it triggers. Past the bound, or when
+        too few storage nodes answer (no wait helps until they are back: a console listing
+        many logs must not wait on each), the NOTREADY goes out at once."""
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + TAIL_READY_WAIT_MS / 1000
         pause_s = TAIL_RETRY_PAUSE_MS_MIN / 1000
         while True:
             outcome = await self.tail(log_id)
-            if outcome.status is not Status.NOTREADY or loop.time() + pause_s > deadline_s:
+            if (outcome.status is not Status.NOTREADY or not outcome.settling
+                    or loop.time() + pause_s > deadline_s):
                 return outcome
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, TAIL_RETRY_PAUSE_MS_MAX / 1000)
@@ -556,6 +558,7 @@ class FrontEnd:
                    else "is recovering")
             return TailOutcome(
                 status=Status.NOTREADY, sequencer_node=owner,
+                settling=not (answered and releasing and sealed < seq_epoch),
                 message=f"the sequencer of log {log_id} {why} ({storage_answers} of "
                         f"{len(metadata.nodeset)} storage nodes answered); the tail is not "
                         "known yet: ask again")

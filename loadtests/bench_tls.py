@@ -9,6 +9,11 @@ default). For each run: records/s, and CPU per record of the sequencer, of the
 storage nodes (summed) and of the client, from ``/proc/<pid>/stat``. Prints one JSON line per
 run and a summary line with the ratios of the medians to the open cluster's. Linux only.
 
+An arm may carry a variant after ``~`` (``secure~chacha``, ``open~asyncio``): the same cluster
+with its nodes and client run under ``VARIANTS[variant]``'s environment: a TLS 1.3 cipher
+suite forced through an OpenSSL config file (Python's ``ssl`` cannot choose TLS 1.3 suites),
+or asyncio's own event loop (and its pure-Python TLS) instead of uvloop's.
+
 Run from the repo root: ``.venv/bin/python -m loadtests.bench_tls --rounds 3``.
 """
 
@@ -30,6 +35,29 @@ from services.certs import make_secret
 from shared.config import AuthConfig, TlsConfig
 from shared.http_contract import TOKEN_ENV
 
+CIPHER_SUITES = {"aes128": "TLS_AES_128_GCM_SHA256", "aes256": "TLS_AES_256_GCM_SHA384",
+                 "chacha": "TLS_CHACHA20_POLY1305_SHA256"}
+VARIANTS = (*CIPHER_SUITES, "asyncio")
+_OPENSSL_CONF = """openssl_conf = openssl_init
+[openssl_init]
+ssl_conf = ssl_sect
+[ssl_sect]
+system_default = system_default_sect
+[system_default_sect]
+Ciphersuites = {suite}
+"""
+
+
+def _variant_env(root: Path, variant: str) -> dict[str, str]:
+    """The environment of an arm's nodes and client (see the module doc)."""
+    if not variant:
+        return {}
+    if variant == "asyncio":
+        return {"SEQLOG_EVENT_LOOP": "asyncio"}
+    conf = root / "openssl.cnf"
+    conf.write_text(_OPENSSL_CONF.format(suite=CIPHER_SUITES[variant]))
+    return {"OPENSSL_CONF": str(conf)}
+
 
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -42,11 +70,13 @@ def _bench(root: Path, args: argparse.Namespace, label: str) -> dict[str, object
     pids = {n.node_id: (n.pid, n.roles[0]) for n in state.nodes}
     before = {node: _cpu_s(pid) for node, (pid, _) in pids.items()}
     token = token_cli.local_admin_token(root)
-    env = {**os.environ, TOKEN_ENV: token} if token else None
+    variant = label.partition("~")[2]
+    env = {**os.environ, **_variant_env(root, variant), **({TOKEN_ENV: token} if token else {})}
     run = subprocess.run(
         [sys.executable, "-m", "loadtests.bench_append", "--dir", str(root), "--inflight",
          str(args.inflight), "--records", str(args.records), "--warmup", str(args.warmup),
-         "--size", str(args.size), "--loop", "uvloop", "--label", label],
+         "--size", str(args.size), "--loop", "asyncio" if variant == "asyncio" else "uvloop",
+         "--label", label],
         capture_output=True, text=True, check=True, env=env)
     after = {node: _cpu_s(pid) for node, (pid, _) in pids.items()}
     out = json.loads(run.stdout.strip().splitlines()[-1])
@@ -76,19 +106,30 @@ def main() -> None:
                              "A/A controls), secret, auth, secure; the first is the baseline")
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    for arm in arms:
+        if arm.partition("~")[2] not in ("", *VARIANTS):
+            parser.error(f"unknown variant in {arm!r}: one of {', '.join(VARIANTS)}")
     roots = {name: Path(tempfile.mkdtemp(prefix=f"bench-tls-{name}-")) for name in arms}
     try:
-        for name, root in roots.items():
+        for arm, root in roots.items():
+            name = arm.partition("~")[0]
             tls = None
             if name in ("secret", "auth"):
                 tls = TlsConfig(cluster_secret_file=str(make_secret(root / "cluster-secret")))
             # As ``local up --secure`` / ``--auth``: an admin token the bench's client sends.
             auth = (token_cli.write_local_auth(root) if name in ("auth", "secure")
                     else AuthConfig())
-            lc.up(lc.LocalClusterSpec(dir=root, storage_nodes=3, sequencers=1, replication=3,
-                                      base_port=lc.free_base_port(4), fsync=args.fsync,
-                                      secure=name == "secure", tls=tls, auth=auth),
-                  ready_timeout_ms=60_000)
+            saved = dict(os.environ)
+            os.environ.update(_variant_env(root, arm.partition("~")[2]))  # the nodes inherit it
+            try:
+                lc.up(lc.LocalClusterSpec(dir=root, storage_nodes=3, sequencers=1,
+                                          replication=3, base_port=lc.free_base_port(4),
+                                          fsync=args.fsync, secure=name == "secure", tls=tls,
+                                          auth=auth),
+                      ready_timeout_ms=60_000)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in roots}
         for round_index in range(args.rounds):
             # Each round starts with another arm, so no arm always runs right after another.
@@ -104,8 +145,15 @@ def main() -> None:
         base = arms[0]
         ratios = {name: {k: round(medians[name][k] / medians[base][k], 3) for k in keys}
                   for name in arms[1:]}
+        # Paired: each round's ratio to the base arm of the same round, then their median
+        # (steadier than a ratio of medians when the machine's load drifts between rounds).
+        paired = {name: {k: round(statistics.median(
+            float(r[k]) / float(b[k])  # type: ignore[arg-type]
+            for r, b in zip(runs[name], runs[base], strict=True)), 3) for k in keys}
+            for name in arms[1:]}
         print(json.dumps({"summary": f"ratios to {base}", "inflight": args.inflight,
-                          "fsync": args.fsync, "medians": medians, "ratios": ratios}),
+                          "fsync": args.fsync, "medians": medians, "ratios": ratios,
+                          "paired_ratios": paired}),
               flush=True)
     finally:
         for root in roots.values():

@@ -150,6 +150,10 @@ class Client:
         """Set once appends go over HTTP for good: asked to, or the cluster does not offer the
         binary protocol."""
         self._cluster_info: ClusterInfo | None = None
+        self._first_cluster: asyncio.Future[ClusterInfo] | None = None
+        """The cluster view being fetched for the binary path's set-up, shared by every append
+        that needs it meanwhile (a burst of first appends makes one request, not one new
+        connection and TLS handshake each)."""
         self.batch_bytes_plain = 0
         """Payload bytes of the append-batches sent with ``compression``, plain ..."""
         self.batch_bytes_sent = 0
@@ -328,9 +332,17 @@ class Client:
             return self._binary
         info = self._cluster_info
         if info is None:
+            first = self._first_cluster
+            if first is None:
+                first = self._first_cluster = asyncio.ensure_future(self.cluster())
+                # Retrieved even if every waiter went away (no "never retrieved" warning).
+                first.add_done_callback(lambda f: f.cancelled() or f.exception())
             try:
-                info = await self.cluster()
+                # Shielded: one caller cancelled must not cancel the others' fetch.
+                info = await asyncio.shield(first)
             except LogError:
+                if self._first_cluster is first:
+                    self._first_cluster = None  # the next append asks again
                 return None  # the HTTP path reports why no node answers
         if self._binary is not None or self._binary_off:
             return self._binary

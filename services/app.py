@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from epoch_store import open_epoch_store
@@ -39,7 +39,7 @@ from shared.config import ClusterConfig, ProcessConfig
 from shared.net.node_auth import NodeSecurity
 from shared.net.pool import PeerPool
 from shared.net.server import start_server
-from shared.net.types import ReplyFn
+from shared.net.types import Counters, ReplyFn
 from shared.security.auth import Authenticator
 from shared.status import Status
 from shared.types import NodeId
@@ -87,12 +87,15 @@ class _RoleCollector(Collector):
 
     def __init__(self, storage: StorageNode | None, sequencer: SequencerRuntime | None,
                  pool: PeerPool, gossip: GossipRuntime,
-                 rebuild: RebuildRuntime | None = None) -> None:
+                 rebuild: RebuildRuntime | None = None,
+                 data_port: Counters | None = None) -> None:
         self.storage, self.sequencer, self.pool = storage, sequencer, pool
+        self.data_port = data_port if data_port is not None else Counters()
+        """The data port server's counters (its refusals)."""
         self.gossip = gossip
         self.rebuild = rebuild
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         if self.storage is not None:
             for name, value in self.storage.stats().items():
                 yield GaugeMetricFamily(f"seqlog_storage_{name}", f"storage node {name}",
@@ -137,9 +140,22 @@ class _RoleCollector(Collector):
                                 "skewed, old instance, unknown sender)",
                                 value=self.gossip.gossips_dropped)
         counters = self.pool.counters
-        for name in ("frames_sent", "writes", "frames_received", "connect_failures"):
+        for name in ("frames_sent", "writes", "bytes_sent", "frames_received", "bytes_received",
+                     "connect_failures"):
             yield GaugeMetricFamily(f"seqlog_transport_{name}", f"node-to-node {name}",
                                     value=getattr(counters, name))
+        for name in ("frames_sent", "writes", "bytes_sent", "frames_received",
+                     "bytes_received"):
+            yield GaugeMetricFamily(f"seqlog_data_port_{name}", f"data port (connections "
+                                    f"accepted from clients and nodes): {name}",
+                                    value=getattr(self.data_port, name))
+        refused = CounterMetricFamily(
+            "seqlog_data_connections_refused", "data-port sockets closed before HELLO: their "
+            "address held data_connections_per_ip_max connections or TLS handshakes "
+            "(per_address), or the node held data_connections_max (full)", labels=["reason"])
+        refused.add_metric(["per_address"], self.data_port.refused_per_address)
+        refused.add_metric(["full"], self.data_port.refused_full)
+        yield refused
 
 
 class _AuthCollector(Collector):
@@ -228,7 +244,9 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
 
     membership.subscribe(on_cluster_change)
     registry = CollectorRegistry()
-    registry.register(_RoleCollector(storage, sequencer, pool, gossip, rebuild))
+    data_port_counters = Counters()
+    registry.register(_RoleCollector(storage, sequencer, pool, gossip, rebuild,
+                                     data_port_counters))
     registry.register(NodeSecurityCollector(security))
     registry.register(_AuthCollector(auth))
     registry.register(OpsCollector(epoch_store, sequencer,
@@ -279,7 +297,9 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
                                     cluster_fingerprint=fingerprint,
                                     handler=_Dispatcher(service, storage, gossip),
                                     config=config.transport, security=security, auth=auth,
-                                    connections_max=config.limits.data_connections_max)
+                                    connections_max=config.limits.data_connections_max,
+                                    addresses_max=config.limits.data_connections_per_ip_max,
+                                    counters=data_port_counters)
         yield
         await server.close()
 

@@ -7,9 +7,11 @@ Routes that name a log need a grant on that log: append and append-batch ``appen
 records, tail, find-time and nodesets ``read``; trim ``trim``. Routes under
 ``ADMIN_PREFIXES`` (cluster operations) need ``admin`` on every log. Every other route (the
 cluster view a client bootstraps from, the logs list, metrics, the console, the OpenAPI
-document) needs a valid token and no grant. ``AuthConfig.open_paths`` (the probes) need
-nothing. Authentication comes first: without valid credentials every route but those is 401,
-whatever else is wrong with the request.
+document) needs a valid token and no grant. ``AuthConfig.open_paths`` (the probes) and
+``CONSOLE_SHELL_PATHS`` (the console's page, script and stylesheet: code shipped in the
+package, no data; a browser cannot send a token with a navigation, so the page loads first
+and then asks for one) need nothing. Authentication comes first: without valid credentials
+every route but those is 401, whatever else is wrong with the request.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ LOG_ROUTE_ACTIONS: dict[str, Action] = {
     "/v1/logs/{log_id}/trim": Action.TRIM,
 }
 ADMIN_PREFIXES: tuple[str, ...] = ("/v1/admin/",)
+CONSOLE_SHELL_PATHS = frozenset({"/ui", "/ui/", "/ui/static/index.html",
+                                 "/ui/static/console.js", "/ui/static/console.css"})
 
 
 def _log_id(text: str | None) -> int | None:
@@ -40,7 +44,7 @@ def _log_id(text: str | None) -> int | None:
 def authorize(auth: Authenticator, path: str, route: str | None, log_id_text: str | None,
               authorization: str | None) -> Identity | Denied | None:
     """The identity a request runs as, why it is refused, or None (an open path)."""
-    if path in auth.config.open_paths:
+    if path in auth.config.open_paths or path in CONSOLE_SHELL_PATHS:
         return None
     identity = auth.authenticate(bearer_token(authorization))
     if isinstance(identity, Denied):

@@ -36,6 +36,7 @@ from typing import Any
 
 from epoch_store import zk_server
 from epoch_store.zk_server import ServerHandle
+from services import token_cli
 from shared.config import (
     AuthConfig,
     ClusterConfig,
@@ -606,6 +607,10 @@ def format_table(state: ClusterState, root: Path) -> str:
     footer = [f"epoch store: {state.epoch_store}"]
     if state.ca_file:
         footer.append(f"secure: TLS and node authentication on; CA {state.ca_file}")
+    token_file = root / token_cli.AUTH_DIR / token_cli.ADMIN_TOKEN_FILE
+    if state.sequencer_urls and token_file.exists():
+        footer.append(f"console: {state.sequencer_urls[0]}/ui/ (sign in with the admin token "
+                      f"in {token_file})")
     if state.zookeeper is not None:
         running = "running" if zk_server.alive(state.zookeeper) else "stopped"
         footer.append(f"zookeeper: pid {state.zookeeper.pid}, {running}, "

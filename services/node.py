@@ -46,6 +46,8 @@ from shared import malloc_tuning
 from shared.config import ProcessConfig, process_from_dict
 
 HTTP_SHUTDOWN_TIMEOUT_S = 10.0
+EVENT_LOOP_ENV = "SEQLOG_EVENT_LOOP"
+"""``asyncio``: run on asyncio's own event loop instead of uvloop (benchmarks)."""
 SHUTDOWN_SHARE_HTTP = 0.2
 SHUTDOWN_SHARE_DRAIN = 0.25
 """Shares of the shutdown bound for in-flight HTTP requests (long-poll reads, appends) and for
@@ -214,11 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         shutdown_timeout_ms = args.shutdown_timeout_ms
     # Batches are big allocations: keep their buffers in the heap (shared/malloc_tuning.py).
     malloc_tuning.tune()
-    try:
-        import uvloop
-        uvloop.install()
-    except ImportError:
-        pass
+    if os.environ.get(EVENT_LOOP_ENV, "uvloop") != "asyncio":
+        # asyncio's own loop only when asked (loadtests.bench_tls compares their TLS).
+        try:
+            import uvloop
+            uvloop.install()
+        except ImportError:
+            pass
     return asyncio.run(serve(config, listen_host=listen_host,
                              shutdown_timeout_ms=shutdown_timeout_ms,
                              config_path=None if args.from_env else args.config))

@@ -558,6 +558,10 @@ class LimitsConfig:
     http_connections_per_ip_max: int = 1_000
     """Open HTTP connections from one client address; past it a new one is answered 503
     OVERLOADED and closed, so one flooding host cannot take the node's connections."""
+    data_connections_per_ip_max: int = 1_000
+    """Open data-port connections from one client address, and as many TLS handshakes under
+    way; past it a new one is closed before HELLO. A peer that proves it is a node (TLS or the
+    cluster secret) does not count."""
     request_head_timeout_ms: int = 10_000
     """A new connection's first request line and headers must arrive within this."""
 
@@ -565,6 +569,8 @@ class LimitsConfig:
         _in_range("http_connections_max", self.http_connections_max, 1, 1_000_000)
         _in_range("data_connections_max", self.data_connections_max, 1, 1_000_000)
         _in_range("http_connections_per_ip_max", self.http_connections_per_ip_max, 1,
+                  1_000_000)
+        _in_range("data_connections_per_ip_max", self.data_connections_per_ip_max, 1,
                   1_000_000)
         _in_range("request_head_timeout_ms", self.request_head_timeout_ms, 10, 600_000)
 

@@ -202,6 +202,9 @@ class RecordStore:
         self._index_writes: set[asyncio.Future[None]] = set()
         self._index_busy: set[int] = set()
         """Segments with an index file write under way (one at a time per segment)."""
+        self._index_deferred: dict[int, bool] = {}
+        """Segments whose final index file was asked for while a write of theirs ran (their
+        ``with_state``): written when that one finishes, or the final file would be lost."""
         self._index_covered: dict[int, int] = {}
         """Per in-memory segment, the data bytes its last index file write covered."""
         self._chunk_crcs: dict[int, list[int]] = {}
@@ -1256,7 +1259,14 @@ class RecordStore:
         being written. ``with_state``: the per-log state folded so far is that of the end of
         this segment's covered bytes (not for a segment closed before this process started
         writing: then nothing after it must be folded twice)."""
-        if segment_id in self._index_busy or (self._closing and not closing):
+        if self._closing and not closing:
+            return
+        if segment_id in self._index_busy:
+            if final:
+                # A checkpoint of this segment is being written as it closed: the final file
+                # follows it (skipping it left the closed segment without one until restart).
+                self._index_deferred[segment_id] = (
+                    self._index_deferred.get(segment_id, True) and with_state)
             return
         covered = self._segment_bytes.get(segment_id, 0)
         snapshot = self._index.memory_snapshot(segment_id)
@@ -1280,6 +1290,14 @@ class RecordStore:
         def written(done: asyncio.Future[tuple[IndexDirectory, int, list[int]]]) -> None:
             self._index_busy.discard(segment_id)
             self._index_writes.discard(done)
+            try:
+                finish(done)
+            finally:
+                deferred = self._index_deferred.pop(segment_id, None)
+                if deferred is not None and not self._closing:
+                    self._write_index(segment_id, final=True, with_state=deferred)
+
+        def finish(done: asyncio.Future[tuple[IndexDirectory, int, list[int]]]) -> None:
             error = done.exception()
             if error is not None:
                 # The in-memory index stays (and serves); a later roll or open tries again.

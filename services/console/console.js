@@ -6,9 +6,11 @@ const REFRESH_MS = 2000;
 const CHART_POINTS = 60;
 const RECENT_RECORDS = 20;
 const PAYLOAD_PREVIEW = 120;
-const EPOCH_OPEN = 4294967294;  // a nodeset's last_epoch when it has no end yet
+const EPOCH_OPEN = 4294967294;
+const TRIMS_KEPT_MAX = 10000;  // logs whose trim point the logs page remembers  // a nodeset's last_epoch when it has no end yet
 const state = { timer: null, page: null, history: [], lastStats: null, logsPrev: new Map(),
-                logsQuery: "", logsPage: 0 };
+                logsQuery: "", logsPage: 0, token: "", trims: new Map(), trimsBusy: false,
+                refreshing: false, refreshAgain: false };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -24,15 +26,85 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// ---- credentials ------------------------------------------------------------------------
+// With client authentication on (docs/SECURITY.md) every API call carries the user's bearer
+// token. It comes from the sign-in form or from the URL fragment (#token=T, handy for a link
+// made by `seqlog token`), and lives in sessionStorage only: it goes when the tab closes and
+// is never sent anywhere but this node (the fragment never leaves the browser).
+
+const TOKEN_KEY = "seqlog.token";
+
+function storedToken() {
+  try { return sessionStorage.getItem(TOKEN_KEY) || ""; } catch (e) { return ""; }
+}
+
+function storeToken(token) {
+  try {
+    if (token) sessionStorage.setItem(TOKEN_KEY, token); else sessionStorage.removeItem(TOKEN_KEY);
+  } catch (e) { /* storage refused (private mode): the token lives in this page only */ }
+  state.token = token;
+}
+
+function tokenFromFragment() {
+  // "#token=T" or "#/logs/7&token=T": take the token, leave the page's route in the URL.
+  const match = location.hash.match(/(^#|[&?])token=([^&]*)/);
+  if (!match) return;
+  storeToken(decodeURIComponent(match[2]).trim());
+  const rest = location.hash.replace(match[0], match[1] === "#" ? "#" : "").replace(/^#&/, "#");
+  history.replaceState(null, "", location.pathname + location.search +
+                       (rest === "#" ? "#/cluster" : rest));
+}
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
 async function getJson(path) {
-  const answer = await fetch(path, { headers: { Accept: "application/json" } });
+  const headers = { Accept: "application/json" };
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  const answer = await fetch(path, { headers });
   const body = await answer.json().catch(() => ({}));
   if (!answer.ok) {
-    const error = new Error(body.message || `${answer.status} ${answer.statusText}`);
-    error.status = answer.status;
-    throw error;
+    throw new ApiError(answer.status, body.status || "",
+                       body.message || `${answer.status} ${answer.statusText}`);
   }
   return body;
+}
+
+function signInPage(main, error) {
+  // 401: no token, or one the node refuses (bad signature, expired, revoked).
+  const input = el("input", { type: "password", id: "token-input", autocomplete: "off",
+                              placeholder: "bearer token", spellcheck: "false" });
+  const form = el("form", { id: "token-form", class: "signin" },
+    el("h1", {}, "Sign in"),
+    el("p", { id: "auth-message", class: "auth-error" }, state.token
+      ? `This node refused the token (401 ${error.code || "UNAUTHENTICATED"}): ${error.message}`
+      : "This cluster requires a bearer token (401 UNAUTHENTICATED)."),
+    el("p", { class: "muted" }, "Paste a token made by `seqlog token create` (a local " +
+       "cluster's admin token is in its directory: auth/admin.token). It is kept in this " +
+       "tab only."),
+    input, el("button", { type: "submit", id: "token-submit" }, "Sign in"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    storeToken(input.value.trim());
+    start();
+  });
+  if (state.timer) { clearInterval(state.timer); state.timer = null; }
+  setBanner("");
+  main.replaceChildren(form);
+  setStatus("signed out");
+  updateSignOut();
+  document.body.dataset.ready = "1";
+  document.body.dataset.auth = "needed";
+  input.focus();
+}
+
+function updateSignOut() {
+  document.getElementById("signout").hidden = !state.token;
 }
 
 function formatLsn(lsn) {
@@ -235,8 +307,7 @@ async function logsPage(main) {
   const answer = await getJson(`/ui/api/logs?q=${encodeURIComponent(query)}` +
                                `&page=${state.logsPage}&page_size=50`);
   const now = Date.now();
-  const tails = await Promise.all(answer.logs.map((row) =>
-    getJson(`/v1/logs/${row.log_id}/tail`).catch(() => null)));
+  fetchTrims(answer.logs.map((row) => row.log_id));
   const missing = answer.unreachable.concat(answer.dead.map((n) => `${n} (DEAD)`));
   setBanner(missing.length ? `Partial list: no answer from ${missing.join(", ")}` : "");
   const rows = answer.logs.map((row, i) => {
@@ -250,11 +321,11 @@ async function logsPage(main) {
       rate = formatRate(Math.max(0, appended) / Math.max(seconds, 0.001));
     }
     state.logsPrev.set(row.log_id, { at: now, next_lsn: row.next_lsn, epoch: row.epoch });
-    const tail = tails[i];
+    const trim = state.trims.get(row.log_id);
     return [el("td", {}, el("a", { href: `#/logs/${row.log_id}` }, row.log_id)),
             row.sequencer, stateCell(row.state + (row.recovering ? " (recovering)" : "")),
             num(row.epoch), num(formatLsn(row.release_lsn)),
-            num(tail ? formatLsn(tail.trim_lsn) : "?"), num(rate),
+            el("td", { class: "num", "data-trim": row.log_id }, trimText(trim)), num(rate),
             num(Math.max(0, row.next_lsn - 1 - row.release_lsn)), num(row.appends_in_flight),
             num(row.idle_ms === null ? "never" : `${(row.idle_ms / 1000).toFixed(1)} s ago`)];
   });
@@ -281,6 +352,28 @@ async function logsPage(main) {
   const active = document.activeElement;
   if (!active || active === document.body) search.focus();
   if (query) { search.focus(); search.setSelectionRange(query.length, query.length); }
+}
+
+// A log's trim point is not in the logs list: each row's comes from its /tail, fetched in the
+// background and kept (trim points rarely move), so that the table never waits for them. A
+// recovering log's /tail can take seconds (it waits while NOTREADY), and a browser asks one
+// node at most six things at once: 50 rows could hold the page for many seconds.
+function trimText(trim) {
+  return trim === undefined ? "…" : trim === null ? "?" : formatLsn(trim);
+}
+
+function fetchTrims(logIds) {
+  if (state.trimsBusy) return;
+  state.trimsBusy = true;
+  if (state.trims.size > TRIMS_KEPT_MAX) state.trims.clear();
+  Promise.all(logIds.map((logId) => getJson(`/v1/logs/${logId}/tail`)
+    .then((tail) => state.trims.set(logId, tail.trim_lsn))
+    .catch(() => state.trims.set(logId, null))
+    .then(() => {
+      const cell = document.querySelector(`td[data-trim="${logId}"]`);
+      if (cell) cell.textContent = trimText(state.trims.get(logId));
+    })))
+    .finally(() => { state.trimsBusy = false; });
 }
 
 async function logPage(main, logId) {
@@ -343,6 +436,25 @@ function route() {
 }
 
 async function refresh() {
+  // One refresh at a time: a slow answer must not pile the timer's refreshes up behind it; a
+  // refresh asked for meanwhile (a search, a page) runs when the current one ends.
+  if (state.refreshing) {
+    state.refreshAgain = true;
+    return;
+  }
+  state.refreshing = true;
+  try {
+    await refreshNow();
+  } finally {
+    state.refreshing = false;
+    if (state.refreshAgain) {
+      state.refreshAgain = false;
+      refresh();
+    }
+  }
+}
+
+async function refreshNow() {
   const main = document.getElementById("main");
   const current = route();
   for (const link of document.querySelectorAll("nav a")) {
@@ -355,17 +467,39 @@ async function refresh() {
     else await logPage(main, current.logId);
     setStatus(`updated ${new Date().toLocaleTimeString()}`);
     document.body.dataset.ready = "1";
+    document.body.dataset.auth = state.token ? "token" : "open";
   } catch (error) {
-    setBanner(`This node could not answer: ${error.message}`);
-    setStatus("stale");
+    if (error.status === 401) {
+      signInPage(main, error);
+    } else if (error.status === 403) {
+      // A valid token whose principal lacks a grant this page needs: say which, keep the token.
+      setBanner(`Access denied (403 ${error.code || "ACCESS"}): ${error.message}`);
+      setStatus("access denied");
+      document.body.dataset.ready = "1";
+    } else {
+      setBanner(`This node could not answer: ${error.message}`);
+      setStatus("stale");
+    }
   }
 }
 
 function start() {
   if (state.timer) clearInterval(state.timer);
   state.timer = setInterval(refresh, REFRESH_MS);
+  updateSignOut();
   refresh();
 }
 
-window.addEventListener("hashchange", () => { document.body.dataset.ready = ""; start(); });
+window.addEventListener("hashchange", () => {
+  tokenFromFragment();
+  document.body.dataset.ready = "";
+  start();
+});
+document.getElementById("signout").addEventListener("click", () => {
+  storeToken("");
+  document.body.dataset.ready = "";
+  start();
+});
+state.token = storedToken();
+tokenFromFragment();
 start();

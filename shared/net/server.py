@@ -20,6 +20,11 @@ cluster secret (``shared.net.node_auth``): with a node certificate (mutual TLS),
 answering the HELLO_REPLY's challenge with AUTH before anything else. Until then it is not a
 peer: its frames reach no handler. With ``NodeSecurity.tls`` every connection starts with a TLS
 handshake with the certificates current at accept time (``shared.tls``).
+
+One client address holds at most ``addresses_max`` connections (and, with TLS, as many
+handshakes under way): past it a new socket is closed before HELLO, so one flooding host cannot
+take the connection slots of the others (``shared.net.address_limit``). A peer that proves it is
+a node gives its address's slot back.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import asyncio
 import logging
 
 from shared.config import TransportConfig
+from shared.net.address_limit import AddressLimit, peer_ip
 from shared.net.connection import FramedProtocol, TlsReads, wait_lost
 from shared.net.node_auth import NONCE_BYTES, Exchange, NodeSecurity, new_nonce
 from shared.net.tls_listener import TlsListener, start_tls_listener
@@ -117,6 +123,8 @@ def _overloaded(message: Append, inflight_max: int) -> Appended:
 
 class _ServerProtocol(FramedProtocol):
     __slots__ = (
+        "_address",
+        "_addresses",
         "_allowed",
         "_appends_inflight_max",
         "_auth",
@@ -139,8 +147,12 @@ class _ServerProtocol(FramedProtocol):
     def __init__(self, *, node_id: NodeId, cluster_fingerprint: str, handler: MessageHandler,
                  config: TransportConfig, counters: Counters,
                  connections: dict[_ServerProtocol, None], security: NodeSecurity,
-                 auth: Authenticator | None = None, connections_max: int = 0) -> None:
+                 auth: Authenticator | None = None, connections_max: int = 0,
+                 addresses: AddressLimit | None = None) -> None:
         super().__init__(counters)
+        self._addresses = addresses
+        self._address: str | None = None
+        """The client address whose slot this connection holds, until it closes."""
         self._security = security
         self._node_cert = False
         """Whether the peer showed a node certificate signed by the cluster CA."""
@@ -169,6 +181,14 @@ class _ServerProtocol(FramedProtocol):
         super().connection_made(transport)
         if self._security.tls is not None:
             self._node_cert = is_node_cert(transport.get_extra_info("peercert"))
+        addresses = self._addresses
+        if addresses is not None:
+            ip = peer_ip(transport.get_extra_info("peername"))
+            if not addresses.acquire(ip):
+                self._counters.refused_per_address += 1
+                self.abort(Status.OVERLOADED)
+                return
+            self._address = ip
         if self._connections_max and len(self._connections) >= self._connections_max:
             # A flood must not lock clients out: make room by closing the oldest connection
             # that has not said HELLO yet (the dict keeps them in arrival order), else refuse
@@ -177,6 +197,7 @@ class _ServerProtocol(FramedProtocol):
             if waiting is None:
                 log.warning("refusing a connection from %s: %d connections open",
                             self.peer_address(), len(self._connections))
+                self._counters.refused_full += 1
                 self.abort(Status.OVERLOADED)
                 return
             waiting.abort(Status.OVERLOADED)
@@ -339,6 +360,13 @@ class _ServerProtocol(FramedProtocol):
     def _accept(self, node_id: NodeId, allowed: frozenset[type] | None) -> None:
         self._peer = node_id
         self._allowed = allowed
+        if allowed is None and self._security.required:
+            self._release_address()
+
+    def _release_address(self) -> None:
+        if self._address is not None and self._addresses is not None:
+            self._addresses.release(self._address)
+        self._address = None
 
     def _on_hello_timeout(self) -> None:
         self._hello_timer = None
@@ -355,6 +383,7 @@ class _ServerProtocol(FramedProtocol):
 
     def _on_closed(self, status: Status) -> None:
         self._cancel_hello_timer()
+        self._release_address()
         if self._guard is not None:
             self._guard.closed()
             self._guard = None
@@ -408,12 +437,16 @@ class Server:
 async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerprint: str,
                        handler: MessageHandler, config: TransportConfig,
                        security: NodeSecurity | None = None,
-                       auth: Authenticator | None = None, connections_max: int = 0) -> Server:
+                       auth: Authenticator | None = None, connections_max: int = 0,
+                       addresses_max: int = 0, counters: Counters | None = None) -> Server:
     """Listen on ``host:port`` (0 picks a free port, see ``Server.port``). Without
     ``security`` the port is open: any peer may claim to be a node. ``auth`` checks clients'
-    credentials; ``connections_max`` bounds the connections open at once (0: no bound)."""
+    credentials; ``connections_max`` bounds the connections open at once, ``addresses_max``
+    those from one address (0: no bound). ``counters``: where to count (the caller's, to
+    export them)."""
     loop = asyncio.get_running_loop()
-    counters = Counters()
+    counters = counters if counters is not None else Counters()
+    addresses = AddressLimit(addresses_max, "connections") if addresses_max else None
     connections: dict[_ServerProtocol, None] = {}
     guard = security if security is not None else NodeSecurity.open()
 
@@ -423,7 +456,10 @@ async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerp
         return kind(node_id=node_id, cluster_fingerprint=cluster_fingerprint,
                                handler=handler, config=config, counters=counters,
                                connections=connections, security=guard, auth=auth,
-                               connections_max=connections_max)
+                               connections_max=connections_max, addresses=addresses)
+
+    def count_refusal() -> None:
+        counters.refused_per_address += 1
 
     tls = guard.tls
     server: asyncio.Server | TlsListener
@@ -433,5 +469,6 @@ async def start_server(host: str, port: int, *, node_id: NodeId, cluster_fingerp
         server = await start_tls_listener(
             host, port, make_protocol, lambda: tls.data_server,
             handshake_timeout_s=config.connect_timeout_ms / 1000,
-            on_failure=lambda peer, exc: guard.failures.add("tls_handshake", peer, repr(exc)))
+            on_failure=lambda peer, exc: guard.failures.add("tls_handshake", peer, repr(exc)),
+            handshakes_per_address_max=addresses_max, on_address_full=count_refusal)
     return Server(server, connections, counters, guard)

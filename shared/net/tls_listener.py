@@ -9,7 +9,9 @@ overruns ``handshake_timeout_s``. ``context()`` is asked at every accept, so cer
 reloaded on SIGHUP apply to every new connection (``shared.tls``).
 
 Handshakes under way are bounded by ``handshakes_max``: past it new sockets are closed at once
-(a flood of half-open handshakes must not grow memory without bound).
+(a flood of half-open handshakes must not grow memory without bound); and by
+``handshakes_per_address_max`` per client address, checked before any TLS work, so that one
+flooding host cannot take every handshake slot (``shared.net.address_limit``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
+
+from shared.net.address_limit import AddressLimit, peer_ip
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,9 @@ class TlsListener:
 
     def __init__(self, sock: socket.socket, factory: Callable[[], asyncio.BaseProtocol],
                  context: Callable[[], ssl.SSLContext], *, handshake_timeout_s: float,
-                 on_failure: FailureFn, handshakes_max: int = HANDSHAKES_MAX) -> None:
+                 on_failure: FailureFn, handshakes_max: int = HANDSHAKES_MAX,
+                 handshakes_per_address_max: int = 0,
+                 on_address_full: Callable[[], None] | None = None) -> None:
         self.sockets = (sock,)
         self._sock = sock
         self._factory = factory
@@ -47,6 +53,8 @@ class TlsListener:
         self._on_failure = on_failure
         self._handshakes_max = handshakes_max
         self._handshakes: set[asyncio.Task[None]] = set()
+        self.addresses = AddressLimit(handshakes_per_address_max, "TLS handshakes under way")
+        self._on_address_full = on_address_full
         self._loop = asyncio.get_running_loop()
         self._accepting = self._loop.create_task(self._accept_loop())
 
@@ -60,16 +68,23 @@ class TlsListener:
                 await asyncio.sleep(ACCEPT_ERROR_PAUSE_S)
                 continue
             peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+            ip = peer_ip(address)
+            if not self.addresses.acquire(ip):
+                conn.close()
+                if self._on_address_full is not None:
+                    self._on_address_full()
+                continue
             if len(self._handshakes) >= self._handshakes_max:
                 conn.close()
+                self.addresses.release(ip)
                 self._on_failure(peer, OverflowError(
                     f"{self._handshakes_max} TLS handshakes already under way"))
                 continue
-            task = loop.create_task(self._handshake(conn, peer))
+            task = loop.create_task(self._handshake(conn, peer, ip))
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
 
-    async def _handshake(self, conn: socket.socket, peer: str) -> None:
+    async def _handshake(self, conn: socket.socket, peer: str, ip: str) -> None:
         try:
             await self._loop.connect_accepted_socket(
                 self._factory, conn, ssl=self._context(),
@@ -80,6 +95,8 @@ class TlsListener:
         except (OSError, ssl.SSLError, ConnectionError, TimeoutError, EOFError) as exc:
             conn.close()
             self._on_failure(peer, exc)
+        finally:
+            self.addresses.release(ip)
 
     def close(self) -> None:
         self._accepting.cancel()
@@ -94,7 +111,9 @@ class TlsListener:
 
 async def start_tls_listener(host: str, port: int, factory: Callable[[], asyncio.BaseProtocol],
                              context: Callable[[], ssl.SSLContext], *,
-                             handshake_timeout_s: float, on_failure: FailureFn) -> TlsListener:
+                             handshake_timeout_s: float, on_failure: FailureFn,
+                             handshakes_per_address_max: int = 0,
+                             on_address_full: Callable[[], None] | None = None) -> TlsListener:
     """Listen on ``host:port`` (0: a free port) and serve TLS connections with ``factory``."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM,
@@ -110,4 +129,6 @@ async def start_tls_listener(host: str, port: int, factory: Callable[[], asyncio
         sock.close()
         raise
     return TlsListener(sock, factory, context, handshake_timeout_s=handshake_timeout_s,
-                       on_failure=on_failure)
+                       on_failure=on_failure,
+                       handshakes_per_address_max=handshakes_per_address_max,
+                       on_address_full=on_address_full)

@@ -43,3 +43,9 @@ class Counters:
     connect_failures: int = 0
     desyncs: int = 0
     """Connections closed because a frame could not be decoded or was unexpected."""
+    refused_per_address: int = 0
+    """Server: sockets closed at once because their address held all its connection (or TLS
+    handshake) slots (``LimitsConfig.data_connections_per_ip_max``)."""
+    refused_full: int = 0
+    """Server: sockets closed at once because the node held ``data_connections_max`` and none
+    could be evicted."""

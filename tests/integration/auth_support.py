@@ -54,7 +54,8 @@ class SecureCluster:
         return {"Authorization": f"Bearer {self.tokens['admin']}"}
 
 
-def start_secure_cluster(root: Path) -> SecureCluster:
+def start_secure_cluster(root: Path, *, tls: bool = False) -> SecureCluster:
+    """``tls``: also TLS everywhere and node authentication, as ``local up --secure``."""
     root.mkdir(parents=True, exist_ok=True)
     key = new_key()
     (root / "keys.txt").write_text(key + "\n")
@@ -64,7 +65,7 @@ def start_secure_cluster(root: Path) -> SecureCluster:
     secure.write_permissions()
     spec = lc.LocalClusterSpec(
         dir=root, storage_nodes=3, sequencers=1, replication=3,
-        base_port=lc.free_base_port(4), fsync="never",
+        base_port=lc.free_base_port(4), fsync="never", secure=tls,
         auth=AuthConfig(enabled=True, key_file=str(root / "keys.txt"),
                         permissions_file=str(permissions),
                         reload_interval_ms=RELOAD_INTERVAL_MS),

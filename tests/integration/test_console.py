@@ -141,6 +141,10 @@ def test_logs_page_shows_and_searches_the_logs(console: Console, cluster: Runnin
     console.page.wait_for_function(
         "ids => ids.every(id => document.querySelector('#logs').textContent.includes(id))",
         arg=[str(i) for i in logs])
+    # Trim points arrive after the table (each from the log's /tail, in the background).
+    console.page.wait_for_function(
+        "ids => ids.every(id => (document.querySelector(`td[data-trim='${id}']`) || {})"
+        ".textContent !== '…')", arg=[str(i) for i in logs])
     rows = {int(r[0]): r for r in console.cells("logs")}
     for log_id in logs:
         tail = get_json(f"{cluster.sequencer_urls[0]}/v1/logs/{log_id}/tail")

@@ -101,7 +101,9 @@ class _StorePorts:
     def held_ranges(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn) -> list[tuple[Lsn, Lsn]]:
         return self._node.held_ranges(log_id, from_lsn, until_lsn)
 
-    def submit_store(self, store: Store, done: Callable[[Status], None]) -> Status:
+    def submit_store(self, store: Store, done: Callable[[Status], None], *,
+                     inline_ok: bool = True) -> Status:
+        # ``inline_ok`` picks the real store's commit thread; the simulated disk has none.
         return self._node.submit_store(store, done)
 
     def submit_seal(self, seal: Any, done: Callable[[Status], None]) -> Status:
@@ -113,7 +115,7 @@ class _StorePorts:
     def queued_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn
                       ) -> list[tuple[int, int, tuple[int, int]]]:
         """As ``RecordStore.queued_copies``: the copies submitted and not yet written."""
-        from shared.wire.store import copy_precedence  # type: ignore[attr-defined]
+        from shared.wire.store import copy_precedence
         return [(s.lsn, s.last_lsn, copy_precedence(s.flags, s.wave))
                 for s in self._node.pending_stores
                 if s.log_id == log_id and s.lsn <= until_lsn and s.last_lsn >= from_lsn]

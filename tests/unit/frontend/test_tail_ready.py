@@ -19,9 +19,10 @@ from shared.types import Epoch, LogId, Lsn, NodeId
 class _Tails:
     """Stands in for a FrontEnd whose single-attempt ``tail`` answers from a script."""
 
-    def __init__(self, answers: list[Status]) -> None:
+    def __init__(self, answers: list[Status], *, settling: bool = True) -> None:
         self.answers = answers
         self.calls = 0
+        self.settling = settling
 
     async def tail(self, log_id: LogId) -> TailOutcome:
         status = self.answers[min(self.calls, len(self.answers) - 1)]
@@ -29,7 +30,8 @@ class _Tails:
         if status is Status.OK:
             return TailOutcome(status=status, release_lsn=Lsn(7), trim_lsn=Lsn(0),
                                epoch=Epoch(1), sequencer_node=NodeId("seq1"))
-        return TailOutcome(status=status, sequencer_node=NodeId("seq1"), message="not yet")
+        return TailOutcome(status=status, sequencer_node=NodeId("seq1"), message="not yet",
+                           settling=self.settling)
 
 
 async def _tail_ready(tails: _Tails) -> TailOutcome:
@@ -59,3 +61,10 @@ async def test_other_answers_go_out_at_once() -> None:
         tails = _Tails([status])
         outcome = await _tail_ready(tails)
         assert (outcome.status, tails.calls) == (status, 1)
+
+
+async def test_too_few_storage_nodes_is_answered_at_once() -> None:
+    """No wait helps until the storage nodes are back: NOTREADY goes out on the first try."""
+    tails = _Tails([Status.NOTREADY, Status.OK], settling=False)
+    outcome = await _tail_ready(tails)
+    assert (outcome.status, tails.calls) == (Status.NOTREADY, 1)

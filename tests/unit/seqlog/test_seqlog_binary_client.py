@@ -324,3 +324,15 @@ async def test_closing_the_client_fails_held_appends_as_not_sent_and_sent_ones_a
             assert info.value.status is Status.SHUTDOWN  # never sent: nothing written
     await asyncio.sleep(0.05)
     assert owner.hits["append-batch"] == 0
+
+
+async def test_a_burst_of_first_appends_fetches_the_cluster_view_once(
+        nodes: tuple[FakeNode, FakeNode]) -> None:
+    """256 appends at once on a new client: one GET /v1/cluster sets the binary path up (not
+    one each, which over HTTPS was one new connection and TLS handshake per append)."""
+    n1, _ = nodes
+    async with client(n1.url, connections_max=256) as c:
+        results = await asyncio.gather(*(c.append(1, b"x%d" % i) for i in range(256)))
+        assert c.protocol == "binary"
+    assert len({r.lsn for r in results}) == 256
+    assert n1.hits["cluster"] == 1, n1.hits

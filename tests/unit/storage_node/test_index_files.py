@@ -8,8 +8,12 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -375,6 +379,31 @@ async def test_a_crash_between_a_roll_and_its_index_file_loses_nothing(
         assert node.store.index_snapshot() == before
         assert node.log_state(LOG) == state
         assert await all_lsns(node) == [lsn(1, e) for e in range(6, 61)]
+
+
+async def test_a_roll_during_a_checkpoint_of_the_segment_still_gets_its_final_index_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The segment closes while a checkpoint index file of it is being written (a slow disk):
+    its final index file is written after that one, not skipped until the next restart."""
+    import storage_node.record_store as record_store_module
+
+    real_write = record_store_module.write_index
+    slow = threading.Event()
+
+    def slow_checkpoints(*args: Any) -> Any:
+        final = args[3]
+        if not final:
+            slow.set()
+            time.sleep(0.3)  # in the index thread: the roll happens meanwhile
+        return real_write(*args)
+
+    monkeypatch.setattr(record_store_module, "write_index", slow_checkpoints)
+    config = storage_config(index_checkpoint_bytes=256 * 1024)
+    async with running_node(str(tmp_path), config) as node:
+        await fill(node, range(1, 61))
+        assert slow.is_set()  # a checkpoint ran: the scenario happened
+        await wait_until(lambda: node.stats()["index_sealed_segments"] >= 1, timeout_s=10)
+        assert await all_lsns(node) == [lsn(1, e) for e in range(1, 61)]
 
 
 async def test_state_written_after_the_last_checkpoint_survives_a_restart(
