@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal
 
-from loadtests.raw_append_client import RawAppender
+from loadtests.raw_append_client import LoopConnections, RawAppender
 from seqlog import Client, LogError
 from services.local_cluster import load_state
 
@@ -238,7 +238,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def bench_raw(args: argparse.Namespace) -> dict[str, Any]:
-    """``bench`` with ``loadtests.raw_append_client``: same loop, same report."""
+    """``bench`` with ``loadtests.raw_append_client``: same closed loop, same report. With at
+    least one connection per log (``--inflight`` >= ``--logs``) the requests go out from the
+    connections' read callbacks (``RawAppender.loop_connections``: no coroutine step per
+    request); connection *k* then always appends to log ``first_log + k % logs``."""
     urls = resolve_urls(args)
     payloads = [os.urandom(args.size)] * args.batch
     first_log, logs, batch = args.first_log, args.logs, args.batch
@@ -246,21 +249,53 @@ async def bench_raw(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for log_id in range(first_log, first_log + logs):
             await appender.prepare(log_id, payloads)
+        warmup_requests = max(math.ceil(args.warmup / batch), logs)
+        requests = math.ceil(args.records / batch)
+        if args.inflight >= logs:
+            pool = await appender.loop_connections(list(range(first_log, first_log + logs)),
+                                                   args.inflight)
+            try:
+                warm = await raw_loop(pool, warmup_requests, batch)
+                if warm.errors and not warm.latencies_s:
+                    raise SystemExit(json.dumps({"error": f"warmup failed: {dict(warm.errors)}"}))
+                phase = await raw_loop(pool, requests, batch, sequencer_pids(args))
+            finally:
+                pool.close()
+            return report(args, phase, urls)
 
         async def op(i: int) -> int:
             await appender.append(first_log + i % logs)
             return len(payloads)
 
-        warmup_requests = max(math.ceil(args.warmup / batch), logs)
         warm = await closed_loop(op, warmup_requests, args.inflight)
         if warm.errors and not warm.latencies_s:
             raise SystemExit(json.dumps({"error": f"warmup failed: {dict(warm.errors)}"}))
-        requests = math.ceil(args.records / batch)
         phase = await closed_loop(op, requests, args.inflight, start_index=warmup_requests,
                                   server_pids=sequencer_pids(args))
     finally:
         await appender.close()
     return report(args, phase, urls)
+
+
+async def raw_loop(pool: LoopConnections, requests: int, batch: int,
+                   server_pids: dict[str, int] | None = None) -> Phase:
+    """``closed_loop``'s measurement around ``LoopConnections.run``."""
+    phase = Phase()
+    pids = server_pids or {}
+    s0 = {node: process_cpu_s(pid) for node, pid in pids.items()}
+    c0 = cpu_s()
+    t0 = time.perf_counter()
+    result = await pool.run(requests)
+    phase.elapsed_s = time.perf_counter() - t0
+    phase.cpu_s = cpu_s() - c0
+    for node, pid in pids.items():
+        before, after = s0[node], process_cpu_s(pid)
+        if before is not None and after is not None:
+            phase.server_cpu_s[node] = after - before
+    phase.latencies_s = result.latencies_s
+    phase.errors = result.errors
+    phase.records_ok = len(result.latencies_s) * batch
+    return phase
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,6 +40,16 @@ seqlog() {
         | tail -1 >> "$OUT"
     "${bench[@]}" --client raw --inflight 256 --records 50000 --label seqlog-r3-fsync \
         | tail -1 >> "$OUT"
+    # The same 256 connections from wrk (a C load generator; done-when 3 allows either), at
+    # log 1's sequencer so that nothing is forwarded.
+    if command -v wrk >/dev/null; then
+        local seed owner
+        seed=$(.venv/bin/python -c "import json,sys; print('http://' + next(n['http'] for n \
+in json.load(open(sys.argv[1]))['nodes'] if 'sequencer' in n['roles']))" "$DIR/c/cluster.json")
+        owner=$(.venv/bin/python -m loadtests.raw_append_client "$seed" 1)
+        SEQLOG_LOG=1 SEQLOG_SIZE=1024 SEQLOG_INFLIGHT=256 wrk -t1 -c256 -d10s \
+            -s loadtests/wrk_append.lua "$owner" | tail -1 >> "$OUT"
+    fi
     # The buffered writer (seqlog.BufferedWriter, 5 ms linger), 4096 appends outstanding:
     # incompressible payloads with lz4 (kept only where it shrinks a batch, so sent plain),
     # and JSON log lines (loadtests/json_log_lines.py, ~1 KiB) with zstd and lz4.

@@ -28,7 +28,8 @@ def main(path: str) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for (bench, inflight, batch), runs in rows.items():
         def med(field: str, runs: list[dict[str, float]] = runs) -> float:
-            return statistics.median(float(r[field]) for r in runs)
+            values = [float(r[field]) for r in runs if r.get(field) is not None]
+            return statistics.median(values) if values else float("nan")
         print(f"| {bench} | {inflight} | {batch} | {med('records_per_s'):,.0f} | "
               f"{med('p50_ms'):.2f} | {med('p99_ms'):.2f} | {med('client_cpu_util'):.2f} | "
               f"{len(runs)} |")

@@ -1,7 +1,8 @@
 -- wrk script: closed-loop msgpack appends (one request in flight per connection).
 -- Environment: SEQLOG_LOG (log id), SEQLOG_SIZE (payload bytes), SEQLOG_BATCH (records per
 -- request; >1 uses append-batch), SEQLOG_PIPELINE (requests written back to back per
--- connection before reading the answers; default 1). Body encoding is plain msgpack written by hand because wrk's
+-- connection before reading the answers; default 1), SEQLOG_INFLIGHT (only copied into the
+-- output: wrk's -c, for loadtests.summarize). Body encoding is plain msgpack written by hand because wrk's
 -- Lua has no msgpack module: map{"payload": bin} or map{"payloads": array of bin}.
 local log_id = os.getenv("SEQLOG_LOG") or "1"
 local size = tonumber(os.getenv("SEQLOG_SIZE") or "1024")
@@ -51,10 +52,12 @@ end
 
 function done(summary, latency, requests)
   io.write(string.format(
-    '{"bench": "seqlog_append_wrk", "batch": %d, "size": %d, "requests_per_s": %.1f, ' ..
+    '{"bench": "seqlog_append_wrk", "inflight": %d, "batch": %d, "size": %d, ' ..
+    '"requests_per_s": %.1f, ' ..
     '"records_per_s": %.1f, "p50_ms": %.3f, "p99_ms": %.3f, "max_ms": %.3f, ' ..
     '"non_200": %d, "socket_errors": %d}\n',
-    batch, size, summary.requests / (summary.duration / 1e6),
+    tonumber(os.getenv("SEQLOG_INFLIGHT") or "0"), batch, size,
+    summary.requests / (summary.duration / 1e6),
     batch * summary.requests / (summary.duration / 1e6),
     latency:percentile(50) / 1000, latency:percentile(99) / 1000, latency.max / 1000,
     summary.errors.status, summary.errors.connect + summary.errors.read +

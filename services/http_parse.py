@@ -230,6 +230,12 @@ def _append_options(
     payloads_checked: bool = False,
 ) -> AppendRequest | Rejection:
     """``payloads_checked``: a compressed batch, whose records ``check_batch`` checked."""
+    if len(doc) == 1 and not payloads_checked:
+        # Nothing but the payload(s), as most appends come: no options to look up.
+        invalid = check_payloads(payloads, api)
+        if invalid is not None:
+            return Rejection(invalid.status, invalid.message)
+        return AppendRequest(payloads=payloads, key=None, producer_id=None, producer_seq=None)
     key = doc.get("key")
     producer_id = doc.get("producer_id")
     producer_seq = doc.get("producer_seq")

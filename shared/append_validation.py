@@ -60,6 +60,13 @@ def check_payload(payload: object, name: str, api: ApiConfig) -> Invalid | None:
 
 def check_payloads(payloads: Sequence[object], api: ApiConfig) -> Invalid | None:
     """Count, type and size of every payload, and their total against ``request_bytes_max``."""
+    if len(payloads) == 1:
+        # One payload (every single append) that passes, said without the generic loops
+        # (ApiConfig keeps batch_records_max >= 1 and request_bytes_max >= payload_bytes_max);
+        # anything else gets the full checks below, and their message.
+        payload = payloads[0]
+        if type(payload) is bytes and len(payload) <= api.payload_bytes_max:
+            return None
     invalid = check_records_count(len(payloads), api)
     if invalid is not None:
         return invalid

@@ -3,9 +3,12 @@ over a fake service: appends land, a 307 leads to the owner, error answers becom
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from http_fakes import ApiClient, FakeLogService, serve
 
+from loadtests.bench_append import bench, build_parser
 from loadtests.raw_append_client import RawAppender
 from shared.status import LogError, Status
 from shared.types import LogId
@@ -65,3 +68,69 @@ async def test_error_answers_raise_their_status(client: ApiClient, fake: FakeLog
     finally:
         await appender.close()
     assert len(fake.appends) == 2
+
+
+async def test_a_closed_loop_sends_every_request_once(
+        client: ApiClient, fake: FakeLogService) -> None:
+    appender = RawAppender([_url(client)])
+    try:
+        await appender.prepare(4, [b"p"])
+        await appender.prepare(6, [b"q", b"r"])
+        pool = await appender.loop_connections([4, 6], 3)
+        try:
+            result = await pool.run(10)
+            again = await pool.run(5)  # the same connections, kept alive
+        finally:
+            pool.close()
+    finally:
+        await appender.close()
+    assert len(result.latencies_s) == 10 and not result.errors
+    assert len(again.latencies_s) == 5 and not again.errors
+    assert all(latency > 0 for latency in result.latencies_s)
+    # prepare appended once per log; connections 0 and 2 write log 4, connection 1 log 6.
+    landed = [(a.log_id, a.payloads) for a in fake.appends]
+    assert len(landed) == 2 + 15
+    assert set(landed) == {(LogId(4), (b"p",)), (LogId(6), (b"q", b"r"))}
+
+
+async def test_a_closed_loop_counts_error_answers_by_status(
+        client: ApiClient, fake: FakeLogService) -> None:
+    appender = RawAppender([_url(client)])
+    try:
+        await appender.prepare(9, [b"x"])
+        pool = await appender.loop_connections([9], 2)
+        try:
+            fake.fail_with = Status.SEQNOBUFS
+            failed = await pool.run(4)
+            fake.fail_with = None
+            ok = await pool.run(3)  # error answers leave the connections usable
+        finally:
+            pool.close()
+    finally:
+        await appender.close()
+    assert failed.latencies_s == [] and failed.errors == {"SEQNOBUFS": 4}
+    assert len(ok.latencies_s) == 3 and not ok.errors
+
+
+async def test_a_closed_loop_ends_when_its_connections_are_gone(
+        client: ApiClient, fake: FakeLogService) -> None:
+    appender = RawAppender([_url(client)])
+    try:
+        await appender.prepare(2, [b"x"])
+        pool = await appender.loop_connections([2], 2)
+        pool.close()
+        result = await asyncio.wait_for(pool.run(5), timeout=10)
+    finally:
+        await appender.close()
+    assert result.latencies_s == [] and sum(result.errors.values()) >= 1
+
+
+async def test_bench_append_raw_counts_every_request_once(
+        client: ApiClient, fake: FakeLogService) -> None:
+    args = build_parser().parse_args(["--url", _url(client), "--client", "raw", "--inflight",
+                                      "3", "--records", "12", "--warmup", "3"])
+    args.loadavg_start = "0"
+    out = await bench(args)
+    assert (out["records"], out["requests"], out["errors"]) == (12, 12, {})
+    # One append finds the owner, 3 warm up, 12 are measured.
+    assert len(fake.appends) == 1 + 3 + 12
