@@ -58,6 +58,9 @@ SECURITY_KEY = web.AppKey("security", NodeSecurity)
 AUTH_KEY = web.AppKey("auth", Authenticator)
 """The node's credentials (docs/SECURITY.md); ``services.node`` reloads them on SIGHUP."""
 
+SHARDS_READ_WAIT_MS = 250
+"""How long /v1/cluster waits for a fresh read of the shards' state before it answers with
+the last one read (the epoch store may be reconnecting)."""
 DRAIN_TIMEOUT_S = 5.0
 
 
@@ -269,9 +272,30 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     app[HTTPS_KEY] = security.tls is not None
     app[AUTH_KEY] = auth
 
-    async def shards() -> list[dict[str, Any]] | None:
+    # /v1/cluster is what clients discover the cluster with: it must not wait on the epoch
+    # store (a ZooKeeper reconnect held it for seconds). One read at a time, waited for up
+    # to SHARDS_READ_WAIT_MS; past that the last state read answers, and the read finishes
+    # in the background to refresh it.
+    shards_known: list[list[dict[str, Any]] | None] = [None]
+    shards_read: list[asyncio.Task[list[dict[str, Any]] | None] | None] = [None]
+
+    async def read_shards() -> list[dict[str, Any]] | None:
         status, state, _ = await cluster_state.read()
-        return cs.as_json(state) if status is Status.OK else None
+        if status is Status.OK:
+            shards_known[0] = cs.as_json(state)
+        return shards_known[0]
+
+    async def shards() -> list[dict[str, Any]] | None:
+        task = shards_read[0]
+        if task is None or task.done():
+            task = shards_read[0] = asyncio.get_running_loop().create_task(read_shards())
+            # Retrieved here: a read that fails after the request stopped waiting for it
+            # must not be logged as a never-retrieved exception.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        done, _ = await asyncio.wait((task,), timeout=SHARDS_READ_WAIT_MS / 1000)
+        if done and task.exception() is None:
+            return task.result()
+        return shards_known[0]
 
     app[SHARDS_KEY] = shards
     tls = security.tls
