@@ -67,7 +67,7 @@ from storage_node.core.rebuild import (
     narrowed,
     target_step,
 )
-from storage_node.core.rebuild_accept import queued_winners, rebuild_pieces
+from storage_node.core.rebuild_accept import outside, queued_winners, rebuild_pieces
 from storage_node.core.store_machine import store_fields_status
 from storage_node.disk_identity import DiskState, ForeignDiskError
 from storage_node.rebuild_reads import read_pieces
@@ -767,24 +767,7 @@ def _without(held: list[tuple[Lsn, Lsn]], damaged: tuple[tuple[int, int], ...]
     """``held`` less the ``damaged`` ranges (both sorted)."""
     kept: list[tuple[Lsn, Lsn]] = []
     for lo, hi in held:
-        for first, last in _missing([(Lsn(a), Lsn(b)) for a, b in damaged], lo, hi):
+        for first, last in outside(damaged, lo, hi):
             kept.append((Lsn(first), Lsn(last)))
     return kept
-
-
-def _missing(held: list[tuple[Lsn, Lsn]], first: int, last: int) -> list[tuple[int, int]]:
-    """The parts of ``first..last`` outside the ``held`` ranges (sorted, inside it)."""
-    gaps: list[tuple[int, int]] = []
-    cursor = first
-    for lo, hi in held:
-        if hi < cursor:
-            continue
-        if lo > last:
-            break
-        if lo > cursor:
-            gaps.append((cursor, min(lo - 1, last)))
-        cursor = max(cursor, hi + 1)
-    if cursor <= last:
-        gaps.append((cursor, last))
-    return gaps
 

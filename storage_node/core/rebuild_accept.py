@@ -45,17 +45,18 @@ def rebuild_pieces(held: Sequence[tuple[int, int]], winners: Sequence[tuple[int,
                    first: int, last: int) -> list[tuple[int, int]]:
     """The parts of ``first..last`` outside both ``held`` (the index) and ``winners``
     (``queued_winners``), each sorted and non-overlapping."""
-    gaps = _outside(held, first, last)
+    gaps = outside(held, first, last)
     if not winners:
         return gaps
     pieces: list[tuple[int, int]] = []
     for lo, hi in gaps:
-        pieces.extend(_outside(winners, lo, hi))
+        pieces.extend(outside(winners, lo, hi))
     return pieces
 
 
-def _outside(ranges: Sequence[tuple[int, int]], first: int, last: int
-             ) -> list[tuple[int, int]]:
+def outside(ranges: Sequence[tuple[int, int]], first: int, last: int
+            ) -> list[tuple[int, int]]:
+    """The parts of ``first..last`` outside the sorted ``ranges`` (sorted, inside it)."""
     gaps: list[tuple[int, int]] = []
     cursor = first
     for lo, hi in ranges:

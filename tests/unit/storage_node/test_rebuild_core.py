@@ -20,7 +20,7 @@ from storage_node.core.rebuild import (
     narrowed,
     wanted,
 )
-from storage_node.rebuild_runtime import _missing
+from storage_node.core.rebuild_accept import outside as _missing
 
 
 def _piece(lsn: int, copyset: tuple[str, ...] = ("st1", "st2"), size: int = 10) -> Piece:
