@@ -9,11 +9,9 @@ vouches for everything, and the copies after the damaged entry stay on one node 
 
 Open (issue 17): with this rate limit the test passes (three runs, by whichever path found
 the damage); with a slower rate (40 KiB/s) generation 3 never came within 180 s in three runs.
-Not established why. A candidate from reading the code: an entry covered by an index
-checkpoint is not read by the start-up scan, and the background scrub checks only sealed
-segments, so damage in the checkpointed part of the newest segment is found only when a read
-hits it. If so, the fix is to scrub the checkpointed part of every segment a restart did not
-scan. Behind ``--run-slow`` until that is fixed."""
+Not established why (a storage-node probe with a byte flipped inside the newest segment's
+checkpointed part found the damage at restart, so the start-up scan is not simply missing it).
+Behind ``--run-slow`` until that is fixed."""
 
 from __future__ import annotations
 
