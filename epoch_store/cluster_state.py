@@ -22,6 +22,7 @@ from typing import Any
 
 from shared import cluster_state as cs
 from shared.cluster_state import ClusterState, ClusterStateStore
+from shared.durable_files import replace_atomically
 from shared.status import Status
 
 FILE_NAME = "cluster_state.json"
@@ -87,20 +88,7 @@ class FileClusterState:
             if version != expected_version:
                 return Status.AGAIN
             document = {"version": version + 1, "state": json.loads(cs.encode(state))}
-            data = json.dumps(document, sort_keys=True).encode()
-            temporary = self._path + ".tmp"
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(temporary, self._path)
-            dir_fd = os.open(self._root, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            replace_atomically(self._path, json.dumps(document, sort_keys=True).encode())
             return Status.OK
         except OSError:
             return Status.INTERNAL

@@ -276,26 +276,24 @@ def create_app(config: ProcessConfig, *, listen_host: str | None = None,
     # store (a ZooKeeper reconnect held it for seconds). One read at a time, waited for up
     # to SHARDS_READ_WAIT_MS; past that the last state read answers, and the read finishes
     # in the background to refresh it.
-    shards_known: list[list[dict[str, Any]] | None] = [None]
-    shards_read: list[asyncio.Task[list[dict[str, Any]] | None] | None] = [None]
+    shards_known: list[dict[str, Any]] | None = None
+    shards_read: asyncio.Task[None] | None = None
 
-    async def read_shards() -> list[dict[str, Any]] | None:
+    async def read_shards() -> None:
+        nonlocal shards_known
         status, state, _ = await cluster_state.read()
         if status is Status.OK:
-            shards_known[0] = cs.as_json(state)
-        return shards_known[0]
+            shards_known = cs.as_json(state)
 
     async def shards() -> list[dict[str, Any]] | None:
-        task = shards_read[0]
-        if task is None or task.done():
-            task = shards_read[0] = asyncio.get_running_loop().create_task(read_shards())
+        nonlocal shards_read
+        if shards_read is None or shards_read.done():
+            shards_read = asyncio.get_running_loop().create_task(read_shards())
             # Retrieved here: a read that fails after the request stopped waiting for it
             # must not be logged as a never-retrieved exception.
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        done, _ = await asyncio.wait((task,), timeout=SHARDS_READ_WAIT_MS / 1000)
-        if done and task.exception() is None:
-            return task.result()
-        return shards_known[0]
+            shards_read.add_done_callback(lambda t: t.cancelled() or t.exception())
+        await asyncio.wait((shards_read,), timeout=SHARDS_READ_WAIT_MS / 1000)
+        return shards_known
 
     app[SHARDS_KEY] = shards
     tls = security.tls

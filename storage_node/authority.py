@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 
+from shared.durable_files import replace_atomically
 from storage_node.core.authority import AuthorityStatus
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,6 @@ FILE_NAME = "authority.json"
 class AuthorityFile:
     def __init__(self, data_dir: str) -> None:
         self._path = os.path.join(data_dir, FILE_NAME)
-        self._dir = data_dir
         self._lock = threading.Lock()
         self._saved_version = 0
 
@@ -49,18 +49,5 @@ class AuthorityFile:
             version = status.version
             if version == self._saved_version:
                 return
-            data = json.dumps(status.snapshot(), sort_keys=True).encode()
-            temporary = self._path + ".tmp"
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(temporary, self._path)
-            dir_fd = os.open(self._dir, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            replace_atomically(self._path, json.dumps(status.snapshot(), sort_keys=True).encode())
             self._saved_version = version

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from shared.durable_files import replace_atomically
+
 FILE_NAME = "identity.json"
 FORMAT_VERSION = 1
 SEGMENTS_DIR = "segments"
@@ -105,21 +107,8 @@ def inspect(data_dir: str, *, cluster: str, node_id: str) -> Inspection:
 def write(data_dir: str, marker: Marker) -> None:
     """Write ``marker`` durably (atomic replace). Raises OSError if it cannot."""
     os.makedirs(data_dir, exist_ok=True)
-    path = os.path.join(data_dir, FILE_NAME)
-    temporary = path + ".tmp"
-    data = json.dumps(marker.document(), sort_keys=True).encode()
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(temporary, path)
-    dir_fd = os.open(data_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_atomically(os.path.join(data_dir, FILE_NAME),
+                       json.dumps(marker.document(), sort_keys=True).encode())
 
 
 def new_marker(*, cluster: str, node_id: str, generation: int) -> Marker:

@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from shared.config import FsyncMode
+from shared.durable_files import fsync_dir as fsync_dir
 from shared.status import Status
 from storage_node.segment_format import ScannedEntry, scan_segment
 
@@ -618,14 +619,6 @@ def _truncate(path: str, size: int) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
         os.ftruncate(fd, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -16,18 +16,11 @@ import os
 import time
 from collections.abc import Iterator
 
+from shared.durable_files import fsync_dir
+
 LOCK_POLL_MS_MIN = 0.2
 LOCK_POLL_MS_MAX = 5.0
 """Polling bounds while another process holds a log's lock (flock has no timeout of its own)."""
-
-
-def fsync_dir(path: str) -> None:
-    """Make a directory's entries (a rename, a new child) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def ensure_dir(path: str) -> None:
@@ -52,22 +45,6 @@ def read_bytes(path: str, bytes_max: int) -> bytes | None:
             return f.read(bytes_max + 1)
     except FileNotFoundError:
         return None
-
-
-def replace_atomically(path: str, data: bytes, tmp_path: str) -> None:
-    """Replace ``path`` by ``data`` durably. Call only while holding the lock that guards
-    ``tmp_path``."""
-    fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp_path, path)
-    fsync_dir(os.path.dirname(path) or ".")
 
 
 @contextlib.contextmanager

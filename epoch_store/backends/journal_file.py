@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from epoch_store.backends import file_io
 from epoch_store.core import journal, records
+from shared.durable_files import fsync_dir
 from shared.epoch_metadata import LastCleanEpoch, LogMetadata
 from shared.status import Status
 from shared.types import LogId
@@ -266,7 +267,7 @@ class Journal:
         finally:
             os.close(fd)
         os.replace(tmp_path, self.path)
-        file_io.fsync_dir(self.root_dir)
+        fsync_dir(self.root_dir)
 
     def _commit_locked(self, writes: list[Write]) -> list[Status]:
         assert self._fd is not None
