@@ -12,6 +12,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
+from epoch_store.cluster_state import MemoryClusterState
 from shared import cluster_state as cs
 from shared.cluster_state import DIRTY_RANGES_MAX, DonorProgress, ShardState, ShardStatus
 from shared.status import Status
@@ -36,6 +37,7 @@ from storage_node.core.rebuild_scope import (
     segment_scope,
     target_decision,
 )
+from storage_node.rebuild_runtime import RebuildRuntime
 from tests.unit.storage_node.helpers import (
     lsn,
     make_store,
@@ -289,6 +291,40 @@ async def test_a_segment_with_entries_past_its_index_file_is_unranged(tmp_path: 
     async with running_node(data_dir, config) as node:
         assert node.store.authority.damaged
         assert node.store.authority.damage_scope() is None  # the whole shard
+
+
+# ---- the driver records it ---------------------------------------------------------------
+
+
+async def test_the_runtime_mini_rebuilds_a_reads_damage_and_escalates_an_unranged_one(
+        tmp_path: Path) -> None:
+    """``RebuildRuntime.poll_once`` on a real node: a read's damage is recorded as a
+    mini-rebuild of its range (same generation); an unranged damage found while it runs
+    begins it again for the next generation, of the whole shard."""
+    store = MemoryClusterState()
+    assert (await cs.change(store, cs.registered("n1", 1, 0)))[0] is Status.OK
+    data_dir = str(tmp_path / "n1")
+    async with running_node(data_dir, storage_config()) as node:
+        runtime = RebuildRuntime(node=node, data_dir=data_dir, cluster_name="c",
+                                 state_store=store, storage_nodes=lambda: ("n1", "n2"),
+                                 request=lambda *_: None)
+        runtime.generation = 1
+        try:
+            assert node.store.authority.range_damaged(L3, 10, 20)
+            await runtime.poll_once()
+            shard = store.state.shard("n1")
+            assert shard is not None and shard.status is ShardStatus.REBUILDING
+            assert shard.dirty == ((3, ((10, 20),)),) and shard.generation == 1
+            assert runtime.metrics()["rebuild_shard_mini_rebuilding"] == 1
+            assert runtime.metrics()["rebuild_shard_dirty_ranges"] == 1
+            assert node.store.authority.segments_damaged(frozenset({99}))  # unranged
+            await runtime.poll_once()
+            shard = store.state.shard("n1")
+            assert shard is not None and shard.status is ShardStatus.REBUILDING
+            assert (shard.generation, shard.dirty, shard.rebuilds_count) == (2, (), 2)
+            assert runtime.metrics()["rebuild_shard_mini_rebuilding"] == 0
+        finally:
+            await runtime.close()
 
 
 # ---- the rate limit ----------------------------------------------------------------------
