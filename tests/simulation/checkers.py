@@ -308,9 +308,16 @@ class SafetyChecker:
         self._check_rereplicated(keys & self.acked_keys, f"after {node}'s rebuild")
 
     def _check_rereplicated(self, keys: Iterable[Key], when: str) -> None:
+        # A copy another disk lost and that disk's rebuild (a mini-rebuild of its damage)
+        # has yet to restore counts as held here: it is checked when that rebuild finishes.
+        pending: dict[Key, set[NodeId]] = {}
+        for node, lost_keys in self.wiped.items():
+            for key in lost_keys:
+                pending.setdefault(key, set()).add(node)
         for key in sorted(keys):
             log_id, lsn = key
-            held = self.copies.get(key, set()) | self.damage_lost.get(key, set())
+            held = (self.copies.get(key, set()) | self.damage_lost.get(key, set())
+                    | pending.get(key, set()))
             replication = self._replication_of(log_id)
             if len(held) < replication:
                 fail("D1", f"{when}: acknowledged log {log_id} {format_lsn(lsn)} is on "

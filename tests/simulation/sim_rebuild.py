@@ -322,7 +322,10 @@ class SimRebuilding:
             key = (node_id, NodeId(shard.node_id))
             current = self._donations.get(key)
             if (current is not None and current.generation == shard.rebuild_generation
-                    and current.incarnation == node.incarnation):
+                    and current.incarnation == node.incarnation
+                    and not current.core.progress.done):
+                # (A finished one is of an earlier rebuild of the same generation: the
+                # shard's damage was mini-rebuilt after it, as ``_run_donations`` sees.)
                 continue
             self._start(node_id, NodeId(shard.node_id), shard.rebuild_generation, progress,
                         shard.dirty)
