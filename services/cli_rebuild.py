@@ -2,7 +2,8 @@
 (``shared.cluster_state``).
 
 ``rebuild status`` asks a node for ``GET /v1/cluster`` and shows every shard (disk
-generation, status, since when, who asked) and, for each rebuild or drain under way, a
+generation, status, since when, what its rebuild covers: the whole shard or a mini-rebuild's
+damaged ranges, who asked) and, for each rebuild or drain under way, a
 progress bar per donor (bytes sent against the donor's estimate of what it holds, records
 sent) and whether it is done; ``--watch`` redraws until nothing is being rebuilt.
 
@@ -66,13 +67,25 @@ def _shards(url: str) -> list[dict[str, Any]]:
     return shards
 
 
+def _scope(shard: dict[str, Any]) -> str:
+    """What the shard's rebuild (under way, or the last one) covers: the whole shard, or a
+    mini-rebuild's damaged LSN ranges (absent from nodes that predate mini-rebuilds)."""
+    if shard["status"] not in ("REBUILDING", "AUTHORITATIVE") or not shard.get("rebuilds_count"):
+        return "-"
+    dirty = shard.get("dirty_ranges") or []
+    if not dirty:
+        return "shard"
+    ranges = sum(len(r) for _, r in dirty)
+    return f"mini: {ranges} range{'s' * (ranges != 1)} of {len(dirty)} log{'s' * (len(dirty) != 1)}"
+
+
 def format_shards(shards: list[dict[str, Any]], now_ms: int) -> str:
-    rows = [("SHARD", "GENERATION", "STATUS", "SINCE", "REQUESTED_BY", "REASON")]
+    rows = [("SHARD", "GENERATION", "STATUS", "SINCE", "REBUILT", "REQUESTED_BY", "REASON")]
     for shard in shards:
         since = shard["since_ms"]
         ago = f"{(now_ms - since) / 1000:,.0f}s ago" if since else "-"
         rows.append((shard["node_id"], str(shard["generation"]), shard["status"], ago,
-                     shard["requested_by"] or "-", shard["reason"] or "-"))
+                     _scope(shard), shard["requested_by"] or "-", shard["reason"] or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows)
@@ -94,7 +107,9 @@ def _draw(shards: list[dict[str, Any]], console: Console) -> bool:
             done = total if donor["done"] else min(donor["bytes"], total)
             detail = (f"{donor['records']:,} records, {donor['bytes'] / 2**20:,.1f} MiB"
                       + (" done" if donor["done"] else f", at log {donor['log_id']}"))
-            progress.add_task(f"{shard['status'].lower()} {shard['node_id']} <- "
+            kind = ("mini-rebuilding" if shard["status"] == "REBUILDING" and shard.get("mini")
+                    else shard["status"].lower())
+            progress.add_task(f"{kind} {shard['node_id']} <- "
                               f"{donor['node_id']}", total=total, completed=done,
                               detail=detail)
     progress.refresh()

@@ -174,7 +174,8 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "protocol_version": _uint(2**31 - 1),
             "shards": {"type": "array", "items": {"type": "object"},
                        "description": "storage shards: disk generation, AUTHORITATIVE / "
-                       "REBUILDING / DRAINING / DRAINED / REMOVED, donors' progress "
+                       "REBUILDING / DRAINING / DRAINED / REMOVED, donors' progress, "
+                       "the rebuild's scope (mini: only dirty_ranges, per log LSN ranges) "
                        "(docs/RELIABILITY.md); absent when the epoch store is unreadable"},
         }, required=("cluster", "nodes", "cluster_fingerprint", "protocol_version")),
     }

@@ -10,8 +10,9 @@ znode), so every node and tool agrees on it and it survives restarts of any node
   data has lost it;
 - the shard's **status**: ``AUTHORITATIVE`` (complete), ``REBUILDING`` (since when, who asked,
   for which generation, and every donor's progress: its checkpoint, records and bytes sent,
-  done or not), ``DRAINING``/``DRAINED`` (an operator moves its copies elsewhere while it
-  still serves reads), ``REMOVED``.
+  done or not; and its scope: the whole shard, or for a **mini-rebuild** of damaged copies
+  only the LSN ranges of the logs they were in, ``dirty``), ``DRAINING``/``DRAINED`` (an
+  operator moves its copies elsewhere while it still serves reads), ``REMOVED``.
 
 Everything here is pure: the document model, its JSON form (validated once, hostile input
 answers None), and the transitions, each a function ``state -> state | None`` (None: nothing
@@ -30,7 +31,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from shared.status import Status
-from shared.types import node_id_valid
+from shared.types import LSN_MAX, node_id_valid
 
 FORMAT_VERSION = 1
 SHARDS_MAX = 4096
@@ -38,6 +39,15 @@ DOCUMENT_BYTES_MAX = 4 * 1024 * 1024
 """A document bigger than this is refused (ZooKeeper's znode limit is 1 MiB by default; the
 file store has no limit of its own)."""
 CHANGE_ATTEMPTS_MAX = 64
+DIRTY_RANGES_MAX = 4096
+"""LSN ranges a mini-rebuild's scope may hold (all its logs together): a damage that needs
+more is rebuilt as the whole shard (``storage_node.core.rebuild_scope``)."""
+
+LsnRange = tuple[int, int]
+DirtyRanges = tuple[tuple[int, tuple[LsnRange, ...]], ...]
+"""A mini-rebuild's scope: per log (ascending ids, each once), its LSN ranges (inclusive,
+ascending, disjoint). ``()`` is not "nothing": a rebuild with no ranges is of the whole
+shard (every log, every LSN)."""
 
 
 class ShardStatus(StrEnum):
@@ -81,6 +91,16 @@ class ShardState:
     finished_ms: int = 0
     """When the last rebuild or drain finished (0: never)."""
     rebuilds_count: int = 0
+    dirty: DirtyRanges = ()
+    """The scope of the rebuild under way (or of the last one): ``()`` the whole shard, else
+    a mini-rebuild of only these logs' LSN ranges (damaged copies; see ``DirtyRanges``)."""
+    mini_rebuilds_count: int = 0
+    """How many of ``rebuilds_count`` were mini-rebuilds."""
+
+    @property
+    def mini(self) -> bool:
+        """A mini-rebuild: only ``dirty``'s ranges are walked."""
+        return bool(self.dirty)
 
     def donor(self, node_id: str) -> DonorProgress | None:
         for name, progress in self.donors:
@@ -130,6 +150,8 @@ def _shard_json(shard: ShardState) -> dict[str, Any]:
         "status": shard.status.value, "since_ms": shard.since_ms, "reason": shard.reason,
         "requested_by": shard.requested_by, "rebuild_generation": shard.rebuild_generation,
         "finished_ms": shard.finished_ms, "rebuilds_count": shard.rebuilds_count,
+        "mini": shard.mini, "mini_rebuilds_count": shard.mini_rebuilds_count,
+        "dirty_ranges": [[log_id, [list(r) for r in ranges]] for log_id, ranges in shard.dirty],
         "donors": [{"node_id": name, **dataclasses.asdict(progress)}
                    for name, progress in shard.donors],
     }
@@ -179,9 +201,46 @@ def _shard_of(item: Any) -> ShardState | None:
         if progress is None:
             return None
         donors.append(progress)
+    # Absent in documents written before mini-rebuilds (and by nodes that predate them).
+    dirty = dirty_of(item.get("dirty_ranges", []))
+    mini_count = item.get("mini_rebuilds_count", 0)
+    if dirty is None or not _int(mini_count):
+        return None
     return ShardState(node_id, item["generation"], ShardStatus(str(status)), item["since_ms"],
                       item["reason"], item["requested_by"], item["rebuild_generation"],
-                      tuple(donors), item["finished_ms"], item["rebuilds_count"])
+                      tuple(donors), item["finished_ms"], item["rebuilds_count"], dirty,
+                      mini_count)
+
+
+def dirty_of(value: Any) -> DirtyRanges | None:
+    """A scope from its JSON form (``[[log_id, [[lo, hi], ...]], ...]``) if well formed:
+    logs ascending and valid, each with ranges inclusive, ascending, disjoint, within the
+    LSN space, at most ``DIRTY_RANGES_MAX`` ranges in all; None otherwise."""
+    if type(value) is not list or len(value) > DIRTY_RANGES_MAX:
+        return None
+    logs: list[tuple[int, tuple[LsnRange, ...]]] = []
+    total = 0
+    for item in value:
+        if type(item) is not list or len(item) != 2 or type(item[1]) is not list:
+            return None
+        log_id, raw = item
+        if (type(log_id) is not int or not 0 < log_id < 2**62
+                or (logs and log_id <= logs[-1][0]) or not raw):
+            return None
+        total += len(raw)
+        if total > DIRTY_RANGES_MAX:
+            return None
+        ranges: list[LsnRange] = []
+        previous = 0
+        for pair in raw:
+            if (type(pair) is not list or len(pair) != 2 or type(pair[0]) is not int
+                    or type(pair[1]) is not int
+                    or not previous < pair[0] <= pair[1] <= LSN_MAX):
+                return None
+            ranges.append((pair[0], pair[1]))
+            previous = pair[1]
+        logs.append((log_id, tuple(ranges)))
+    return tuple(logs)
 
 
 def _donor_of(item: Any) -> tuple[str, DonorProgress] | None:
@@ -218,19 +277,21 @@ def registered(node_id: str, generation: int, now_ms: int) -> Transition:
 
 
 def rebuild_started(node_id: str, generation: int, donors: tuple[str, ...], *, now_ms: int,
-                    reason: str, requested_by: str) -> Transition:
+                    reason: str, requested_by: str, dirty: DirtyRanges = ()) -> Transition:
     """The shard's copies are lost (a replaced or damaged disk): REBUILDING for the disk of
-    ``generation`` by ``donors``. Idempotent for the same generation."""
+    ``generation`` by ``donors``; ``dirty``: only those ranges (a mini-rebuild), ``()``
+    everything. Idempotent for the same generation."""
     def apply(state: ClusterState) -> ClusterState | None:
         shard = state.shard(node_id)
         if (shard is not None and shard.status is ShardStatus.REBUILDING
                 and shard.rebuild_generation == generation):
             return None
         count = shard.rebuilds_count + 1 if shard is not None else 1
+        minis = (shard.mini_rebuilds_count if shard is not None else 0) + bool(dirty)
         return state.with_shard(ShardState(
             node_id, generation, ShardStatus.REBUILDING, now_ms, reason, requested_by,
             generation, tuple((d, DonorProgress(updated_ms=now_ms)) for d in sorted(donors)),
-            shard.finished_ms if shard is not None else 0, count))
+            shard.finished_ms if shard is not None else 0, count, dirty, minis))
     return apply
 
 
@@ -278,7 +339,7 @@ def drain_started(node_id: str, donors: tuple[str, ...], *, now_ms: int,
             return None
         return state.with_shard(dataclasses.replace(
             shard, status=ShardStatus.DRAINING, since_ms=now_ms, reason="drain",
-            requested_by=requested_by, rebuild_generation=shard.generation,
+            requested_by=requested_by, rebuild_generation=shard.generation, dirty=(),
             donors=tuple((d, DonorProgress(updated_ms=now_ms)) for d in sorted(donors))))
     return apply
 

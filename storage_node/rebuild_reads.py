@@ -17,6 +17,7 @@ import msgpack
 from shared.status import Status
 from shared.types import LogId, Lsn, NodeId
 from shared.wire.codec import decode_store_fields, encode_fields
+from shared.wire.rebuild import REBUILD_BYTES_MAX
 from shared.wire.store import Store, payloads_checksum
 from storage_node.core.rebuild import Piece, narrowed
 from storage_node.record_index import Location
@@ -26,10 +27,16 @@ from storage_node.segment_format import HEADER_BYTES, EntryType, check_entry
 log = logging.getLogger(__name__)
 
 
-def read_pieces(reader: SegmentReader, log_id: LogId,
-                locations: list[Location]) -> list[Piece]:
+def read_pieces(reader: SegmentReader, log_id: LogId, locations: list[Location],
+                bytes_max: int = REBUILD_BYTES_MAX) -> tuple[list[Piece], int | None]:
+    """The pieces, and where the read stopped early (the first LSN not read) once it had
+    ``bytes_max`` bytes of them (a chunk's worth: at a low rate limit a chunk is small, and
+    reading thousands of records to send a few was wasted work), else None."""
     pieces: list[Piece] = []
-    for location in locations:
+    size = 0
+    for at, location in enumerate(locations):
+        if size >= bytes_max:
+            return pieces, int(locations[at].first_lsn)
         try:
             data = reader.pread(location.segment_id, location.offset, location.length,
                                 location.version)
@@ -52,7 +59,8 @@ def read_pieces(reader: SegmentReader, log_id: LogId,
             encode_fields(piece))
         pieces.append(Piece(piece.lsn, piece.last_lsn, tuple(piece.copyset), body,
                             sum(map(len, piece.payloads))))
-    return pieces
+        size += len(body)
+    return pieces, None
 
 
 def _stored(data: bytes, location: Location) -> Store | None:

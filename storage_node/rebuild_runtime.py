@@ -21,7 +21,11 @@ Every storage node runs one ``RebuildRuntime`` beside its ``StorageNode``:
    - as the shard being rebuilt, once every donor is done it vouches for everything again
      (``AuthorityStatus.clear``, durable first) and then records AUTHORITATIVE; damage found
      since the rebuild began (its start-up scan, a read) makes it begin the rebuild again
-     for a new generation instead (``target_step``).
+     for a new generation instead, over the old scope and the new damage's;
+   - as an authoritative shard that found damaged copies (its start-up scan, the scrub, a
+     read), it records a rebuild of their scope (``storage_node.core.rebuild_scope``): a
+     mini-rebuild of the damaged LSN ranges when they are known, in which donors walk only
+     those, else the whole shard (``target_decision``).
 3. **As the target** (``on_rebuild_store``) it writes the copies a donor sends where it holds
    none (in its index, or of equal or higher precedence queued for its writer:
    ``storage_node.core.rebuild_accept``), adopting the donor's release pointer, trim point
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 import random
 import time
@@ -42,7 +47,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared import cluster_state as cs
-from shared.cluster_state import ClusterState, ClusterStateStore, DonorProgress, ShardStatus
+from shared.cluster_state import (
+    ClusterState,
+    ClusterStateStore,
+    DirtyRanges,
+    DonorProgress,
+    ShardStatus,
+)
 from shared.status import Status
 from shared.types import LSN_MAX, Epoch, LogId, Lsn, NodeId, epoch_valid, node_id_valid
 from shared.wire.codec import Message, decode_store_fields
@@ -65,9 +76,9 @@ from storage_node.core.rebuild import (
     TargetStep,
     TokenBucket,
     narrowed,
-    target_step,
 )
 from storage_node.core.rebuild_accept import outside, queued_winners, rebuild_pieces
+from storage_node.core.rebuild_scope import TargetDecision, target_decision
 from storage_node.core.store_machine import store_fields_status
 from storage_node.disk_identity import DiskState, ForeignDiskError
 from storage_node.rebuild_reads import read_pieces
@@ -120,6 +131,7 @@ class _Donation:
     core: DonorCore | None = None
     started_ms: int = 0
     bytes_sent: int = 0
+    dirty: DirtyRanges = ()
 
 
 @dataclass
@@ -132,6 +144,8 @@ class RebuildStats:
     records_written: int = 0
     send_failures: int = 0
     rebuilds_finished: int = 0
+    mini_rebuilds_finished: int = 0
+    mini_rebuilds_started: int = 0
     state_reads_failed: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
@@ -161,6 +175,8 @@ class RebuildRuntime:
         self.generation = 0
         self._lost_reason = ""
         """Non-empty once this start found the shard's copies lost (not yet recorded)."""
+        self._lost_dirty: DirtyRanges = ()
+        """The scope of that loss: ``()`` the whole shard, else a mini-rebuild's ranges."""
         self._register = False
         self.state: ClusterState = cs.EMPTY
         """The cluster state as last read."""
@@ -222,16 +238,20 @@ class RebuildRuntime:
                       "its shard will be rebuilt", self._me, self._lost_reason,
                       self.generation)
 
-    def _lost(self, reason: str, known_generation: int) -> None:
+    def _lost(self, reason: str, known_generation: int, dirty: DirtyRanges = ()) -> None:
         self._lost_reason = reason
+        self._lost_dirty = dirty
         self.generation = known_generation + 1
 
-    async def _begin_again(self) -> None:
-        """Damage found while the shard is rebuilt: a rebuild of the next generation, with
-        its marker written first (the rebuild is recorded by ``_record_shard``)."""
-        self._lost("copies found damaged while being rebuilt", self.generation)
-        log.error("storage node %s: damage found while its shard is rebuilt: rebuilding it "
-                  "again as generation %d", self._me, self.generation)
+    async def _begin_again(self, dirty: DirtyRanges) -> None:
+        """Damage found while the shard is rebuilt: a rebuild of the next generation, of
+        ``dirty`` (the old scope and the new damage's; ``()`` everything), with its marker
+        written first (the rebuild is recorded by ``_record_shard``)."""
+        self._lost("copies found damaged while being rebuilt", self.generation, dirty)
+        log.error("storage node %s: damage found while its shard is rebuilt: rebuilding %s "
+                  "again as generation %d", self._me,
+                  f"{_ranges_count(dirty)} damaged ranges" if dirty else "all of it",
+                  self.generation)
         await asyncio.get_running_loop().run_in_executor(
             None, disk_identity.write, self._data_dir, disk_identity.new_marker(
                 cluster=self._cluster_name, node_id=self._me, generation=self.generation))
@@ -241,13 +261,14 @@ class RebuildRuntime:
         restarts while its shard is rebuilt and whose start found damage (copies the donors
         had sent may be gone) begins its rebuild again (``target_step``)."""
         authority = self._node.store.authority
-        if not self._lost_reason and target_step(
-                self.state.shard(self._me), self.generation, authority.damage_found,
-                authority.damage_covered) is TargetStep.RESTART:
-            await self._begin_again()
+        if not self._lost_reason:
+            decision = self._decide()
+            if decision.step is TargetStep.RESTART:
+                await self._begin_again(decision.dirty)
         if self._lost_reason:
             authority = self._node.store.authority
-            authority.unsure_of_everything()
+            if not self._lost_dirty:
+                authority.unsure_of_everything()
             await self._node.store.save_authority()
             await self._record_shard()
         elif self._register:
@@ -265,7 +286,7 @@ class RebuildRuntime:
         if self._lost_reason:
             transition = cs.rebuild_started(self._me, self.generation, self._donors(),
                                             now_ms=now_ms, reason=self._lost_reason,
-                                            requested_by=self._me)
+                                            requested_by=self._me, dirty=self._lost_dirty)
         else:
             transition = cs.registered(self._me, self.generation, now_ms)
         status, state = await cs.change(self._store, transition, self._rng)
@@ -277,9 +298,19 @@ class RebuildRuntime:
         if self._lost_reason:
             authority.rebuild_covers(found)
             await self._node.store.save_authority()
+            self.stats.mini_rebuilds_started += bool(self._lost_dirty)
         self._lost_reason = ""
+        self._lost_dirty = ()
         self._register = False
         return True
+
+    def _decide(self) -> TargetDecision:
+        """``target_decision`` for this node now (``storage_node.core.rebuild_scope``)."""
+        authority = self._node.store.authority
+        return target_decision(self.state.shard(self._me), self.generation,
+                               damaged=authority.damaged, damage_found=authority.damage_found,
+                               damage_covered=authority.damage_covered,
+                               pending=authority.damage_scope())
 
     def _donors(self) -> tuple[str, ...]:
         removed = {s.node_id for s in self.state.shards if s.status is ShardStatus.REMOVED}
@@ -343,28 +374,36 @@ class RebuildRuntime:
         self._node.machine.set_accept_writes(self._accept_writes and not (
             mine is not None and mine.status in _NO_NEW_COPIES))
         authority = self._node.store.authority
-        step = target_step(mine, self.generation, authority.damage_found,
-                           authority.damage_covered)
-        if step is TargetStep.RESTART:
-            await self._begin_again()
+        decision = self._decide()
+        if decision.step is TargetStep.RESTART:
+            await self._begin_again(decision.dirty)
             await self._record_shard()  # retried by the next poll if it fails
             return
-        if step is TargetStep.FINISH and mine is not None:
-            await self._finish(mine.rebuild_generation)
-        elif (mine is not None and mine.status is ShardStatus.AUTHORITATIVE
-              and mine.generation == self.generation and self._node.store.authority.damaged):
-            # Copies found damaged (a start-up scan, a read): rebuild them from the others.
-            # (A whole-shard rebuild that writes only what is missing or damaged here.)
+        if decision.step is TargetStep.FINISH and mine is not None:
+            await self._finish(mine.rebuild_generation, mini=mine.mini)
+        elif decision.step is TargetStep.START:
+            # Copies found damaged (a start-up scan, the scrub, a read): rebuild them from
+            # the others: a mini-rebuild of their ranges when those are known, else the
+            # whole shard (either writes only what is missing or damaged here).
             found = authority.damage_found
+            dirty = decision.dirty
             status, new_state = await cs.change(self._store, cs.rebuild_started(
                 self._me, self.generation, self._donors(), now_ms=self._wall_ms(),
-                reason="damaged copies found", requested_by=self._me), self._rng)
+                reason=("damaged copies found: mini-rebuild" if dirty
+                        else "damaged copies found"),
+                requested_by=self._me, dirty=dirty), self._rng)
             if status is Status.OK:
                 self.state = state = new_state
                 authority.rebuild_covers(found)
                 await self._node.store.save_authority()
-                log.warning("storage node %s: damaged copies found: rebuilding them",
-                            self._me)
+                self.stats.mini_rebuilds_started += bool(dirty)
+                if dirty:
+                    log.warning("storage node %s: damaged copies found: mini-rebuilding %d "
+                                "LSN ranges of %d logs", self._me, _ranges_count(dirty),
+                                len(dirty))
+                else:
+                    log.warning("storage node %s: damaged copies found (their range unknown): "
+                                "rebuilding the whole shard", self._me)
         for shard in state.shards:
             # A drain is over once every donor is done; any node may say so (the drained
             # node may be down already).
@@ -375,8 +414,10 @@ class RebuildRuntime:
                     self.state = state = new
         self._run_donations(state)
 
-    async def _finish(self, generation: int) -> None:
-        """Every donor is done: vouch for everything again (durably), then say so."""
+    async def _finish(self, generation: int, *, mini: bool = False) -> None:
+        """Every donor is done: vouch for everything again (durably), then say so. (A
+        mini-rebuild too: the node was unsure of no more than its damage's scope, or of
+        everything, and the donors have sent that scope.)"""
         authority = self._node.store.authority
         authority.clear(None, 1, LSN_MAX)
         await self._node.store.save_authority()
@@ -385,11 +426,12 @@ class RebuildRuntime:
         if status is Status.OK:
             self.state = state
             self.stats.rebuilds_finished += 1
-            log.info("storage node %s: rebuild of generation %d finished: authoritative "
-                     "again", self._me, generation)
+            self.stats.mini_rebuilds_finished += mini
+            log.info("storage node %s: %s of generation %d finished: authoritative "
+                     "again", self._me, "mini-rebuild" if mini else "rebuild", generation)
 
     def _run_donations(self, state: ClusterState) -> None:
-        wanted: dict[str, tuple[int, DonorProgress]] = {}
+        wanted: dict[str, tuple[int, DonorProgress, DirtyRanges]] = {}
         for shard in state.shards:
             if shard.node_id == self._me or shard.status not in (
                     ShardStatus.REBUILDING, ShardStatus.DRAINING):
@@ -397,7 +439,7 @@ class RebuildRuntime:
             progress = shard.donor(self._me)
             if progress is None or progress.done:
                 continue
-            wanted[shard.node_id] = (shard.rebuild_generation, progress)
+            wanted[shard.node_id] = (shard.rebuild_generation, progress, shard.dirty)
         for name, donation in list(self._donations.items()):
             target = wanted.get(name)
             if target is None or target[0] != donation.generation or donation.task.done():
@@ -405,11 +447,11 @@ class RebuildRuntime:
                     donation.task.cancel()
                 del self._donations[name]
         loop = asyncio.get_running_loop()
-        for name, (generation, progress) in wanted.items():
+        for name, (generation, progress, dirty) in wanted.items():
             if name in self._donations:
                 continue
             donation = _Donation(name, generation, task=None,  # type: ignore[arg-type]
-                                 started_ms=self._wall_ms())
+                                 started_ms=self._wall_ms(), dirty=dirty)
             donation.task = loop.create_task(self._donate(donation, progress),
                                              name=f"seqlog-donate-{self._me}-{name}")
             self._donations[name] = donation
@@ -432,19 +474,21 @@ class RebuildRuntime:
         logs = [(int(log_id), int(node.log_state(log_id).last_lsn))
                 for log_id in node.log_ids()]
         if progress.bytes_total == 0:
-            live = node.store.stats().get("live_bytes", 0)
+            estimate = self._bytes_estimate(donation.dirty)
             progress = DonorProgress(progress.log_id, progress.next_lsn, progress.records,
-                                     progress.bytes, max(live, 1), progress.done, now_ms)
+                                     progress.bytes, max(estimate, 1), progress.done, now_ms)
         bucket = TokenBucket(self._config.rate_bytes_per_s, self._config.burst_bytes, now_ms)
         core = DonorCore(shard=donation.shard, logs=logs, progress=progress, bucket=bucket,
                          by_copyset=self._config.by_copyset,
                          checkpoint_interval_ms=self._config.checkpoint_interval_ms,
                          now_ms=now_ms, chunk_bytes_max=self._config.chunk_bytes_max,
                          tails=self._sequencer_tail is not None
-                         and self._active_tails is not None)
+                         and self._active_tails is not None, dirty=donation.dirty)
         donation.core = core
-        log.info("storage node %s: donating to the rebuild of %s (generation %d) from log "
-                 "%d LSN %d", self._me, donation.shard, donation.generation, progress.log_id,
+        log.info("storage node %s: donating to the %s of %s (generation %d) from log "
+                 "%d LSN %d", self._me,
+                 f"mini-rebuild ({_ranges_count(donation.dirty)} ranges)" if donation.dirty
+                 else "rebuild", donation.shard, donation.generation, progress.log_id,
                  progress.next_lsn)
         while not self._closing:
             now_ms = self._wall_ms()
@@ -458,12 +502,15 @@ class RebuildRuntime:
                 core.on_logs([(int(log_id), int(node.log_state(log_id).last_lsn))
                               for log_id in node.log_ids()], self._wall_ms())
             elif isinstance(effect, ReadChunk):
-                pieces, next_lsn = await node.store.read_entries(
+                read, next_lsn = await node.store.read_entries(
                     LogId(effect.log_id), Lsn(effect.from_lsn), Lsn(effect.until_lsn),
-                    READ_RECORDS_MAX, read_pieces)
-                if pieces is None:  # the store is closing
+                    READ_RECORDS_MAX, functools.partial(read_pieces,
+                                                        bytes_max=effect.bytes_max))
+                if read is None:  # the store is closing
                     return
-                core.on_read(pieces, next_lsn, self._wall_ms())
+                pieces, stopped_at = read
+                core.on_read(pieces, next_lsn if stopped_at is None else Lsn(stopped_at),
+                             self._wall_ms())
             elif isinstance(effect, SendChunk):
                 status = await self._send(donation, effect)
                 if status is Status.OK:
@@ -492,6 +539,21 @@ class RebuildRuntime:
                     return
                 core.progress = _undone(effect.progress)
                 await asyncio.sleep(1.0)
+
+    def _bytes_estimate(self, dirty: DirtyRanges) -> int:
+        """What a donation will scan: the store's live bytes; for a mini-rebuild, the LSNs
+        this donor holds in its ranges at the store's mean bytes per index entry."""
+        stats = self._node.store.stats()
+        live = stats.get("live_bytes", 0)
+        if not dirty:
+            return int(live)
+        per_entry = live / max(1, stats.get("index_entries", 1))
+        held = 0
+        for log_id, ranges in dirty:
+            for lo, hi in ranges:
+                held += sum(b - a + 1 for a, b in self._node.store.held_ranges(
+                    LogId(log_id), Lsn(lo), Lsn(hi)))
+        return int(min(live, held * per_entry))
 
     async def _ask_tails(self, log_ids: tuple[int, ...], everywhere: bool
                          ) -> dict[int, Tail | None] | None:
@@ -715,10 +777,21 @@ class RebuildRuntime:
             "rebuild_donations_planning": planning,
             "rebuild_donor_bytes_remaining_estimate": remaining,
             "rebuild_finished": stats.rebuilds_finished,
+            "rebuild_mini_started": stats.mini_rebuilds_started,
+            "rebuild_mini_finished": stats.mini_rebuilds_finished,
             "rebuild_shard_rebuilding": int(mine is not None
                                             and mine.status is ShardStatus.REBUILDING),
+            # A mini-rebuild of this node's damaged ranges under way, and how many ranges.
+            "rebuild_shard_mini_rebuilding": int(mine is not None and mine.mini
+                                                 and mine.status is ShardStatus.REBUILDING),
+            "rebuild_shard_dirty_ranges": (_ranges_count(mine.dirty) if mine is not None
+                                           and mine.status is ShardStatus.REBUILDING else 0),
             "rebuild_generation": self.generation,
         }
+
+
+def _ranges_count(dirty: DirtyRanges) -> int:
+    return sum(len(ranges) for _, ranges in dirty)
 
 
 def _undone(progress: DonorProgress) -> DonorProgress:

@@ -70,6 +70,7 @@ from storage_node.authority import AuthorityFile
 from storage_node.core.authority import AuthorityStatus
 from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
 from storage_node.core.store_machine import LogStorageState
+from storage_node.damage_scope import report_damaged
 from storage_node.durable_state import DurableState, index_time
 from storage_node.index_files import (
     TMP_SUFFIX,
@@ -1146,7 +1147,7 @@ class RecordStore:
             os.close(self._lock_fd)
             self._lock_fd = -1
             raise
-        if self.authority.segments_damaged(report.corrupt_segment_ids):
+        if report_damaged(self.authority, self._segments_dir, report.corrupt_segment_ids):
             # Before the node answers anything: a later restart must not forget it, also if
             # the damaged segment is gone by then.
             self._save_authority()
@@ -1352,7 +1353,7 @@ class RecordStore:
         if scan.bad_offset is not None or len(data) != size:
             self._corrupt_segments = self._corrupt_segments | {segment_id}
             self._counts["corrupt_segments"] += 1
-            if self.authority.segments_damaged(frozenset({segment_id})):
+            if report_damaged(self.authority, self._segments_dir, frozenset({segment_id})):
                 self._save_authority()
             return False
         self._write_index(segment_id, final=True, with_state=False)

@@ -14,6 +14,14 @@ what it was asked about it cannot vouch for (``shared.authority``; the wire fiel
 - a read meets an entry whose CRC (or content) does not match the index: the index knows
   exactly which log and LSNs that entry held, so only that range becomes non-authoritative.
 
+Each damage found also adds to the **damage scope** (``damage_scope``): what a rebuild must
+restore. A read's damage is its range; a damaged segment's is what the caller knows from the
+segment's index (``storage_node.core.rebuild_scope.segment_scope``), or the whole shard when
+that is unknown. The scope accumulates until the node vouches for everything again (after a
+rebuild, ``clear``), and is durable with the rest. (The node's non-authoritative ranges do
+not shrink to the scope: while a damaged segment is repaired the node still vouches for
+nothing, which is safe whatever the scope, and short, since a mini-rebuild's walk is small.)
+
 Nothing here makes a node authoritative again: that is rebuilding's job (repairing the
 ranges, then ``clear``). ``storage_node.authority`` keeps the status durable; the simulation's
 storage model uses this class as it is.
@@ -27,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.authority import NonAuthoritative, checked, clipped, normalized
+from shared.cluster_state import DirtyRanges, dirty_of
 from shared.types import (
     EPOCH_MAX,
     ESN_MAX,
@@ -42,6 +51,7 @@ from shared.wire.producer import GetProducer, ProducerState
 from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Digest, GetDigest, Seal, Sealed
 from shared.wire.trim import FindTime, FoundTime
+from storage_node.core.rebuild_scope import Scope, merged, scope_of
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +81,9 @@ class AuthorityStatus:
         self.damage_covered = 0
         """``damage_found`` when the rebuild under way began: damage found since is not
         repaired by it (durable)."""
+        self._scope: Scope = ()
+        """What the damage found since the node last vouched for everything lost: per log
+        its LSN ranges, or None (the whole shard). Durable."""
 
     def _changed(self) -> None:
         self.version += 1
@@ -83,6 +96,17 @@ class AuthorityStatus:
             return clipped(self._all, lo, hi)
         return clipped(normalized((*self._all, *own)), lo, hi)
 
+    def damage_scope(self) -> Scope:
+        """What a rebuild of the damage found so far must restore (``rebuild_scope``): per
+        log its LSN ranges, or None for the whole shard (also when the node is unsure of
+        something and no scope says why, e.g. a status written before scopes existed)."""
+        if self._scope is None or (not self._scope and self.damaged):
+            return None
+        return self._scope
+
+    def _add_scope(self, scope: Scope) -> None:
+        self._scope = merged(self._scope, scope)
+
     def damaged_ranges(self, log_id: LogId, lo: int, hi: int) -> NonAuthoritative:
         """Where in ``[lo, hi]`` of ``log_id`` a read found the node's own copies damaged
         (not the ranges it is unsure of for every log): rebuilding writes over those."""
@@ -93,17 +117,22 @@ class AuthorityStatus:
                 "logs": {str(log_id): [list(r) for r in ranges]
                          for log_id, ranges in sorted(self._logs.items())},
                 "damaged_segments": sorted(self.damaged_segments),
-                "damage_found": self.damage_found, "damage_covered": self.damage_covered}
+                "damage_found": self.damage_found, "damage_covered": self.damage_covered,
+                "scope_all": self._scope is None,
+                "scope": [[log_id, [list(r) for r in ranges]]
+                          for log_id, ranges in self._scope or ()]}
 
     # ---- changes (each returns whether anything changed: then ``save``) -------------------
 
-    def segments_damaged(self, segment_ids: frozenset[int]) -> bool:
-        """The start-up scan found these segments damaged mid-way."""
+    def segments_damaged(self, segment_ids: frozenset[int], scope: Scope = None) -> bool:
+        """The start-up scan (or the scrub) found these segments damaged mid-way; ``scope``:
+        what they held, as far as their index knows (None: unknown, the whole shard)."""
         new = segment_ids - self.damaged_segments
         if not new:
             return False
         self.damaged_segments |= new
         self.damage_found += 1
+        self._add_scope(scope)
         log.error("segments %s are damaged: this node is no longer authoritative for any log "
                   "until it is rebuilt", sorted(new))
         self._all = EVERYTHING
@@ -112,15 +141,24 @@ class AuthorityStatus:
 
     def range_damaged(self, log_id: LogId, first_lsn: int, last_lsn: int) -> bool:
         """A read found the copies of ``[first_lsn, last_lsn]`` of ``log_id`` damaged."""
-        if self.ranges(log_id, first_lsn, last_lsn) == ((first_lsn, last_lsn),):
-            return False  # known already
+        if clipped(self._logs.get(log_id, ()), first_lsn, last_lsn) == (
+                (first_lsn, last_lsn),):
+            # Known already. (Not merely inside what the node is unsure of for every log: a
+            # mini-rebuild under way may not cover this range, and a rebuild must replace
+            # the damaged copy, which it does only where ``damaged_ranges`` says so.)
+            return False
+        if (log_id not in self._logs and len(self._logs) >= LOGS_MAX
+                and self._all == EVERYTHING and self._scope is None):
+            return False  # too many logs to tell: unsure of all, the whole shard rebuilt
         log.error("log %d: copies of LSNs %d..%d are damaged: this node no longer vouches for "
                   "them until they are rebuilt", log_id, first_lsn, last_lsn)
         if log_id not in self._logs and len(self._logs) >= LOGS_MAX:
             self._all = EVERYTHING
+            self._add_scope(None)
         else:
             self._logs[log_id] = normalized((*self._logs.get(log_id, ()),
                                              (first_lsn, last_lsn)))
+            self._add_scope(scope_of([(log_id, first_lsn, last_lsn)]))
         self.damage_found += 1
         self._changed()
         return True
@@ -140,17 +178,22 @@ class AuthorityStatus:
                     kept.append((last_lsn + 1, hi))
             return tuple(kept)
 
-        before = (self._all, dict(self._logs))
+        before = (self._all, dict(self._logs), self._scope)
         if log_id is None:
             self._all = cut(self._all)
             self._logs = {k: r for k, v in self._logs.items() if (r := cut(v))}
+            if first_lsn <= 1 and last_lsn >= LSN_MAX:
+                self._scope = ()  # vouches for everything again: nothing left to repair
+            elif self._scope:
+                self._scope = scope_of((log, lo, hi) for log, ranges in self._scope
+                                       for lo, hi in cut(ranges)) or ()
         elif log_id in self._logs:
             ranges = cut(self._logs[log_id])
             if ranges:
                 self._logs[log_id] = ranges
             else:
                 del self._logs[log_id]
-        if before == (self._all, self._logs):
+        if before == (self._all, self._logs, self._scope):
             return False
         self._changed()
         return True
@@ -158,6 +201,7 @@ class AuthorityStatus:
     def unsure_of_everything(self) -> None:
         """Vouch for nothing (a new disk, or the status itself was lost or is unreadable)."""
         self._all = EVERYTHING
+        self._scope = None
         self._changed()
 
     def status_lost(self) -> None:
@@ -192,6 +236,12 @@ class AuthorityStatus:
         found, covered = document.get("damage_found", 0), document.get("damage_covered", 0)
         if type(found) is not int or type(covered) is not int or min(found, covered) < 0:
             return False
+        # A status written before scopes: the whole shard if it is unsure of anything.
+        scope_all = document.get("scope_all", bool(all_logs or restored))
+        scope: DirtyRanges | None = dirty_of(document.get("scope", []))
+        if type(scope_all) is not bool or scope is None:
+            return False
+        self._scope = None if scope_all else scope
         self._all, self._logs = all_logs, restored
         self.damaged_segments = frozenset(segments)
         self.damage_found, self.damage_covered = found, covered

@@ -40,7 +40,9 @@ damage after the rebuild began (a restart's scan, a read: copies the donors alre
 be gone again): then the rebuild begins again, for a new generation.
 
 The rate limit is a token bucket in bytes per second (``TokenBucket``), taken before each chunk
-is sent, so that a rebuild leaves the disks and the network to appends. Chunks are small
+is sent, so that a rebuild leaves the disks and the network to appends; its burst is bounded
+to ``BURST_MS`` of the rate, and so is a chunk, so the limit holds for small shards too.
+Chunks are small
 (``chunk_bytes_max``): the rebuilt node writes each in a group commit shared with appends'
 STOREs, and an 8 MiB chunk there held those appends behind it (p50 append latency 8 -> 27 ms
 during a rebuild limited to 8 MB/s per donor; 512 KiB chunks: see docs/BENCHMARKS.md).
@@ -50,14 +52,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from enum import Enum
 
-from shared.cluster_state import DonorProgress, ShardState, ShardStatus
+from shared.cluster_state import DirtyRanges, DonorProgress, ShardState, ShardStatus
 from shared.compression import expand_stored
 from shared.status import Status
 from shared.types import LSN_MAX, Lsn
 from shared.wire.rebuild import REBUILD_BYTES_MAX, REBUILD_ENTRIES_MAX
 from shared.wire.store import Store, payloads_checksum
+from storage_node.core.rebuild_scope import TargetStep as TargetStep
+from storage_node.core.rebuild_scope import triples
 
 READ_RECORDS_MAX = 2048
 """Records one read of the donor's store covers at most."""
@@ -69,17 +72,39 @@ released); doubles up to ``TAIL_RETRY_MS_MAX``."""
 TAIL_RETRY_MS_MAX = 1_000
 
 
+BURST_MS = 100
+"""The bucket holds at most this long's worth of the rate (and each chunk is at most that
+big, ``TokenBucket.chunk_bytes_max``): the limit holds over any window, also for a shard
+small enough that a burst of ``burst_bytes`` would have sent all of it at once."""
+CHUNK_BYTES_MIN = 4096
+"""A chunk is never cut below this (the frame's overhead), whatever the rate."""
+
+
 class TokenBucket:
-    """``rate_bytes_per_s`` on average, bursts up to ``burst_bytes``; 0 is unlimited. A take
-    bigger than the tokens left is allowed once the bucket is positive and leaves a debt, so
-    a chunk larger than the burst still goes (and the next waits longer)."""
+    """``rate_bytes_per_s`` on average, bursts up to ``burst_bytes`` but never more than
+    ``BURST_MS`` worth of the rate; 0 is unlimited. A take bigger than the tokens left is
+    allowed once the bucket is positive and leaves a debt, so a chunk larger than the burst
+    still goes (and the next waits longer).
+
+    Why the bound: the bucket starts full, and with the 1 MiB default burst at 40 KiB/s a
+    small shard's whole 1 MB went out in 0.2 s (25 s of the rate at once), and a 512 KiB
+    chunk taken into debt went out ahead of the limit too. Now at most ``BURST_MS`` of the
+    rate goes early, plus one chunk, itself at most that much (``chunk_bytes_max``)."""
 
     def __init__(self, rate_bytes_per_s: int, burst_bytes: int, now_ms: int) -> None:
         assert rate_bytes_per_s >= 0 and burst_bytes > 0
         self.rate_bytes_per_s = rate_bytes_per_s
-        self.burst_bytes = burst_bytes
-        self._tokens = float(burst_bytes)
+        self.burst_bytes = (burst_bytes if rate_bytes_per_s == 0 else
+                            max(1, min(burst_bytes, rate_bytes_per_s * BURST_MS // 1000)))
+        self._tokens = float(self.burst_bytes)
         self._at_ms = now_ms
+
+    @property
+    def chunk_bytes_max(self) -> int:
+        """The biggest chunk worth sending at once under this rate (``BURST_MS`` of it)."""
+        if self.rate_bytes_per_s == 0:
+            return REBUILD_BYTES_MAX
+        return max(CHUNK_BYTES_MIN, self.rate_bytes_per_s * BURST_MS // 1000)
 
     def delay_ms(self, now_ms: int, size_bytes: int) -> int:
         """0 and the bytes are taken, or how long to wait before asking again."""
@@ -93,17 +118,6 @@ class TokenBucket:
             self._tokens -= size_bytes
             return 0
         return int(-self._tokens * 1000 / self.rate_bytes_per_s) + 1
-
-
-class TargetStep(Enum):
-    NOTHING = "nothing"
-    RESTART = "restart"
-    """Damage was found since this rebuild began (a restart's scan, a read): copies the
-    donors already sent may be gone again, and their walks will not come back for them. The
-    rebuild begins again, for a new generation (every donor walks from the start; what the
-    node still holds is not written twice)."""
-    FINISH = "finish"
-    """Every donor is done: vouch for everything again, then record AUTHORITATIVE."""
 
 
 def target_step(shard: ShardState | None, generation: int, damage_found: int,
@@ -164,6 +178,8 @@ class ReadChunk:
     log_id: int
     from_lsn: int
     until_lsn: int
+    bytes_max: int = REBUILD_BYTES_MAX
+    """The read may stop once it has this many bytes (one chunk's worth)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,40 +240,55 @@ class DonorCore:
     released, ``ListLogs`` until no log is new), then the walk of each log up to its tail or
     what it held, whichever is higher; copies appended after the tail reach the shard from
     their sequencer (it is alive again). ``tails=False`` skips the plan (the walk is bounded
-    by ``logs`` alone: not safe against appends in flight when the disk was lost). Call
-    ``next`` whenever the driver is idle and carry out the effect; feed back ``on_tails``/
-    ``on_logs``/``on_read``/``on_sent``/``on_checkpointed``."""
+    by ``logs`` alone: not safe against appends in flight when the disk was lost).
+
+    ``dirty`` (a mini-rebuild, ``storage_node.core.rebuild_scope``): only these logs' LSN
+    ranges are walked, whatever the donor holds; the plan asks only their sequencers (the
+    logs are known: nobody else's, and no list again), and waits as a whole-shard walk does
+    for their tails to be released. Checkpoints mean the same: everything of the walk below
+    (``log_id``, ``next_lsn``) was sent.
+
+    Call ``next`` whenever the driver is idle and carry out the effect; feed back
+    ``on_tails``/``on_logs``/``on_read``/``on_sent``/``on_checkpointed``."""
 
     def __init__(self, *, shard: str, logs: list[tuple[int, int]], progress: DonorProgress,
                  bucket: TokenBucket, by_copyset: bool, checkpoint_interval_ms: int,
                  now_ms: int, chunk_bytes_max: int = REBUILD_BYTES_MAX,
-                 tails: bool = True) -> None:
+                 tails: bool = True, dirty: DirtyRanges = ()) -> None:
         self.shard = shard
-        self._chunk_bytes_max = min(chunk_bytes_max, REBUILD_BYTES_MAX)
+        # A chunk is at most what the rate limit lets out in a short while (and what the
+        # bucket may hold): at a low rate, a 512 KiB chunk went out at once, ahead of it.
+        self._chunk_bytes_max = min(chunk_bytes_max, REBUILD_BYTES_MAX,
+                                    bucket.chunk_bytes_max)
         self.progress = progress
         self._by_copyset = by_copyset
         self._bucket = bucket
         self._checkpoint_interval_ms = checkpoint_interval_ms
         self._saved_ms = now_ms
+        self._dirty = dirty
         self._logs = sorted((log_id, until) for log_id, until in logs
                             if log_id >= progress.log_id)
+        """A whole-shard walk's logs (log id, up to which LSN)."""
+        self._spans: list[tuple[int, int, int]] = []
+        """The walk: (log id, from LSN, until LSN), in order, from the checkpoint on."""
         self._index = 0
         self._from_lsn = 1
-        if self._logs and self._logs[0][0] == progress.log_id:
-            self._from_lsn = max(1, progress.next_lsn)
+        self._respan()
         self._pending: SendChunk | None = None
         self._pending_next_lsn = 0
         self._reading = self._sending = self._saving = False
         self._retry_at_ms = 0
         self._retry_ms = SEND_RETRY_MS_MIN
-        self._dirty = False
+        self._unsaved = False
         self.sends_failed = 0
         # The plan: per log, the tail its sequencer first reported (None: not answered yet)
         # and the release pointer it last reported.
         self._planning = tails
-        self._everywhere = not tails
-        """Whether every sequencer node has said which logs it has active."""
-        self._tails: dict[int, int | None] = {log_id: None for log_id, _ in self._logs}
+        self._everywhere = not tails or bool(dirty)
+        """Whether every sequencer node has said which logs it has active (a mini-rebuild
+        does not ask: its logs are known)."""
+        self._tails: dict[int, int | None] = {log_id: None for log_id, _ in (
+            dirty if dirty else self._logs) if log_id >= progress.log_id}
         self._released: dict[int, int] = {}
         self._asking = self._listing = False
         self._ask_at_ms = now_ms
@@ -281,9 +312,11 @@ class DonorCore:
         if self.progress.done:
             return None
         if self._planning:
-            return self._plan(now_ms)
-        if self._dirty and (now_ms - self._saved_ms >= self._checkpoint_interval_ms
-                            or (self._pending is None and self._index >= len(self._logs))):
+            effect = self._plan(now_ms)
+            if effect is not None:
+                return effect
+        if self._unsaved and (now_ms - self._saved_ms >= self._checkpoint_interval_ms
+                              or (self._pending is None and self._index >= len(self._spans))):
             self._saving = True
             return SaveCheckpoint(self.progress)
         if self._pending is not None:
@@ -295,20 +328,26 @@ class DonorCore:
                 return Sleep(now_ms + delay_ms)
             self._sending = True
             return self._pending
-        if self._index >= len(self._logs):
-            self.progress = dataclasses.replace(self.progress, done=True, updated_ms=now_ms)
-            return Finished(self.progress)
-        log_id, until_lsn = self._logs[self._index]
-        if self._from_lsn > until_lsn:
+        while self._index < len(self._spans):
+            log_id, _, until_lsn = self._spans[self._index]
+            if self._from_lsn <= until_lsn:
+                self._reading = True
+                return ReadChunk(log_id, self._from_lsn, until_lsn, self._chunk_bytes_max)
             self._advance_log(now_ms)
-            return self.next(now_ms)
-        self._reading = True
-        return ReadChunk(log_id, self._from_lsn, until_lsn)
+        if self._unsaved:
+            return self.next(now_ms)  # the last checkpoint first (once: it clears _unsaved)
+        self.progress = dataclasses.replace(self.progress, done=True, updated_ms=now_ms)
+        return Finished(self.progress)
 
-    def _plan(self, now_ms: int) -> Effect:
+    def _plan(self, now_ms: int) -> Effect | None:
+        """The plan's next question; None once it is made (a mini-rebuild's: its logs'
+        tails released)."""
         waiting = tuple(log_id for log_id, tail in self._tails.items()
                         if tail is None or self._released.get(log_id, 0) < tail)
         if not waiting and self._everywhere:
+            if self._dirty:
+                self._planning = False
+                return None
             self._listing = True
             return ListLogs()
         if now_ms < self._ask_at_ms:
@@ -338,15 +377,18 @@ class DonorCore:
                 for log_id, _ in new:
                     self._tails[log_id] = None
                 self._add_logs(new)
+        raised: dict[int, int] = {}
         for log_id, answer in answers.items():
             if answer is None or log_id not in self._tails:
                 continue
             if self._tails[log_id] is None:
                 self._tails[log_id] = answer.tail_lsn
-                self._raise_until(log_id, max(answer.tail_lsn, answer.held_lsn))
+                raised[log_id] = max(answer.tail_lsn, answer.held_lsn)
             # Nothing in flight (no active sequencer, the epoch clean): all is decided.
             released = LSN_MAX if answer.tail_lsn == 0 else answer.release_lsn
             self._released[log_id] = max(self._released.get(log_id, 0), released)
+        if raised:
+            self._raise_until(raised)
         if not incomplete and all(tail is not None and self._released.get(log_id, 0) >= tail
                                   for log_id, tail in self._tails.items()):
             self._ask_retry_ms = TAIL_RETRY_MS_MIN
@@ -373,19 +415,31 @@ class DonorCore:
 
     def _add_logs(self, new: list[tuple[int, int]]) -> None:
         self._logs = sorted([*self._logs, *new])
-        self._index = 0  # nothing was walked yet
-        self._from_lsn = (max(1, self.progress.next_lsn)
-                          if self._logs[0][0] == self.progress.log_id else 1)
+        self._respan()  # nothing was walked yet
 
-    def _raise_until(self, log_id: int, until_lsn: int) -> None:
-        self._logs = [(log, max(until, until_lsn) if log == log_id else until)
-                      for log, until in self._logs]
+    def _raise_until(self, raised: dict[int, int]) -> None:
+        """Walk these logs up to at least these LSNs (their tails)."""
+        if self._dirty:
+            return  # a mini-rebuild walks its ranges, whatever the tail
+        self._logs = [(log, max(until, raised.get(log, 0))) for log, until in self._logs]
+        self._respan()
+
+    def _respan(self) -> None:
+        """The walk from the checkpoint on (before anything was walked)."""
+        ranges = (triples(self._dirty) if self._dirty
+                  else [(log_id, 1, until) for log_id, until in self._logs])
+        at_log, at_lsn = self.progress.log_id, self.progress.next_lsn
+        self._spans = [(log_id, max(lo, at_lsn) if log_id == at_log else lo, hi)
+                       for log_id, lo, hi in ranges
+                       if log_id > at_log or (log_id == at_log and hi >= at_lsn)]
+        self._index = 0
+        self._from_lsn = self._spans[0][1] if self._spans else 1
 
     def on_read(self, pieces: list[Piece], next_lsn: int, now_ms: int) -> None:
         """What the store holds of the chunk asked for, up to (not including) ``next_lsn``."""
         assert self._reading
         self._reading = False
-        log_id, until_lsn = self._logs[self._index]
+        log_id, _, until_lsn = self._spans[self._index]
         entries: list[bytes] = []
         records = size = 0
         for piece in pieces:
@@ -415,7 +469,7 @@ class DonorCore:
             return
         self._retry_ms = SEND_RETRY_MS_MIN
         chunk, self._pending = self._pending, None
-        log_id, until_lsn = self._logs[self._index]
+        log_id, _, until_lsn = self._spans[self._index]
         self._moved_to(log_id, self._pending_next_lsn, until_lsn, chunk.records, chunk.bytes,
                        now_ms)
 
@@ -424,7 +478,7 @@ class DonorCore:
         self._saving = False
         if ok:
             self._saved_ms = now_ms
-            self._dirty = False
+            self._unsaved = False
         else:
             self._saved_ms = now_ms  # try again after an interval
 
@@ -435,15 +489,15 @@ class DonorCore:
             self.progress, log_id=log_id, next_lsn=min(next_lsn, LSN_MAX),
             records=self.progress.records + records, bytes=self.progress.bytes + size,
             updated_ms=now_ms)
-        self._dirty = True
+        self._unsaved = True
         if next_lsn > until_lsn:
             self._advance_log(now_ms)
 
     def _advance_log(self, now_ms: int) -> None:
         self._index += 1
         self._from_lsn = 1
-        if self._index < len(self._logs):
+        if self._index < len(self._spans):
+            log_id, self._from_lsn, _ = self._spans[self._index]
             self.progress = dataclasses.replace(
-                self.progress, log_id=self._logs[self._index][0], next_lsn=1,
-                updated_ms=now_ms)
-            self._dirty = True
+                self.progress, log_id=log_id, next_lsn=self._from_lsn, updated_ms=now_ms)
+            self._unsaved = True

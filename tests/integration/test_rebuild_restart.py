@@ -7,15 +7,20 @@ begins again for a new generation (``storage_node.core.rebuild.target_step``), s
 walk from the start. Without that, the donors' walks, already past those copies, finish, st2
 vouches for everything, and the copies after the damaged entry stay on one node only.
 
-If the interrupted rebuild had already finished (the rate limit's burst can cover a small
-shard), the damage found at the restart is rebuilt as the same generation's second rebuild
-(``rebuilds_count`` 2): either way st2 must be rebuilt again, authoritative, with R copies."""
+If the interrupted rebuild had already finished (on a fast machine), the damage found at the
+restart is rebuilt as the same generation's second rebuild (``rebuilds_count`` 2): either
+way st2 must be rebuilt again, authoritative, with R copies.
+
+On the way it checks the rate limit: no donor has sent more than the rate allows since the
+rebuild began, plus a fifth of a second's worth (the bucket's bounded burst and one chunk).
+Before, the bucket started with a 1 MiB burst and a donor sent about that much at once."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +55,8 @@ async def test_damage_found_by_a_restart_mid_rebuild_rebuilds_again(cluster_dir:
             results = await asyncio.gather(*(client.append(1, p) for p in payloads))
             acked.update((r.lsn, p) for r, p in zip(results, payloads, strict=True))
     st1 = next(n for n in state.nodes if n.node_id == "st1").http
+    donors = [n.http for n in state.nodes if n.node_id in ("st1", "st3")]
+    began = time.monotonic()  # before the rebuild can begin
     await asyncio.to_thread(_replace_disk, cluster_dir, "st2")
     victim = next(n for n in lc.load_state(cluster_dir).nodes  # type: ignore[union-attr]
                   if n.node_id == "st2")
@@ -58,6 +65,10 @@ async def test_damage_found_by_a_restart_mid_rebuild_rebuilds_again(cluster_dir:
         return metric(victim.http, "seqlog_storage_rebuild_records_written", 0) >= 200
 
     await poll(partly_rebuilt, 60, "part of st2's copies rebuilt")
+    for donor in donors:
+        sent = metric(donor, "seqlog_storage_rebuild_bytes_sent", 0)
+        allowed = RATE_BYTES_PER_S * (time.monotonic() - began + 0.2) + 16 * 1024
+        assert sent <= allowed, (donor, sent, allowed)  # the rate limit held from the start
     shard = await asyncio.to_thread(_shard, st1, "st2")
     # Usually still rebuilding (the case this test is for); on a fast machine the rebuild may
     # be done by now, and the damage is then rebuilt as generation 2's second rebuild.

@@ -23,11 +23,12 @@ R2 readers agree at every moment: every ``reader_check_interval_ms`` during the 
    LSN, every acknowledged record among them, and the same as every earlier read saw below
    its release pointer (a record or a gap, once read, never changes).
 D1 no acknowledged record is lost when at most R - 1 copies are lost between rebuilds: when
-   a replaced disk's rebuild finishes, and at the end, every acknowledged record whose copy
-   the replaced disk held is on R disks again (copies a damaged disk lost, never rebuilt in
-   the simulation, excepted). With R1 and R2 reading along (a rebuilt node vouches for
-   everything again), no LSN reads as a record through one f-majority and a gap through
-   another across replacements and rebuilds.
+   a replaced disk's rebuild finishes (or a damaged disk's mini-rebuild of the ranges it
+   lost), and at the end, every acknowledged record whose copy the disk held is on R disks
+   again (copies an unranged damage lost, never rebuilt in the simulation, excepted). With
+   R1 and R2 reading along (a rebuilt node vouches for everything again), no LSN reads as
+   a record through one f-majority and a gap through another across replacements and
+   rebuilds.
 T1 the tail never decreases: every frontend (one per sequencer node incarnation, the shipped
    ``FrontEnd.tail`` through the simulated transport, ``sim_frontend``) answers GET tail, and
    every OK answer is at least the highest tail any frontend reported before the request
@@ -260,8 +261,10 @@ class SafetyChecker:
     # ---- damage ---------------------------------------------------------------------------
 
     def on_damage(self, node: NodeId, before: dict[Key, DiskRecord],
-                  after: dict[Key, DiskRecord]) -> None:
-        """``node`` restarted without some of its writes: what it holds is ``after`` now."""
+                  after: dict[Key, DiskRecord], repaired: bool = False) -> None:
+        """``node`` restarted without some of its writes: what it holds is ``after`` now.
+        ``repaired``: a mini-rebuild will restore them (D1 checks it, as for a replaced
+        disk), so they do not count as copies held by a damaged disk."""
         for key in before.keys() | after.keys():
             was, now = before.get(key), after.get(key)
             if was == now:
@@ -270,7 +273,10 @@ class SafetyChecker:
             self.hole_copies.get(key, set()).discard(node)
             if was is not None:
                 self.lost.setdefault(key, set()).add(node)
-                self.damage_lost.setdefault(key, set()).add(node)
+                if repaired:
+                    self.wiped.setdefault(node, set()).add(key)
+                else:
+                    self.damage_lost.setdefault(key, set()).add(node)
             if now is not None:
                 if now.is_hole:
                     self.hole_copies.setdefault(key, set()).add(node)
@@ -302,9 +308,16 @@ class SafetyChecker:
         self._check_rereplicated(keys & self.acked_keys, f"after {node}'s rebuild")
 
     def _check_rereplicated(self, keys: Iterable[Key], when: str) -> None:
+        # A copy another disk lost and that disk's rebuild (a mini-rebuild of its damage)
+        # has yet to restore counts as held here: it is checked when that rebuild finishes.
+        pending: dict[Key, set[NodeId]] = {}
+        for node, lost_keys in self.wiped.items():
+            for key in lost_keys:
+                pending.setdefault(key, set()).add(node)
         for key in sorted(keys):
             log_id, lsn = key
-            held = self.copies.get(key, set()) | self.damage_lost.get(key, set())
+            held = (self.copies.get(key, set()) | self.damage_lost.get(key, set())
+                    | pending.get(key, set()))
             replication = self._replication_of(log_id)
             if len(held) < replication:
                 fail("D1", f"{when}: acknowledged log {log_id} {format_lsn(lsn)} is on "

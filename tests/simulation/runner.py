@@ -216,7 +216,7 @@ def heal_and_check(cluster: SimCluster) -> None:
     for log_id in cluster.log_ids:
         check_post_heal_appends(cluster, log_id)
     cluster.checker.check_final(cluster.storage.values())
-    if cluster.stats["disk_replaced"]:
+    if cluster.stats["disk_replaced"] or cluster.stats["storage_damaged_repaired"]:
         cluster.checker.check_rereplicated_all()
     if cluster.options.reader_check_interval_ms:
         cluster.check_now()

@@ -87,6 +87,9 @@ class SimCluster:
         self.check_rng = random.Random(seed ^ 0x5EED)
         """Samples the checkers' f-majorities; apart from ``rng``, so that checking does not
         change a seed's schedule."""
+        self.repair_rng = random.Random(seed ^ 0x4E9A)
+        """Draws whether a damage is ranged and repaired (a mini-rebuild); apart from
+        ``rng``, so that a seed's schedule stays what it was."""
         self.disk_rng = random.Random(seed ^ 0xD15C)
         """Draws the disk replacements; apart from ``rng``, so that a seed's schedule is what
         it was without them until the first replacement."""
@@ -169,18 +172,35 @@ class SimCluster:
         node = self.storage[node_id]
         if node.up:
             return
-        options, lose_entries = self.options, 0
+        options, lose_entries, repair = self.options, 0, False
         if (options.damage_ratio and not self.healed
                 and node_id not in self.rebuilding.rebuilding()
                 and len(self.damaged_nodes | {node_id}
                         | set(self.rebuilding.rebuilding())) <= options.replication - 1
                 and self.rng.random() < options.damage_ratio):
             # At most R - 1 distinct damaged nodes, counting one whose disk was replaced and
-            # is not rebuilt yet: every acknowledged record keeps a copy.
-            self.damaged_nodes.add(node_id)
+            # is not rebuilt yet, or whose damage is being repaired: every acknowledged
+            # record keeps a copy.
             lose_entries = self.rng.randint(1, options.damage_entries_max)
+            repair = (options.damage_repair_ratio > 0
+                      and self.repair_rng.random() < options.damage_repair_ratio)
+        self.restart_damaged(node_id, lose_entries=lose_entries, repair=repair)
+
+    def restart_damaged(self, node_id: NodeId, *, lose_entries: int, repair: bool) -> None:
+        """The (down) node comes back; ``lose_entries`` > 0: without its last that many
+        writes, and ``repair``: that damage is ranged and mini-rebuilt (``sim_rebuild``),
+        else it stays unrepaired (the node counts among the damaged for the run)."""
+        node = self.storage[node_id]
+        if lose_entries:
+            if repair:
+                # Counted among those being rebuilt until it is repaired.
+                self.rebuilding.repair_pending.add(node_id)
+                self.rebuilding.start_polling()
+                self.stats["storage_damaged_repaired"] += 1
+            else:
+                self.damaged_nodes.add(node_id)
             self.stats["storage_damaged"] += 1
-        node.restart(lose_entries=lose_entries)
+        node.restart(lose_entries=lose_entries, repair=repair)
         self.rebuilding.on_restart(node_id)
 
     def may_replace_disk(self, node_id: NodeId) -> bool:

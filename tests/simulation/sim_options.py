@@ -98,6 +98,10 @@ class SimOptions:
     At most R - 1 distinct nodes are damaged per run, so that every acknowledged record keeps
     a copy."""
     damage_entries_max: int = 8
+    damage_repair_ratio: float = 0.0
+    """Odds that such a damage's scope is known (its LSN ranges, as a damaged segment's
+    index file says) and a mini-rebuild repairs it (``sim_rebuild``); the node then no
+    longer counts among the damaged once it is repaired. Otherwise it stays unrepaired."""
     disk_replace_ratio: float = 0.0
     """Per chaos tick: odds that a storage node's disk is replaced (down, back after up to
     ``storage_down_ms_max`` on a new empty disk, then rebuilt: ``sim_rebuild``). One at a
@@ -190,6 +194,8 @@ class SimOptions:
             "disk_replace_ratio": own.uniform(0.01, 0.05) if own.random() < 0.5 else 0.0,
             "rebuild_rate_bytes_per_s": own.choice((0, 2_000, 20_000)),
             "rebuild_chunk_bytes_max": own.choice((64, 512, 4096)),
+            # Drawn last: the draws above stay what they were per seed.
+            "damage_repair_ratio": own.choice((0.0, 0.5, 1.0)),
         }
 
     @staticmethod

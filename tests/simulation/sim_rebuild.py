@@ -26,11 +26,19 @@ What runs is the production code, driven by the event queue:
 - every ``poll_interval_ms`` each up node reads the cluster state: donors start (or resume)
   their walks, and a node whose donors are all done vouches for everything again
   (``AuthorityStatus.clear``) and records AUTHORITATIVE, or, having found damage since its
-  rebuild began, begins it again for a new generation (``target_step``).
+  rebuild began, begins it again for a new generation over the old scope and the new
+  damage's; an authoritative node that found damage records its rebuild (the shipped
+  ``target_decision``).
 
-Not modelled: drains, the start-up identity marker (the sim knows the disk is new), a damaged
-node's own rebuild (damage is modelled without repair), epoch-store failures of the cluster
-state (it always answers).
+Mini-rebuilding: a damaged restart whose damage is ranged (``SimCluster.restart_storage``
+with ``damage_repair_ratio``; ``SimStorageNode.restart(repair=True)``) reports the scope of
+what it lost (per log, its first to last lost LSN, as a damaged segment's index file says),
+and the node records a mini-rebuild of that scope; donors walk only those ranges (the
+shipped ``DonorCore`` with ``dirty``), and D1 is checked for the lost copies when it
+finishes. Damage without a range stays unrepaired, as before.
+
+Not modelled: drains, the start-up identity marker (the sim knows the disk is new),
+epoch-store failures of the cluster state (it always answers).
 """
 
 from __future__ import annotations
@@ -60,10 +68,9 @@ from storage_node.core.rebuild import (
     SendChunk,
     Sleep,
     Tail,
-    TargetStep,
     TokenBucket,
-    target_step,
 )
+from storage_node.core.rebuild_scope import TargetStep, target_decision
 from storage_node.rebuild_runtime import RebuildConfig, RebuildRuntime
 from tests.simulation.sim_clock import EventQueue
 from tests.simulation.sim_storage import SimStorageNode
@@ -178,6 +185,8 @@ class SimRebuilding:
         self._donations: dict[tuple[NodeId, NodeId], _Donation] = {}
         self.replaced_pending: set[NodeId] = set()
         """Replaced while down: recorded REBUILDING when they come back."""
+        self.repair_pending: set[NodeId] = set()
+        """Damaged with a known scope: recorded REBUILDING (a mini-rebuild) by their poll."""
         runtime_config = RebuildConfig(send_timeout_ms=config.send_timeout_ms)
         for node_id, node in cluster.storage.items():
             ports = _RuntimePorts(node)
@@ -214,7 +223,8 @@ class SimRebuilding:
     def rebuilding(self) -> list[NodeId]:
         """Shards being rebuilt, or replaced and not yet back."""
         return sorted({NodeId(s.node_id) for s in self.state.shards
-                       if s.status is ShardStatus.REBUILDING} | self.replaced_pending)
+                       if s.status is ShardStatus.REBUILDING} | self.replaced_pending
+                      | self.repair_pending)
 
     # ---- the replaced node comes back ------------------------------------------------------
 
@@ -253,30 +263,55 @@ class SimRebuilding:
         runtime.state = state
         mine = state.shard(node_id)
         authority = node.disk.authority
-        step = target_step(mine, node.generation, authority.damage_found,
-                           authority.damage_covered)
+        decision = target_decision(mine, node.generation, damaged=authority.damaged,
+                                   damage_found=authority.damage_found,
+                                   damage_covered=authority.damage_covered,
+                                   pending=authority.damage_scope())
+        step = decision.step
+        if step is TargetStep.START and node_id not in self.repair_pending:
+            step = TargetStep.NOTHING  # damage the simulation leaves unrepaired
         if step is TargetStep.RESTART:
             # As ``RebuildRuntime._begin_again``: damage found while being rebuilt (copies
-            # the donors sent may be gone): the rebuild begins again, for a new generation.
+            # the donors sent may be gone): the rebuild begins again, for a new generation,
+            # over the old scope and the new damage's.
             found = authority.damage_found
             node.generation += 1
             runtime.generation = node.generation
             donors = tuple(n for n in self._cluster.storage if n != node_id)
             runtime.state = state = self.store.change(cs.rebuild_started(
                 node_id, node.generation, donors, now_ms=self._cluster.now_ms,
-                reason="copies found damaged while being rebuilt", requested_by=node_id))
+                reason="copies found damaged while being rebuilt", requested_by=node_id,
+                dirty=decision.dirty))
             authority.rebuild_covers(found)
+            self.repair_pending.discard(node_id)
             self._cluster.stats["rebuild_begun_again"] += 1
             self._cluster.log(f"storage {node_id} damaged while REBUILDING: generation "
-                              f"{node.generation} from {list(donors)}")
+                              f"{node.generation} from {list(donors)}, "
+                              f"{'mini ' + str(decision.dirty) if decision.dirty else 'all'}")
+        elif step is TargetStep.START:
+            # As ``RebuildRuntime.poll_once``: damaged copies found while authoritative: a
+            # mini-rebuild of their scope (or the whole shard), same generation.
+            found = authority.damage_found
+            donors = tuple(n for n in self._cluster.storage if n != node_id)
+            runtime.state = state = self.store.change(cs.rebuild_started(
+                node_id, node.generation, donors, now_ms=self._cluster.now_ms,
+                reason="damaged copies found", requested_by=node_id, dirty=decision.dirty))
+            authority.rebuild_covers(found)
+            self.repair_pending.discard(node_id)
+            self._cluster.stats["rebuild_mini_started" if decision.dirty
+                                else "rebuild_damage_started"] += 1
+            self._cluster.log(f"storage {node_id} damaged: REBUILDING generation "
+                              f"{node.generation} "
+                              f"{'mini ' + str(decision.dirty) if decision.dirty else 'all'}")
         elif step is TargetStep.FINISH and mine is not None:
             # As ``RebuildRuntime._finish``: vouch for everything again, then say so.
             node.disk.authority.clear(None, 1, LSN_MAX)
             runtime.state = self.store.change(cs.rebuild_finished(
                 node_id, mine.rebuild_generation, self._cluster.now_ms))
             self._cluster.stats["rebuild_finished"] += 1
-            self._cluster.log(f"storage {node_id} REBUILT generation {node.generation}: "
-                              "authoritative again")
+            self._cluster.stats["rebuild_mini_finished"] += mine.mini
+            self._cluster.log(f"storage {node_id} REBUILT generation {node.generation}"
+                              f"{' (mini)' if mine.mini else ''}: authoritative again")
             self._cluster.checker.on_rebuilt(node_id)
         for shard in state.shards:
             if shard.node_id == node_id or shard.status is not ShardStatus.REBUILDING:
@@ -287,14 +322,18 @@ class SimRebuilding:
             key = (node_id, NodeId(shard.node_id))
             current = self._donations.get(key)
             if (current is not None and current.generation == shard.rebuild_generation
-                    and current.incarnation == node.incarnation):
+                    and current.incarnation == node.incarnation
+                    and not current.core.progress.done):
+                # (A finished one is of an earlier rebuild of the same generation: the
+                # shard's damage was mini-rebuilt after it, as ``_run_donations`` sees.)
                 continue
-            self._start(node_id, NodeId(shard.node_id), shard.rebuild_generation, progress)
+            self._start(node_id, NodeId(shard.node_id), shard.rebuild_generation, progress,
+                        shard.dirty)
 
     # ---- donating (``RebuildRuntime._donate``, on the event queue) -------------------------
 
     def _start(self, donor_id: NodeId, shard: NodeId, generation: int,
-               progress: DonorProgress) -> None:
+               progress: DonorProgress, dirty: cs.DirtyRanges = ()) -> None:
         node = self._cluster.storage[donor_id]
         now_ms = self._cluster.now_ms
         logs = [(int(log_id), int(node.machine.state(log_id).last_lsn))
@@ -307,7 +346,8 @@ class SimRebuilding:
         core = DonorCore(shard=shard, logs=logs, progress=progress, bucket=bucket,
                          by_copyset=False,
                          checkpoint_interval_ms=self.config.checkpoint_interval_ms,
-                         now_ms=now_ms, chunk_bytes_max=self.config.chunk_bytes_max)
+                         now_ms=now_ms, chunk_bytes_max=self.config.chunk_bytes_max,
+                         dirty=dirty)
         donation = _Donation(donor_id, shard, generation, node.incarnation, core)
         self._donations[(donor_id, shard)] = donation
         self._cluster.log(f"storage {donor_id} donates to {shard} (generation {generation}) "

@@ -42,6 +42,7 @@ from shared.wire.store import RecordFlags, Store
 from shared.wire.store_batch import ReleaseBatch, StoreBatch
 from storage_node.core.authority import AuthorityStatus, annotated_reply
 from storage_node.core.inflight_stores import InflightStores
+from storage_node.core.rebuild_scope import Scope, segment_scope
 from storage_node.core.store_machine import LogStorageState, StoreMachine
 from storage_node.handlers import StorageHandlers
 from storage_node.record_reads import CopiesResult
@@ -54,8 +55,8 @@ from tests.simulation.sim_trace import Trace
 DiskWriteHook = Callable[[NodeId, LogId, Lsn, "DiskRecord", "DiskRecord | None"], None]
 """(node, log, lsn, copy written, copy it replaced or None)."""
 DamageHook = Callable[[NodeId, "dict[tuple[LogId, Lsn], DiskRecord]",
-                       "dict[tuple[LogId, Lsn], DiskRecord]"], None]
-"""(node, records before, records after) of a damaged restart."""
+                       "dict[tuple[LogId, Lsn], DiskRecord]", bool], None]
+"""(node, records before, records after, to be repaired) of a damaged restart."""
 ReleaseHook = Callable[[str, LogId, Lsn], None]
 
 
@@ -157,19 +158,31 @@ class SimStorageNode:
         self._network.crash(self.node_id)
         self._trace.log(self._queue.clock.now_ms(), f"storage {self.node_id} CRASH")
 
-    def restart(self, *, lose_entries: int = 0) -> None:
+    def restart(self, *, lose_entries: int = 0, repair: bool = False) -> None:
         """Come back with what the disk holds; ``lose_entries`` > 0: damaged, without the
-        last that many durable writes."""
+        last that many durable writes. ``repair``: the damage's scope is known (as a
+        damaged segment's index file knows it: per log, from the first to the last LSN of
+        the copies lost), and a mini-rebuild repairs it (``sim_rebuild``); else it is
+        unranged, and never repaired."""
         assert not self.up, self.node_id
         if lose_entries:
             before = dict(self.disk.records)
+            lost = self.disk.journal[max(len(self.disk.journal) - lose_entries, 0):]
             self.disk.lose_suffix(lose_entries)
-            self.disk.authority.segments_damaged(frozenset({self.incarnation}))
+            scope: Scope = None
+            if repair:
+                runs: dict[int, list[tuple[int, int]]] = {}
+                for key, value in lost:
+                    if isinstance(value, DiskRecord):
+                        log_id, lsn = key  # type: ignore[misc]
+                        runs.setdefault(int(log_id), []).append((int(lsn), int(lsn)))
+                scope = segment_scope(runs)
+            self.disk.authority.segments_damaged(frozenset({self.incarnation}), scope)
             self._trace.log(self._queue.clock.now_ms(),
                             f"storage {self.node_id} DAMAGED: lost its last {lose_entries} "
-                            "writes")
+                            f"writes{f', scope {scope}' if repair else ''}")
             if self._on_damage is not None:
-                self._on_damage(self.node_id, before, self.disk.records)
+                self._on_damage(self.node_id, before, self.disk.records, repair)
         self.machine = StoreMachine(accept_writes=True)
         for log_id, state in self._recovered_states().items():
             self.machine.restore(log_id, state)

@@ -133,7 +133,7 @@ def test_damaged_node_answering_as_complete_is_caught_by_r2(
     # Issue 16 item 3 as it was: a node that lost the end of its segment answers as if
     # complete, so a reader whose f-majority includes it reads DATALOSS at an acknowledged
     # record (the restart's scan no longer marks the node non-authoritative here).
-    monkeypatch.setattr(AuthorityStatus, "segments_damaged", lambda self, ids: None)
+    monkeypatch.setattr(AuthorityStatus, "segments_damaged", lambda self, ids, scope=None: None)
     with pytest.raises(SimulationFailure) as caught:
         run_simulation(DAMAGE_SEED)
     assert caught.value.checker == "R2", str(caught.value)

@@ -1,0 +1,138 @@
+"""Mini-rebuilding in the simulation (issue 17): a storage node that comes back having lost
+its last writes, with the damage's scope known (per log, the LSN range its damaged segment
+held), records a mini-rebuild of only that scope; the donors (the shipped ``DonorCore``)
+walk only those ranges, the node is authoritative again, and every acknowledged record it
+lost is on R disks (D1), while readers through any f-majority agree (R1, R2). Damage found
+while a mini-rebuild runs restarts it over both scopes. The last test breaks the walk on
+purpose and checks that D1 catches it."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import pytest
+
+from shared.cluster_state import ShardStatus
+from shared.status import Status
+from shared.types import NodeId
+from storage_node.core import rebuild
+from tests.simulation.checkers import CheckFailed
+from tests.simulation.runner import heal_and_check, run_simulation
+from tests.simulation.sim_cluster import SimCluster
+from tests.simulation.sim_options import SimOptions
+from tests.simulation.test_disk_replacement import load, replicated_cluster
+from tests.simulation.test_scenarios import append_and_wait, report, wait
+
+N1 = NodeId("n1")
+
+
+def _repaired(cluster: SimCluster, node_id: NodeId, minis: int = 1) -> bool:
+    shard = cluster.rebuilding.state.shard(node_id)
+    return (shard is not None and shard.status is ShardStatus.AUTHORITATIVE
+            and shard.mini_rebuilds_count >= minis
+            and node_id not in cluster.rebuilding.rebuilding())
+
+
+def _fill(cluster: SimCluster, count: int) -> None:
+    appends = [append_and_wait(cluster, f"m:{i}".encode()) for i in range(count)]
+    assert all(a.outcome == Status.OK for a in appends)
+
+
+def test_a_damaged_node_is_mini_rebuilt_and_nothing_is_lost(
+        request: pytest.FixtureRequest) -> None:
+    cluster = replicated_cluster()
+    with report(cluster, request):
+        _fill(cluster, 60)
+        held = len(cluster.storage[N1].disk.records)
+        cluster.crash_storage(N1)
+        cluster.restart_damaged(N1, lose_entries=4, repair=True)
+        authority = cluster.storage[N1].disk.authority
+        assert authority.damaged  # vouches for nothing until repaired
+        scope = authority.damage_scope()
+        assert scope, scope  # ranged: the lost copies' LSNs
+        load(cluster, "during", 20)
+        wait(cluster, lambda: _repaired(cluster, N1), "n1 mini-rebuilt")
+        shard = cluster.rebuilding.state.shard(N1)
+        assert shard is not None and shard.dirty == scope and shard.generation == 1
+        assert not authority.damaged
+        # Only the damaged range was walked: each donor sent its copies in it, far fewer
+        # than the shard holds.
+        sent = sum(progress.records for _, progress in shard.donors)
+        width = sum(hi - lo + 1 for _, ranges in scope for lo, hi in ranges)
+        assert 0 < sent <= 2 * width and width <= 16, (sent, width)  # 4 copies lost of 60
+        assert sent < held // 2, (sent, held)
+        assert cluster.stats["rebuild_mini_finished"] == 1
+        heal_and_check(cluster)  # C1-C5, R1, D1 (at the rebuild's end and at the end), L1, L2
+        assert cluster.checker.rebuilt_checked_count == 1
+
+
+def test_damage_found_during_a_mini_rebuild_rebuilds_both_ranges(
+        request: pytest.FixtureRequest) -> None:
+    """A second damage while the first mini-rebuild runs (slowly: a rate limit): the rebuild
+    begins again for a new generation over both scopes, and both are repaired."""
+    cluster = replicated_cluster(rebuild_rate_bytes_per_s=200)
+    with report(cluster, request):
+        _fill(cluster, 40)
+        cluster.crash_storage(N1)
+        cluster.restart_damaged(N1, lose_entries=6, repair=True)
+        first = cluster.storage[N1].disk.authority.damage_scope()
+
+        def mini_under_way() -> bool:
+            shard = cluster.rebuilding.state.shard(N1)
+            return shard is not None and shard.status is ShardStatus.REBUILDING and shard.mini
+
+        wait(cluster, mini_under_way, "n1's mini-rebuild recorded")
+        _fill_more = [cluster.append(cluster.log_ids[0], (f"x:{i}".encode(),))
+                      for i in range(10)]
+        cluster.run_for(300)
+        del _fill_more
+        cluster.crash_storage(N1)
+        cluster.restart_damaged(N1, lose_entries=8, repair=True)
+        wait(cluster, lambda: _repaired(cluster, N1, minis=2), "n1 mini-rebuilt again")
+        shard = cluster.rebuilding.state.shard(N1)
+        assert shard is not None and shard.generation == 2  # begun again: a new generation
+        assert first is not None
+        for log_id, ranges in first:  # the first damage's ranges are still covered
+            covered = dict(shard.dirty).get(log_id, ())
+            assert all(any(a <= lo and hi <= b for a, b in covered) for lo, hi in ranges)
+        assert cluster.stats["rebuild_begun_again"] == 1
+        heal_and_check(cluster)
+
+
+def test_generated_runs_repair_damage_by_mini_rebuilds() -> None:
+    """Generated runs (their faults, workload and checkers) with damaged restarts made
+    likely and always ranged: they mini-rebuild, and every checker passes."""
+    repaired = 0
+    for seed in range(1, 30):
+        options = dataclasses.replace(
+            SimOptions.generate(random.Random(seed)), damage_ratio=0.7,
+            damage_repair_ratio=1.0, storage_crash_ratio=0.03, storage_down_ms_max=200)
+        result = run_simulation(seed, options=options)
+        repaired += result.stats.get("rebuild_mini_finished", 0)
+        if repaired >= 3:
+            return
+    raise AssertionError(f"only {repaired} mini-rebuilds in the generated runs")
+
+
+def test_a_walk_that_skips_the_damaged_ranges_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Donors told the ranges walk nothing of them: the node vouches again without its lost
+    copies, and D1 says so."""
+    original = rebuild.DonorCore.__init__
+
+    def init(self: rebuild.DonorCore, **kwargs: Any) -> None:
+        if kwargs.get("dirty"):
+            # Shifted past everything: the walk reads no copy of the damaged ranges.
+            kwargs["dirty"] = tuple((log_id, ((2**62, 2**62),)) for log_id, _ in kwargs["dirty"])
+        original(self, **kwargs)
+
+    monkeypatch.setattr(rebuild.DonorCore, "__init__", init)
+    cluster = replicated_cluster()
+    _fill(cluster, 60)
+    cluster.crash_storage(N1)
+    cluster.restart_damaged(N1, lose_entries=8, repair=True)
+    with pytest.raises(CheckFailed) as caught:
+        wait(cluster, lambda: _repaired(cluster, N1), "n1 mini-rebuilt")
+        heal_and_check(cluster)
+    assert caught.value.checker == "D1", caught.value
