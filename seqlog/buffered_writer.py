@@ -299,10 +299,10 @@ class BufferedWriter:
         A plain method returning a future, not a coroutine: a record costs no frame or Task.
         If nobody awaits a future that fails, asyncio logs the unretrieved exception. Callers
         that fire many appends pay less per record with ``append_nowait``."""
-        batch = self._add(log_id, payload, key)
+        handle = self.append_nowait(log_id, payload, key)
         future: asyncio.Future[Lsn] = self._loop.create_future()
-        batch.futures.append((len(batch.payloads) - 1, future))
-        self._check_full(batch)
+        # The batch cannot be answered before this returns: sealing it only schedules a Task.
+        handle._batch.futures.append((handle._index, future))
         return future
 
     def append_nowait(self, log_id: int, payload: bytes, key: str | None = None
@@ -311,27 +311,18 @@ class BufferedWriter:
         (``await handle``, ``handle.result()``, or just ``flush()`` and ``stats``): returns
         an ``AppendHandle``, a reference to the record's place in its batch, instead of a
         future. Same errors, raised at once, as ``append``."""
-        batch = self._add(log_id, payload, key)
-        handle = AppendHandle(batch, len(batch.payloads) - 1)
-        self._check_full(batch)
-        return handle
-
-    def _add(self, log_id: int, payload: bytes, key: str | None) -> _Batch:
-        """Put the record into its building batch (the checks of ``append``)."""
-        if self._closed:
-            raise LogError(Status.SHUTDOWN, "the buffered writer is closed")
+        # The hot path of every record: checks first, each attribute read once.
         if type(payload) is not bytes:
             payload = _as_bytes(payload)
         size = len(payload)
-        if self._bytes_held + size > self._memory_max:
-            raise LogError(Status.SEQNOBUFS, f"the writer holds {self._bytes_held} bytes; "
-                           f"{size} more would pass memory_bytes_max={self._memory_max}")
+        held = self._bytes_held + size
+        if held > self._memory_max or self._closed:
+            raise self._refusal(size)
         if key is not None and (type(key) is not str or len(key) > KEY_BYTES_MAX):
             raise LogError(Status.INVALID_PARAM, f"key must be a str of at most "
                            f"{KEY_BYTES_MAX} characters or None")
-        if type(log_id) is not int:  # also keeps 1.0 and True from finding log 1
-            raise LogError(Status.INVALID_PARAM, f"log id must be an int: {log_id!r}")
-        log = self._logs.get(log_id)
+        # ``type(log_id) is int`` also keeps 1.0 and True from finding log 1.
+        log = self._logs.get(log_id) if type(log_id) is int else None
         if log is None:
             log = self._log(log_id)
         slot = None if self._ordered else key
@@ -341,14 +332,20 @@ class BufferedWriter:
             batch = None
         if batch is None:
             batch = self._open(log, key, slot)
-        batch.payloads.append(payload)
+        payloads = batch.payloads
+        payloads.append(payload)
+        count = len(payloads)
         batch.nbytes += size
-        self._bytes_held += size
-        return batch
-
-    def _check_full(self, batch: _Batch) -> None:
-        if len(batch.payloads) >= self._records_max or batch.nbytes >= self._bytes_max:
+        self._bytes_held = held
+        if count >= self._records_max or batch.nbytes >= self._bytes_max:
             self._seal(batch)
+        return AppendHandle(batch, count - 1)
+
+    def _refusal(self, size: int) -> LogError:
+        if self._closed:
+            return LogError(Status.SHUTDOWN, "the buffered writer is closed")
+        return LogError(Status.SEQNOBUFS, f"the writer holds {self._bytes_held} bytes; "
+                        f"{size} more would pass memory_bytes_max={self._memory_max}")
 
     async def flush(self) -> None:
         """Send every building batch and wait until every batch sent so far is answered (its
@@ -381,7 +378,7 @@ class BufferedWriter:
     # -- batching -----------------------------------------------------------------------
 
     def _log(self, log_id: int) -> _Log:
-        if not log_id_valid(log_id):
+        if type(log_id) is not int or not log_id_valid(log_id):
             raise LogError(Status.INVALID_PARAM, f"log id must be an int in 1..2**62-1: "
                            f"{log_id!r}")
         log = self._logs[log_id] = _Log(log_id)
