@@ -5,9 +5,21 @@ durable), throughput counts records, MB is 10^6 bytes of payload.
 
 Payloads are ``random`` (incompressible, distinct bytes) or ``json`` (realistic log lines from
 ``loadtests.json_log_lines``, averaging ``--size`` bytes); ``--compression`` picks the writer's
-codec. ``--driver tasks`` runs one coroutine per outstanding append (``await w.append``);
-``callbacks`` keeps the window full from done-callbacks (``append_nowait``), which costs the
-client less per record. Prints one JSON line with records/s, MB/s, p50/p99, client CPU (and
+codec. The driver is how the caller uses the writer:
+
+- ``handles`` (the default): what a high-throughput producer does (Kafka's ``send()`` in a
+  loop): ``w.append_nowait`` (an ``AppendHandle`` per record, no future) while fewer than
+  ``--inflight`` records are unanswered; with the window full it awaits the oldest record's
+  handle, then takes every answered record off the front of the window, each with its own
+  latency and outcome. Batches of one log may be answered out of order (``ordered=False``):
+  a record answered behind an older unanswered one stays counted as outstanding, and its
+  latency is taken when it leaves the window (late, never early).
+- ``callbacks``: the window kept full from a done-callback per record (``w.append``: a future
+  per record).
+- ``tasks``: one coroutine per outstanding append (``await w.append``), like the peers'
+  closed loop.
+
+Prints one JSON line with records/s, MB/s, p50/p99, client CPU (and
 the cluster's, when started from ``--dir``) per record, and the compression ratio (plain bytes
 / sent bytes).
 
@@ -25,9 +37,10 @@ import gc
 import itertools
 import json
 import os
+import resource
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +48,7 @@ import psutil  # type: ignore[import-untyped]
 
 from loadtests.bench_append import cpu_s, loadavg, percentile, run_on_loop
 from loadtests.json_log_lines import LogLineGenerator
-from seqlog import BufferedWriter, Client, LogError
+from seqlog import AppendHandle, BufferedWriter, Client, LogError
 from seqlog.buffered_writer import BATCHES_IN_FLIGHT_PER_LOG_MAX
 from services.local_cluster import load_state
 from shared import malloc_tuning
@@ -65,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logs", type=int, default=1, help="logs written round-robin")
     p.add_argument("--first-log", type=int, default=1)
     p.add_argument("--warmup", type=int, default=5000, help="unmeasured records sent first")
-    p.add_argument("--driver", choices=["tasks", "callbacks"], default="callbacks")
+    p.add_argument("--driver", choices=["handles", "callbacks", "tasks"], default="handles")
     p.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="")
@@ -95,15 +108,20 @@ class Phase:
         self.cpu_s = 0.0
         self.cluster_cpu_s: float | None = None
         self.node_cpu_s: dict[str, float] = {}
+        self.node_sys_s: dict[str, float] = {}
+        """The kernel's share of ``node_cpu_s`` (system time)."""
+        self.sys_s = 0.0
 
 
-def node_cpu_s(processes: list[psutil.Process], names: list[str]) -> dict[str, float]:
-    """CPU seconds of each cluster process by node id (missing ones left out)."""
-    out: dict[str, float] = {}
+def node_cpu_s(processes: list[psutil.Process], names: list[str]
+               ) -> dict[str, tuple[float, float]]:
+    """(CPU seconds, of which system) of each cluster process by node id (missing ones
+    left out)."""
+    out: dict[str, tuple[float, float]] = {}
     for process, name in zip(processes, names, strict=True):
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
-            out[name] = times.user + times.system
+            out[name] = (times.user + times.system, times.system)
     return out
 
 
@@ -165,7 +183,7 @@ async def run_callbacks(w: BufferedWriter, n: int, inflight: int,
         payload = next(payloads)
         t0 = pc()
         try:
-            future = w.append_nowait(logs[i % nlogs], payload)
+            future = w.append(logs[i % nlogs], payload)
         except LogError as exc:
             phase.errors[exc.status.name] += 1
             loop.call_soon(after_one)
@@ -196,23 +214,69 @@ async def run_callbacks(w: BufferedWriter, n: int, inflight: int,
     await finished
 
 
+async def run_handles(w: BufferedWriter, n: int, inflight: int,
+                      payloads: itertools.cycle[bytes], logs: list[int], phase: Phase) -> None:
+    """Fire ``append_nowait`` while fewer than ``inflight`` records are unanswered; when full,
+    await the oldest record and take every answered record off the front of the window (see
+    the module docstring). One wake-up per answered batch, nothing per record but the append,
+    a timestamp and the check of its outcome. ``phase.payload_bytes`` is counted per batch
+    by the writer (``stats.payload_bytes_ok``)."""
+    pc = time.perf_counter
+    nlogs = len(logs)
+    append = w.append_nowait
+    handles: deque[AppendHandle] = deque()
+    starts: deque[float] = deque()
+    latencies = phase.latencies_s
+    errors = phase.errors
+    bytes0 = w.stats.payload_bytes_ok
+    issued = 0
+    while issued < n or handles:
+        room = min(inflight - len(handles), n - issued)
+        for i in range(issued, issued + room):
+            t0 = pc()
+            try:
+                handle = append(logs[i % nlogs], next(payloads))
+            except LogError as exc:
+                errors[exc.status.name] += 1
+                continue
+            handles.append(handle)
+            starts.append(t0)
+        issued += room
+        if not handles:
+            continue
+        with contextlib.suppress(LogError):
+            await handles[0]
+        now = pc()
+        while handles and handles[0].done():
+            exc = handles.popleft().exception()
+            t0 = starts.popleft()
+            if exc is None:
+                latencies.append(now - t0)
+            else:
+                errors[exc.status.name] += 1
+    phase.payload_bytes = w.stats.payload_bytes_ok - bytes0
+
+
 async def measure(w: BufferedWriter, n: int, args: argparse.Namespace,
                   payloads: itertools.cycle[bytes], logs: list[int],
                   cluster: list[psutil.Process], names: list[str] | None = None) -> Phase:
     phase = Phase()
-    run = run_callbacks if args.driver == "callbacks" else run_tasks
+    run = {"handles": run_handles, "callbacks": run_callbacks, "tasks": run_tasks}[args.driver]
     names = names or []
     n0 = node_cpu_s(cluster, names) if names else {}
+    s0 = resource.getrusage(resource.RUSAGE_SELF).ru_stime
     c0, k0, t0 = cpu_s(), cluster_cpu_s(cluster), time.perf_counter()
     await run(w, n, args.inflight, payloads, logs, phase)
     phase.elapsed_s = time.perf_counter() - t0
     phase.cpu_s = cpu_s() - c0
+    phase.sys_s = resource.getrusage(resource.RUSAGE_SELF).ru_stime - s0
     k1 = cluster_cpu_s(cluster)
     if k0 is not None and k1 is not None:
         phase.cluster_cpu_s = k1 - k0
     if names:
         n1 = node_cpu_s(cluster, names)
-        phase.node_cpu_s = {k: n1[k] - n0[k] for k in n1 if k in n0}
+        phase.node_cpu_s = {k: n1[k][0] - n0[k][0] for k in n1 if k in n0}
+        phase.node_sys_s = {k: n1[k][1] - n0[k][1] for k in n1 if k in n0}
     return phase
 
 
@@ -299,6 +363,9 @@ def report(args: argparse.Namespace, phase: Phase, urls: list[str], *, ratio: fl
                                       if n and phase.cluster_cpu_s is not None else None),
         "node_cpu_us_per_record": ({k: round(v / n * 1e6, 2)
                                     for k, v in sorted(phase.node_cpu_s.items())} if n else None),
+        "client_sys_us_per_record": round(phase.sys_s / n * 1e6, 2) if n else None,
+        "node_sys_us_per_record": ({k: round(v / n * 1e6, 2)
+                                    for k, v in sorted(phase.node_sys_s.items())} if n else None),
         "malloc_tuned": args.malloc_tuned,
         "gc_tuned": args.gc_tuned,
         "loadavg_start": args.loadavg_start,

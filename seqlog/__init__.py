@@ -3,7 +3,7 @@
 Depends only on ``shared`` plus aiohttp and msgpack, never on the node's own packages.
 """
 
-from seqlog.buffered_writer import BufferedWriter, WriterStats
+from seqlog.buffered_writer import AppendHandle, BufferedWriter, WriterStats
 from seqlog.client import Client
 from seqlog.results import (
     AppendResult,
@@ -18,6 +18,7 @@ from seqlog.results import (
 from shared.status import LogError, Status
 
 __all__ = [
+    "AppendHandle",
     "AppendResult",
     "BatchResult",
     "BufferedWriter",

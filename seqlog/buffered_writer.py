@@ -2,12 +2,15 @@
 ``BufferedWriter``, Kafka's record accumulator).
 
 ``w.append(log, payload, key)`` puts the record into its log's *building* batch (one per log and
-key; with ``ordered=True`` one per log) and returns a future. A building batch is sealed when it
-holds ``batch_records_max`` records or ``batch_bytes_max`` payload bytes, or when its oldest
-record has waited ``linger_ms`` (one timer per writer, armed for the oldest building batch).
-A sealed batch is one ``append_batch`` call: the cluster writes it with consecutive LSNs, so
-record *i* gets ``first_lsn + i`` and all of the batch's futures are resolved from its one ack.
-The cost per record is a list append and one future; Tasks, timers and retries are per batch.
+key; with ``ordered=True`` one per log) and returns a future; ``w.append_nowait(...)`` does the
+same and returns an ``AppendHandle`` instead (Kafka's ``FutureRecordMetadata``: a reference to
+the batch plus the record's index in it), which costs one small object per record and nothing
+per record when the batch is answered. A building batch is sealed when it holds
+``batch_records_max`` records or ``batch_bytes_max`` payload bytes, or when its oldest record
+has waited ``linger_ms`` (one timer per writer, armed for the oldest building batch). A sealed
+batch is one ``append_batch`` call: the cluster writes it with consecutive LSNs, so record *i*
+gets ``first_lsn + i``, and all of the batch's futures and handles are answered from its one
+ack. Tasks, timers and retries are per batch.
 
 Delivery:
 
@@ -46,10 +49,10 @@ import logging
 import random
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from seqlog.results import BatchResult
 from shared.compression import CODEC_NAMES
@@ -112,8 +115,8 @@ class WriterStats:
 
 
 class _Batch:
-    __slots__ = ("deadline", "due", "futures", "key", "log", "nbytes", "payloads", "sealed",
-                 "send_index", "seq", "slot", "waiter")
+    __slots__ = ("deadline", "due", "error", "first_lsn", "futures", "key", "log", "nbytes",
+                 "payloads", "sealed", "send_index", "seq", "slot", "waiter")
 
     def __init__(self, log: _Log, key: str | None, slot: str | None, deadline: float) -> None:
         self.log = log
@@ -123,7 +126,9 @@ class _Batch:
         self.deadline = deadline
         """When its oldest record has waited ``linger_ms`` (loop time)."""
         self.payloads: list[bytes] = []
-        self.futures: list[asyncio.Future[Lsn]] = []
+        self.futures: list[tuple[int, asyncio.Future[Lsn]]] = []
+        """The futures of the records added with ``append``, by their index in the batch
+        (``append_nowait``'s records have none: their handles read the batch's outcome)."""
         self.nbytes = 0
         self.sealed = False
         self.due = False
@@ -131,8 +136,72 @@ class _Batch:
         self.seq = -1
         """``producer_seq``, given when it is first sent."""
         self.send_index = -1
+        self.first_lsn = -1
+        """The LSN of its first record once the batch is stored (record *i* has
+        ``first_lsn + i``)."""
+        self.error: LogError | None = None
+        """Why its records failed, once they did."""
         self.waiter: asyncio.Future[None] | None = None
-        """Created by ``flush`` when it waits for this batch."""
+        """Resolved when the batch is answered (or abandoned); created only when someone
+        waits: ``flush``, or an ``await`` of a handle of an unanswered batch."""
+
+    def get_waiter(self) -> asyncio.Future[None]:
+        waiter = self.waiter
+        if waiter is None:
+            waiter = self.waiter = asyncio.get_running_loop().create_future()
+            if self.first_lsn >= 0 or self.error is not None:
+                waiter.set_result(None)
+        return waiter
+
+
+class AppendHandle:
+    """The pending outcome of one record added with ``BufferedWriter.append_nowait``: ``lsn =
+    await handle`` (or ``handle.result()`` once ``handle.done()``).
+
+    Not an ``asyncio.Future``: like the record future of Kafka's producer it is only a
+    reference to its batch and its index in it (LSN = the batch's first LSN + index), so a
+    record costs one small object, and nothing per record happens when its batch is answered.
+    A failed record's error is kept on the batch and never logged as "never retrieved".
+    ``asyncio.gather``/``wait_for`` take it as any awaitable (wrapping it in a Task)."""
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: _Batch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    def done(self) -> bool:
+        batch = self._batch
+        return batch.first_lsn >= 0 or batch.error is not None
+
+    def result(self) -> Lsn:
+        """The record's LSN; raises its batch's ``LogError`` if it failed, and
+        ``asyncio.InvalidStateError`` while it is pending."""
+        batch = self._batch
+        if batch.first_lsn >= 0:
+            return batch.first_lsn + self._index  # type: ignore[return-value]
+        if batch.error is not None:
+            # One error object serves the whole batch: no traceback piling up across raises.
+            raise batch.error.with_traceback(None)
+        raise asyncio.InvalidStateError("the record's batch is not answered yet")
+
+    def exception(self) -> LogError | None:
+        """None if the record is stored, its ``LogError`` if it failed; raises
+        ``asyncio.InvalidStateError`` while it is pending."""
+        batch = self._batch
+        if batch.first_lsn >= 0:
+            return None
+        if batch.error is not None:
+            return batch.error
+        raise asyncio.InvalidStateError("the record's batch is not answered yet")
+
+    def __await__(self) -> Generator[Any, None, Lsn]:
+        batch = self._batch
+        if batch.first_lsn < 0 and batch.error is None:
+            yield from batch.get_waiter().__await__()
+            if batch.first_lsn < 0 and batch.error is None:  # never: every end sets one
+                raise LogError(Status.INTERNAL, "the record's batch ended without an outcome")
+        return self.result()
 
 
 class _Log:
@@ -227,23 +296,33 @@ class BufferedWriter:
         failed with. Raises ``LogError`` at once (nothing buffered) with ``SEQNOBUFS`` past
         the memory bound, ``SHUTDOWN`` once closed, ``INVALID_PARAM`` for bad arguments.
 
-        A plain method returning a future, not a coroutine: a record costs no frame or Task,
-        so callers that fire many appends can keep the futures and await them later. If
-        nobody awaits a future that fails, asyncio logs the unretrieved exception."""
-        if self._closed:
-            raise LogError(Status.SHUTDOWN, "the buffered writer is closed")
+        A plain method returning a future, not a coroutine: a record costs no frame or Task.
+        If nobody awaits a future that fails, asyncio logs the unretrieved exception. Callers
+        that fire many appends pay less per record with ``append_nowait``."""
+        handle = self.append_nowait(log_id, payload, key)
+        future: asyncio.Future[Lsn] = self._loop.create_future()
+        # The batch cannot be answered before this returns: sealing it only schedules a Task.
+        handle._batch.futures.append((handle._index, future))
+        return future
+
+    def append_nowait(self, log_id: int, payload: bytes, key: str | None = None
+                      ) -> AppendHandle:
+        """``append`` for callers that fire many appends and look at the outcomes later
+        (``await handle``, ``handle.result()``, or just ``flush()`` and ``stats``): returns
+        an ``AppendHandle``, a reference to the record's place in its batch, instead of a
+        future. Same errors, raised at once, as ``append``."""
+        # The hot path of every record: checks first, each attribute read once.
         if type(payload) is not bytes:
             payload = _as_bytes(payload)
         size = len(payload)
-        if self._bytes_held + size > self._memory_max:
-            raise LogError(Status.SEQNOBUFS, f"the writer holds {self._bytes_held} bytes; "
-                           f"{size} more would pass memory_bytes_max={self._memory_max}")
+        held = self._bytes_held + size
+        if held > self._memory_max or self._closed:
+            raise self._refusal(size)
         if key is not None and (type(key) is not str or len(key) > KEY_BYTES_MAX):
             raise LogError(Status.INVALID_PARAM, f"key must be a str of at most "
                            f"{KEY_BYTES_MAX} characters or None")
-        if type(log_id) is not int:  # also keeps 1.0 and True from finding log 1
-            raise LogError(Status.INVALID_PARAM, f"log id must be an int: {log_id!r}")
-        log = self._logs.get(log_id)
+        # ``type(log_id) is int`` also keeps 1.0 and True from finding log 1.
+        log = self._logs.get(log_id) if type(log_id) is int else None
         if log is None:
             log = self._log(log_id)
         slot = None if self._ordered else key
@@ -253,17 +332,20 @@ class BufferedWriter:
             batch = None
         if batch is None:
             batch = self._open(log, key, slot)
-        future: asyncio.Future[Lsn] = self._loop.create_future()
-        batch.payloads.append(payload)
-        batch.futures.append(future)
+        payloads = batch.payloads
+        payloads.append(payload)
+        count = len(payloads)
         batch.nbytes += size
-        self._bytes_held += size
-        if len(batch.payloads) >= self._records_max or batch.nbytes >= self._bytes_max:
+        self._bytes_held = held
+        if count >= self._records_max or batch.nbytes >= self._bytes_max:
             self._seal(batch)
-        return future
+        return AppendHandle(batch, count - 1)
 
-    append_nowait = append
-    """The same as ``append``; the name says that calling it does not wait."""
+    def _refusal(self, size: int) -> LogError:
+        if self._closed:
+            return LogError(Status.SHUTDOWN, "the buffered writer is closed")
+        return LogError(Status.SEQNOBUFS, f"the writer holds {self._bytes_held} bytes; "
+                        f"{size} more would pass memory_bytes_max={self._memory_max}")
 
     async def flush(self) -> None:
         """Send every building batch and wait until every batch sent so far is answered (its
@@ -271,7 +353,7 @@ class BufferedWriter:
         for log in list(self._logs.values()):
             for batch in list(log.building.values()):
                 self._seal(batch)
-        waiters = [self._waiter(b) for log in self._logs.values()
+        waiters = [b.get_waiter() for log in self._logs.values()
                    for b in (*log.queue, *log.in_flight.values())]
         if waiters:
             await asyncio.wait(waiters)
@@ -296,7 +378,7 @@ class BufferedWriter:
     # -- batching -----------------------------------------------------------------------
 
     def _log(self, log_id: int) -> _Log:
-        if not log_id_valid(log_id):
+        if type(log_id) is not int or not log_id_valid(log_id):
             raise LogError(Status.INVALID_PARAM, f"log id must be an int in 1..2**62-1: "
                            f"{log_id!r}")
         log = self._logs[log_id] = _Log(log_id)
@@ -418,19 +500,20 @@ class BufferedWriter:
         return backoff_ms * self._rng.uniform(0.5, 1.0) / 1000
 
     def _succeed(self, batch: _Batch, first_lsn: int) -> None:
+        batch.first_lsn = first_lsn
         # Plain ints (an ``Lsn`` is one): calling the NewType would cost a call per record.
-        for lsn, future in enumerate(batch.futures, first_lsn):
+        for index, future in batch.futures:
             if not future.done():  # a caller cancelled its await
-                future.set_result(lsn)  # type: ignore[arg-type]
+                future.set_result(first_lsn + index)  # type: ignore[arg-type]
         stats = self.stats
         stats.batches_ok += 1
-        stats.records_ok += len(batch.futures)
+        stats.records_ok += len(batch.payloads)
         stats.payload_bytes_ok += batch.nbytes
 
     def _fail(self, batch: _Batch, exc: LogError) -> None:
-        _fail_futures(batch.futures, exc)
+        _fail_records(batch, exc)
         self.stats.batches_failed += 1
-        self.stats.records_failed += len(batch.futures)
+        self.stats.records_failed += len(batch.payloads)
         if self._ordered:
             # Nothing appended after a lost record may be stored before a retry of it.
             log = batch.log
@@ -441,8 +524,8 @@ class BufferedWriter:
                              f"failed ({exc.message})")
             for other in later:
                 other.sealed = True
-                _fail_futures(other.futures, cause)
-                self.stats.records_failed += len(other.futures)
+                _fail_records(other, cause)
+                self.stats.records_failed += len(other.payloads)
                 self._release(other)
 
     def _finish(self, batch: _Batch) -> None:
@@ -460,13 +543,10 @@ class BufferedWriter:
         # The timeline may hold the batch until the next tick: drop the records now.
         batch.payloads = []
         batch.futures = []
+        if batch.first_lsn < 0 and batch.error is None:  # never: every end sets one
+            batch.error = LogError(Status.INTERNAL, "the batch ended without an outcome")
         if batch.waiter is not None and not batch.waiter.done():
             batch.waiter.set_result(None)
-
-    def _waiter(self, batch: _Batch) -> asyncio.Future[None]:
-        if batch.waiter is None:
-            batch.waiter = self._loop.create_future()
-        return batch.waiter
 
     def _abort(self) -> None:
         """Give up on everything unanswered (``close`` was cancelled or failed)."""
@@ -475,7 +555,7 @@ class BufferedWriter:
         for log in list(self._logs.values()):
             for batch in [*log.queue, *log.building.values()]:
                 batch.sealed = True
-                _fail_futures(batch.futures, cause)
+                _fail_records(batch, cause)
                 self._release(batch)
             log.queue.clear()
             log.building.clear()
@@ -483,8 +563,10 @@ class BufferedWriter:
             task.cancel()
 
 
-def _fail_futures(futures: list[asyncio.Future[Lsn]], exc: LogError) -> None:
-    for future in futures:
+def _fail_records(batch: _Batch, exc: LogError) -> None:
+    """Fail every record of ``batch``: its handles see ``batch.error``, its futures get it."""
+    batch.error = exc
+    for _, future in batch.futures:
         if not future.done():
             future.set_exception(exc)
 

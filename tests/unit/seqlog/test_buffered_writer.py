@@ -18,7 +18,7 @@ from fake_seqlog_node import FakeCluster, FakeNode
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from seqlog import BufferedWriter, Client, LogError, Status
+from seqlog import AppendHandle, BufferedWriter, Client, LogError, Status
 from seqlog.results import BatchResult
 from shared.types import Lsn
 
@@ -200,7 +200,7 @@ async def test_one_timer_and_one_task_per_batch_not_per_record(
     monkeypatch.setattr(loop, "call_at", call_at)
     monkeypatch.setattr(loop, "create_task", create_task)
     w = BufferedWriter(fake, linger_ms=5, batch_records_max=100_000)
-    futures = [w.append_nowait(1 + i % 10, payload(i), key=f"k{i % 3}") for i in range(3000)]
+    futures = [w.append(1 + i % 10, payload(i), key=f"k{i % 3}") for i in range(3000)]
     await asyncio.wait_for(asyncio.gather(*futures), WAIT_S)
     assert len(fake.calls) == 30  # 10 logs x 3 keys
     assert tasks == 30
@@ -209,6 +209,54 @@ async def test_one_timer_and_one_task_per_batch_not_per_record(
         for key in ("k0", "k1", "k2"):
             [call] = [c for c in fake.calls if c.log_id == log_id and c.key == key]
             assert len(call.payloads) == 100
+    await w.close()
+
+
+async def test_handles_read_their_batch_outcome_without_a_future_per_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``append_nowait`` returns a handle (batch + index), not a future: firing 3,000 records
+    and awaiting every handle creates a future per batch at most, and each handle answers
+    with its own LSN; a failed batch's handles raise its error."""
+    fake = FakeAppender()
+    fake.hold.clear()
+    fake.script = ["ok", "reject"]
+    loop = asyncio.get_running_loop()
+    made = 0
+    real_create_future = loop.create_future
+
+    def create_future() -> asyncio.Future[Any]:
+        nonlocal made
+        made += 1
+        return real_create_future()
+
+    monkeypatch.setattr(loop, "create_future", create_future)
+    w = writer(fake, batch_records_max=1000)
+    handles = [w.append_nowait(1, payload(i)) for i in range(3000)]
+    mixed = w.append(1, b"a future")  # a record added with ``append`` keeps its future
+    after = w.append_nowait(1, b"after")
+    await settle()
+    assert not handles[0].done()
+    with pytest.raises(asyncio.InvalidStateError):
+        handles[0].result()
+    with pytest.raises(asyncio.InvalidStateError):
+        handles[0].exception()
+    waiting = asyncio.ensure_future(handles[0])  # one Task: the await of a pending handle
+    fake.hold.set()
+    assert await asyncio.wait_for(waiting, WAIT_S) == E1 + 1
+    await asyncio.wait_for(w.flush(), WAIT_S)
+    lsns = [await h for h in handles[:1000]]
+    assert lsns == list(range(E1 + 1, E1 + 1001))
+    assert [fake.at(1, lsn) for lsn in lsns] == [payload(i) for i in range(1000)]
+    for h in handles[1000:2000]:  # the second batch was rejected
+        assert h.done()
+        exc = h.exception()
+        assert isinstance(exc, LogError) and exc.status is Status.INVALID_PARAM
+        with pytest.raises(LogError):
+            await h
+    assert [h.result() for h in handles[2000:]] == list(range(E1 + 1001, E1 + 2001))
+    assert mixed.result() == E1 + 2001 and after.result() == E1 + 2002
+    assert made < 30  # per batch and per wait (4 batches), never per record (3,002)
+    assert w.stats.records_ok == 2002 and w.stats.records_failed == 1000
     await w.close()
 
 
@@ -247,7 +295,7 @@ async def test_ordered_never_has_two_batches_of_a_log_in_flight_and_keeps_order(
             out.append(await w.append(log_id, payload(i)))
         return out
 
-    def fire(log_id: int) -> list[asyncio.Future[Lsn]]:
+    def fire(log_id: int) -> list[AppendHandle]:
         return [w.append_nowait(log_id, payload(i)) for i in range(200)]
 
     fired = fire(1)
