@@ -152,6 +152,10 @@ _LSN_ANSWER = struct.Struct(">6sQ14sQ")
 both are at least ``_UINT64_MIN`` (LSNs are epoch << 32 | ESN with epoch >= 1; timestamps
 are past 1970-02-19): a 2-entry map, each value a uint 64 (``0xcf``)."""
 _UINT64_MIN = 2**32
+_QUERY_MARK = ord("?")
+_PERCENT = ord("%")
+"""Bytes searched for as ints: ``b"?" in url`` first tries the needle as an integer and
+builds (and drops) a TypeError, ~10x the cost of ``ord("?") in url`` on Python 3.11."""
 _OK = Status.OK
 """A module global: ``Status.OK`` goes through ``EnumType.__getattr__``'s slow attribute
 path on Python 3.11 (about 4x a global's cost), once per append here."""
@@ -285,7 +289,7 @@ _routes_cache: dict[tuple[bytes, bytes], tuple[str | None, LogId | Rejection]] =
 
 def _route_of(method: bytes, path: bytes) -> tuple[str | None, LogId | Rejection]:
     """The hot route of a request and its parsed log id, or ``(None, ...)`` for aiohttp's."""
-    if not path.startswith(_LOGS_PREFIX) or b"%" in path:
+    if not path.startswith(_LOGS_PREFIX) or _PERCENT in path:
         return None, _NO_LOG
     log_part, _, action = path[len(_LOGS_PREFIX):].partition(b"/")
     route = _HOT_ROUTES.get((method, action)) if log_part else None
@@ -882,7 +886,7 @@ class _Connection(asyncio.Protocol):
         no_forward = False if header is None else _NO_FORWARD_BYTES.get(header)
         edge = self.edge
         local = edge.append_local
-        if no_forward is None or local is None or b"?" in self._url or (
+        if no_forward is None or local is None or _QUERY_MARK in self._url or (
                 edge.auth is not None and self._identity is not None
                 and self._identity.metered):
             return False
@@ -897,9 +901,9 @@ class _Connection(asyncio.Protocol):
         # The common cases (no header, or the seqlog client's "1", and no query) are one
         # dictionary lookup; anything else goes through the one parser.
         no_forward = False if header is None else _NO_FORWARD_BYTES.get(header)
-        if no_forward is None or b"?" in self._url:
+        if no_forward is None or _QUERY_MARK in self._url:
             query = (next((v for n, v in self._query() if n == NO_FORWARD_QUERY), None)
-                     if b"?" in self._url else None)
+                     if _QUERY_MARK in self._url else None)
             parsed = parse_no_forward(query, None if header is None else header.decode(
                 "latin-1"))
             if isinstance(parsed, Rejection):
