@@ -152,6 +152,9 @@ _LSN_ANSWER = struct.Struct(">6sQ14sQ")
 both are at least ``_UINT64_MIN`` (LSNs are epoch << 32 | ESN with epoch >= 1; timestamps
 are past 1970-02-19): a 2-entry map, each value a uint 64 (``0xcf``)."""
 _UINT64_MIN = 2**32
+_UINT64_END = 2**64
+_LSN_KEY = b"\x82\xa3lsn\xcf"
+_TIMESTAMP_KEY = b"\xactimestamp_ms\xcf"
 _QUERY_MARK = ord("?")
 _PERCENT = ord("%")
 """Bytes searched for as ints: ``b"?" in url`` first tries the needle as an integer and
@@ -159,9 +162,6 @@ builds (and drops) a TypeError, ~10x the cost of ``ord("?") in url`` on Python 3
 _OK = Status.OK
 """A module global: ``Status.OK`` goes through ``EnumType.__getattr__``'s slow attribute
 path on Python 3.11 (about 4x a global's cost), once per append here."""
-_UINT64_END = 2**64
-_LSN_KEY = b"\x82\xa3lsn\xcf"
-_TIMESTAMP_KEY = b"\xactimestamp_ms\xcf"
 _WWW_AUTHENTICATE = b"WWW-Authenticate: %s\r\n" % BEARER_PREFIX.strip().encode()
 
 
