@@ -275,6 +275,18 @@ def parse_append(
     return _append_options(doc, (payload,), api)
 
 
+def plain_payload(doc: dict[str, Any], media: MediaType, api: ApiConfig) -> bytes | None:
+    """The payload of an append body that is nothing but a msgpack ``{"payload": bin}``
+    within ``payload_bytes_max``: the answer ``parse_append`` would give (an
+    ``AppendRequest`` of that payload and no options; ``check_payloads``' single-payload
+    case), without building it. None for anything else, which ``parse_append`` decides."""
+    if len(doc) == 1 and media == MSGPACK:
+        payload = doc.get("payload")
+        if type(payload) is bytes and len(payload) <= api.payload_bytes_max:
+            return payload
+    return None
+
+
 def parse_append_batch(
     doc: dict[str, Any], media: MediaType, api: ApiConfig
 ) -> AppendRequest | Rejection:
