@@ -259,4 +259,7 @@ async def test_appends_one_at_a_time_arm_no_timer_that_wakes_up_for_nothing(
     elapsed_ms = (loop.time() - started_s) * 1000
     # Before: a stale wake-up per store timeout (10 ms at least) and per release delay.
     await runtime.close()
-    assert stale_fires <= 2, (stale_fires, fires, elapsed_ms)
+    # Without the re-arm about every other append (~60) fires stale. A loaded machine
+    # (a loop iteration delayed past the old deadline before the re-arm ran) adds a few: 3 of
+    # 8 fires were stale in one run in 9 at load 5, so the bound leaves room for those.
+    assert stale_fires <= 8, (stale_fires, fires, elapsed_ms)
