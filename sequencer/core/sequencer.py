@@ -832,6 +832,19 @@ class Sequencer:
         pointer that moved in the last few broadcasts. An idle log has not."""
         return self._release_broadcasts_owed > 0
 
+    def release_broadcast_told(self, release_lsn: Lsn, nodes: list[NodeId]) -> bool:
+        """A periodic broadcast is due and ``nodes`` were sent ``release_lsn`` since the
+        previous one: when that is the current pointer and they are the whole nodeset, it
+        counts as this broadcast (True: nothing to send now); else False, and nothing
+        changed."""
+        metadata = self.metadata
+        if (metadata is None or release_lsn != self.release_lsn
+                or not set(metadata.nodeset).issubset(nodes)):
+            return False
+        if self._release_broadcasts_owed:
+            self._release_broadcasts_owed -= 1
+        return True
+
     def release_broadcast(self, *, final: bool = False) -> list[Effect]:
         """RELEASEs of the pointer to the whole nodeset. ``final``: the last broadcast of a
         drained epoch (graceful stop, idle deactivation): it lets the nodes settle the epoch
