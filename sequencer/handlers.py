@@ -39,7 +39,7 @@ from sequencer.core.store_batcher import (
 from shared import failpoints
 from shared.effects import Send
 from shared.status import Status
-from shared.types import Epoch, NodeId
+from shared.types import Epoch, LogId, Lsn, NodeId
 from shared.wire.codec import encode_fields
 from shared.wire.read import GetLogState, LogState
 from shared.wire.release import Release
@@ -119,7 +119,7 @@ class EffectDriver:
 
     __slots__ = ("_answer", "_applied", "_arm_timer", "_batcher", "_deliver", "_live",
                  "_now_ms", "_ports", "_recovery_request_timeout_ms", "_send_store",
-                 "_stores_max", "_waiters", "flushing", "wave_counts")
+                 "_stores_max", "_waiters", "flushing", "released", "wave_counts")
 
     def __init__(self, ports: SequencerPorts, *, now_ms: Callable[[], int] | None = None,
                  applied: Callable[[Sequencer], None] | None = None,
@@ -128,7 +128,7 @@ class EffectDriver:
                  store_batch_stores_max: int = 1,
                  waiters: dict[int, Callable[[Any], None]] | None = None,
                  deliver: Callable[[Callable[[Any], None], AppendReply], None] | None = None,
-                 arm_timer: ArmTimer | None = None,
+                 arm_timer: ArmTimer | None = None, track_released: bool = False,
                  ) -> None:
         """``now_ms``, ``applied``, ``send_store``: the ports' own, given directly (no hop per
         STORE or STORED reply);
@@ -139,7 +139,8 @@ class EffectDriver:
         ``waiters`` and ``deliver``: answers go straight to ``deliver(waiters.pop(id),
         reply)`` instead of ``ports.answer`` (the runtime's hot path: no call per append);
         ``arm_timer``: with it (and STORE batching on), ``append_groups`` lets the appenders
-        of different logs share their first wave (``sequencer.core.shared_wave``)."""
+        of different logs share their first wave (``sequencer.core.shared_wave``);
+        ``track_released``: note in ``released`` which nodes each owed RELEASE went to."""
         self._ports = ports
         # Bound once: ``apply`` runs for every batch of appends, ``on_reply`` per STORED.
         self._answer = ports.answer
@@ -158,6 +159,11 @@ class EffectDriver:
         self.wave_counts = [0, 0, 0]
         """Shared first waves sent, completed, and handed back to their logs (metrics)."""
         self.flushing = False
+        self.released: dict[LogId, tuple[Lsn, list[NodeId]]] | None = (
+            {} if track_released else None)
+        """Per log, the release pointer of its last RELEASEs sent here and the nodes they went
+        to; the runtime takes it at each periodic broadcast, which need not tell those nodes
+        that pointer again (bounded by the active logs: emptied there)."""
         """Set by the owner while it hands a moment's appends to the cores: it calls
         ``flush`` itself afterwards, so nothing is scheduled meanwhile."""
 
@@ -300,6 +306,13 @@ class EffectDriver:
             # Leaves with this moment's other RELEASEs to that node, in one frame.
             if self._batcher.add_release(effect.node, message) and not self.flushing:
                 self._ports.schedule_flush()
+            released = self.released
+            if released is not None:
+                told = released.get(message.log_id)
+                if told is None or told[0] != message.release_lsn:
+                    released[message.log_id] = (message.release_lsn, [effect.node])
+                else:
+                    told[1].append(effect.node)
             return
         node = effect.node
         if type(message) is not Store or message.flags:
@@ -414,6 +427,8 @@ class EffectDriver:
                 owed = sequencer.take_release_owed()
                 if owed is not None:
                     release, nodes = owed
+                    if self.released is not None:
+                        self.released[release.log_id] = (release.release_lsn, nodes)
                     for node in nodes:
                         # (What send does with a RELEASE that settles nothing.)
                         if batcher.add_release(node, release) and not scheduled:

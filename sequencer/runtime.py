@@ -255,7 +255,7 @@ class SequencerRuntime:
             send_store=transport.request, waiters=self._waiters, deliver=_deliver,
             recovery_request_timeout_ms=config.recovery_request_timeout_ms,
             store_batch_stores_max=config.store_batch_stores_max,
-            arm_timer=self._arm_timer if config.shared_waves else None)
+            arm_timer=self._arm_timer if config.shared_waves else None, track_released=True)
         """Carries out the cores' effects (``sequencer.handlers``, shared with the
         deterministic simulation)."""
 
@@ -763,15 +763,32 @@ class SequencerRuntime:
             await self._broadcast_due()
 
     async def _broadcast_due(self) -> None:
-        """One periodic broadcast: only the logs with something to tell, in chunks."""
+        """One periodic broadcast: only the logs with something to tell, in chunks. A log
+        whose RELEASEs (``EffectDriver.released``) told every node of its nodeset its
+        current pointer since the previous broadcast is not told again now, and gets one
+        broadcast more instead of three (``Sequencer.release_broadcast_told``): with many
+        busy logs nearly every log has moved since the previous broadcast, and re-sending
+        every pointer three times was a sixth of the sequencer's time at 10,000 logs
+        (issue 15)."""
         dirty, self._broadcast_dirty = self._broadcast_dirty, set()
+        released = self._driver.released
+        if released:
+            self._driver.released = {}
         for index, log_id in enumerate(dirty):
             if index and index % LOGS_PER_LOOP_TURN_MAX == 0:
                 await asyncio.sleep(0)
             sequencer = self.sequencers.get(log_id)
             if sequencer is None:
                 continue
+            told = released.get(log_id) if released else None
+            if told is not None and sequencer.release_broadcast_told(*told):
+                if sequencer.release_broadcast_due():
+                    self._broadcast_dirty.add(log_id)
+                continue
             self._apply(sequencer, sequencer.release_broadcast())
+            if self._driver.released:
+                # The broadcast's own RELEASEs are not a reason to skip the next one.
+                self._driver.released.pop(log_id, None)
             if sequencer.release_broadcast_due():
                 self._broadcast_dirty.add(log_id)
 

@@ -306,7 +306,9 @@ class StorageConfig:
     rest of the index stays in the per-segment index files."""
     index_checkpoint_bytes: int = 2 * 1024 * 1024
     """The segment being written gets its index file rewritten every this many bytes, so a
-    restart scans at most this much of it."""
+    restart scans at most this much of it; further apart once the store holds many logs and
+    pieces (``storage_node.record_store.CHECKPOINT_BYTES_PER_UNIT`` per each: a restart scans
+    at most that in proportion to the index and state it loads)."""
     index_memory_entries_max: int = 50_000
     """The segment being written (the only one indexed in memory, about 0.45 KiB per entry)
     is closed once it holds this many entries, also when it is smaller than

@@ -225,6 +225,12 @@ class DurableState:
                                sealed_epoch, sealed_by, self._trims.get(log_id, LSN_INVALID),
                                tails, settled)
 
+    @property
+    def logs_count(self) -> int:
+        """About how many logs a ``snapshot`` holds (those with a STORE or a release pointer;
+        seal, trim and settled marks alone are few)."""
+        return max(len(self._last), len(self._releases))
+
     def trim_lsn(self, log_id: LogId) -> Lsn:
         return self._trims.get(log_id, LSN_INVALID)
 

@@ -25,7 +25,7 @@ from storage_node.segment_index import (
     chunk_crcs,
     decode_block,
     decode_directory,
-    encode_index,
+    encode_index_file,
     footer_position,
     index_name,
 )
@@ -111,9 +111,10 @@ def segment_chunk_crcs(segment_path: str, covered: int, known: list[int]) -> lis
 def write_index(segments_dir: str, segment_id: int, covered: int, final: bool,
                 crcs: list[int], logs: Iterable[int], runs: dict[int, Columns],
                 state: bytes) -> tuple[IndexDirectory, int]:
-    """Write ``N.idx`` durably (atomic replace); returns its directory and a read-only
-    descriptor of the new file."""
-    data = encode_index(segment_id, covered, final, crcs, sorted(logs), runs, state)
+    """Write ``N.idx`` durably (atomic replace); returns its directory (with its runs only
+    when ``final``: ``encode_index_file``) and a read-only descriptor of the new file."""
+    data, directory = encode_index_file(segment_id, covered, final, crcs, sorted(logs), runs,
+                                        state)
     path = index_path(segments_dir, segment_id)
     tmp = path + TMP_SUFFIX
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -131,16 +132,7 @@ def write_index(segments_dir: str, segment_id: int, covered: int, final: bool,
     except BaseException:
         os.close(read_fd)
         raise
-    directory = decode_directory(data[-FOOTER_BYTES:], data[
-        len(data) - FOOTER_BYTES - _directory_bytes(data):len(data) - FOOTER_BYTES], len(data))
-    assert directory is not None
     return directory, read_fd
-
-
-def _directory_bytes(data: bytes) -> int:
-    position = footer_position(data[-FOOTER_BYTES:], len(data))
-    assert position is not None
-    return position[1]
 
 
 def remove_index(segments_dir: str, segment_id: int) -> None:

@@ -34,7 +34,8 @@ or replaced file is closed only once every read that might still use it has ende
 
 Index files (``segment_index``, ``index_files``): a closed segment's index is written to
 ``N.idx`` in the index thread (with the per-log state folded up to its end: the restart
-checkpoint), the one being written every ``index_checkpoint_bytes``; a restart resumes from
+checkpoint), the one being written every ``index_checkpoint_bytes`` (further apart once the
+store holds many logs: ``CHECKPOINT_BYTES_PER_UNIT``); a restart resumes from
 the newest sound checkpoint and reads only what was written after it (``_open_plan``), and a
 scrub thread then checks the segments it did not read against their chunk CRCs.
 
@@ -155,6 +156,14 @@ _ENTRY_OVERHEAD_BYTES = 96
 ROLL_DEAD_FRACTION_DIVISOR = 8
 """The segment being written is closed early once this fraction (1/8) of
 ``segment_bytes_max`` in it is dead."""
+CHECKPOINT_BYTES_PER_UNIT = 256
+"""A checkpoint (the index file of the segment being written) rewrites every piece of that
+segment and the state of every log the store holds, a cost that grows with them: with
+thousands of logs it was most of the storage node's CPU per record when written every
+``index_checkpoint_bytes`` (issue 15). So the next one waits for at least this many bytes per
+piece and per log it will hold: a checkpoint costs about as much per byte written whatever
+the store holds, and the bytes a restart scans after the newest one stay in proportion to the
+pieces and state that restart loads anyway."""
 RECLAIM_DELETES_MAX = 1000
 """Segments one reclaim pass deletes at most (each is pinned open until reads let go)."""
 
@@ -1089,13 +1098,21 @@ class RecordStore:
             durable.on_release(segment_id, log_id, release_lsn)
             offset += length
         self._segment_bytes[segment_id] = offset
-        if offset - self._index_covered.get(segment_id, 0) >= self._config.index_checkpoint_bytes:
+        if offset - self._index_covered.get(segment_id, 0) >= self._checkpoint_bytes(
+                segment_id):
             self._write_index(segment_id, final=False)
         if self._index.memory_entries(segment_id) >= self._config.index_memory_entries_max:
             self._writer.roll_requested = True
         self._counts.update(stores=stores_count, store_records=records_count,
                             release_entries=len(releases))
         self._complete(batch, Status.OK)
+
+    def _checkpoint_bytes(self, segment_id: int) -> int:
+        """Bytes written to the segment after its last index file before the next one: at
+        least ``index_checkpoint_bytes``, and more once a checkpoint holds much
+        (``CHECKPOINT_BYTES_PER_UNIT``)."""
+        return max(self._config.index_checkpoint_bytes, CHECKPOINT_BYTES_PER_UNIT * (
+            self._index.memory_entries(segment_id) + self._durable.logs_count))
 
     def _take_batch(self) -> tuple[list[_Pending], int]:
         """The next batch and its estimated bytes."""
@@ -1302,6 +1319,8 @@ class RecordStore:
                     self._write_index(segment_id, final=True, with_state=deferred)
 
         def finish(done: asyncio.Future[tuple[IndexDirectory, int, list[int]]]) -> None:
+            if done.cancelled():
+                return  # the loop is going away: a restart writes it again
             error = done.exception()
             if error is not None:
                 # The in-memory index stays (and serves); a later roll or open tries again.

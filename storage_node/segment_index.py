@@ -118,29 +118,59 @@ class IndexDirectory:
 def encode_index(segment_id: int, covered: int, final: bool, chunk_crcs: list[int],
                  logs: list[int], runs: dict[int, Columns], state: bytes) -> bytes:
     """The whole file. ``runs``: per log, its pieces sorted by first LSN."""
+    return encode_index_file(segment_id, covered, final, chunk_crcs, logs, runs, state)[0]
+
+
+def encode_index_file(segment_id: int, covered: int, final: bool, chunk_crcs: list[int],
+                      logs: list[int], runs: dict[int, Columns], state: bytes,
+                      ) -> tuple[bytes, IndexDirectory]:
+    """The whole file and its directory, built from what was encoded (no parse of the bytes
+    just made). The directory's ``runs`` are filled only for a ``final`` file: the record
+    store keeps a closed segment's directory, never a checkpoint's, and one ``BlockRef`` per
+    block of every log the segment holds is work a checkpoint of many logs would pay for
+    nothing."""
     parts: list[bytes] = []
     position = 0
     directory_runs: list[list[Any]] = []
+    crc32 = isal_zlib.crc32
     for log_id in sorted(runs):
         pieces = runs[log_id]
+        count = len(pieces)
+        if not count:
+            continue
+        if count <= BLOCK_PIECES_MAX:
+            # One block (nearly every log of a segment): the columns whole, no slices.
+            data = b"".join([_column_bytes(column) for column in pieces.columns()])
+            times = pieces.times
+            directory_runs.append([log_id, [[
+                position, count, pieces.firsts[0], pieces.lasts[-1], sum(pieces.lengths),
+                max(times), crc32(data)]]])
+            parts.append(data)
+            position += len(data)
+            continue
         blocks: list[list[int]] = []
-        for start in range(0, len(pieces), BLOCK_PIECES_MAX):
-            end = min(start + BLOCK_PIECES_MAX, len(pieces))
+        for start in range(0, count, BLOCK_PIECES_MAX):
+            end = min(start + BLOCK_PIECES_MAX, count)
             data = b"".join(_column_bytes(column[start:end]) for column in pieces.columns())
             times = pieces.times[start:end]
             blocks.append([position, end - start, pieces.firsts[start], pieces.lasts[end - 1],
-                           sum(pieces.lengths[start:end]), max(times), isal_zlib.crc32(data)])
+                           sum(pieces.lengths[start:end]), max(times), crc32(data)])
             parts.append(data)
             position += len(data)
-        if blocks:
-            directory_runs.append([log_id, blocks])
+        directory_runs.append([log_id, blocks])
+    sorted_logs = sorted(logs)
     directory = msgpack.packb({
         "segment": segment_id, "covered": covered, "final": final,
-        "chunk_crcs": chunk_crcs, "logs": sorted(logs), "runs": directory_runs,
+        "chunk_crcs": chunk_crcs, "logs": sorted_logs, "runs": directory_runs,
         "state": state}, use_bin_type=True)
     parts.append(directory)
-    parts.append(_FOOTER.pack(MAGIC, position, len(directory), isal_zlib.crc32(directory)))
-    return b"".join(parts)
+    parts.append(_FOOTER.pack(MAGIC, position, len(directory), crc32(directory)))
+    parsed: dict[int, tuple[BlockRef, ...]] = {}
+    if final:
+        parsed = {log_id: tuple(BlockRef(*row) for row in blocks)
+                  for log_id, blocks in directory_runs}
+    return b"".join(parts), IndexDirectory(segment_id, covered, final, tuple(chunk_crcs),
+                                           tuple(sorted_logs), parsed, state, position)
 
 
 def decode_directory(footer: bytes, directory: bytes, file_bytes: int) -> IndexDirectory | None:

@@ -71,6 +71,10 @@ RELEASE_BROADCASTS_PER_MOVE = 3
 a RELEASE is one-way and may be lost; after that an idle log is left alone (a node that missed
 all of them still learns the pointer from the next STORE, RELEASE or a reader's READ)."""
 
+RELEASE_BROADCASTS_AFTER_TOLD = 1
+"""Periodic broadcasts still owed once RELEASEs told the whole nodeset the current pointer
+(``release_broadcast_told``): one, in case one of them was lost."""
+
 
 class SequencerState(Enum):
     UNAVAILABLE = "UNAVAILABLE"
@@ -831,6 +835,19 @@ class Sequencer:
         """Whether the periodic broadcast has anything to tell about this log: a release
         pointer that moved in the last few broadcasts. An idle log has not."""
         return self._release_broadcasts_owed > 0
+
+    def release_broadcast_told(self, release_lsn: Lsn, nodes: list[NodeId]) -> bool:
+        """A periodic broadcast is due and ``nodes`` were sent ``release_lsn`` since the
+        previous one: when that is the current pointer and they are the whole nodeset, that
+        RELEASE did what a broadcast does; one more (the next) is owed, in case it was lost
+        (True: nothing to send now). Else False, and nothing changed."""
+        metadata = self.metadata
+        if (metadata is None or release_lsn != self.release_lsn
+                or not set(metadata.nodeset).issubset(nodes)):
+            return False
+        self._release_broadcasts_owed = min(self._release_broadcasts_owed,
+                                            RELEASE_BROADCASTS_AFTER_TOLD)
+        return True
 
     def release_broadcast(self, *, final: bool = False) -> list[Effect]:
         """RELEASEs of the pointer to the whole nodeset. ``final``: the last broadcast of a

@@ -58,16 +58,17 @@ class Stack:
     runtime: SequencerRuntime
     store: EpochStore
     transport: CountingTransport
+    storage: Any = None
 
 
-def _stack(idle_deactivate_ms: int) -> Callable[[Path], Any]:
+def _stack(idle_deactivate_ms: int, replication: int = 2) -> Callable[[Path], Any]:
     async def fixture(tmp_path: Path) -> AsyncIterator[Stack]:
         async with storage_stack(tmp_path, STORAGE) as storage:
             cluster = ClusterConfig(
                 nodes=(NodeConfig(node_id=NodeId("seq"), roles=("sequencer",)),
                        *(NodeConfig(node_id=n, roles=("storage",), data_port=storage.ports[n])
                          for n in STORAGE)),
-                replication_factor=2)
+                replication_factor=replication)
             store = open_epoch_store(f"file://{tmp_path / 'epochs'}")
             transport = CountingTransport(storage.pool)
             runtime = SequencerRuntime(
@@ -77,13 +78,15 @@ def _stack(idle_deactivate_ms: int) -> Callable[[Path], Any]:
                 cluster=cluster, transport=transport, epoch_store=store, clock=SystemClock(),
                 rng=random.Random(3))
             await runtime.start()
-            yield Stack(runtime, store, transport)
+            yield Stack(runtime, store, transport, storage)
             await runtime.close()
             await store.close()
     return fixture
 
 
 busy_stack = pytest.fixture(_stack(600_000), name="busy_stack")
+whole_nodeset_stack = pytest.fixture(_stack(600_000, replication=3),
+                                     name="whole_nodeset_stack")
 idle_stack = pytest.fixture(_stack(300), name="idle_stack")
 
 
@@ -110,6 +113,30 @@ async def test_broadcast_visits_only_logs_whose_release_moved(busy_stack: Stack)
                  "the moved pointer to be broadcast")
     assert set(transport.released) == {LogId(7)}
     assert len(runtime.sequencers) == 20  # idle, but not for idle_deactivate_ms yet
+
+
+@pytest.mark.timeout(60)
+async def test_a_pointer_its_release_told_the_whole_nodeset_is_broadcast_once_more(
+        whole_nodeset_stack: Stack) -> None:
+    """R = 3 of 3 nodes: a completed append's owed RELEASE tells every node of the nodeset its
+    pointer, so the next periodic broadcast sends nothing for it and one more broadcast
+    follows (not three): the pointer goes out twice in all, and every node learns it."""
+    runtime, transport = whole_nodeset_stack.runtime, whole_nodeset_stack.transport
+    log_id = LogId(9)
+    assert (await runtime.append(log_id, (b"x",), None)).status is Status.OK
+    await _until(lambda: not runtime._broadcast_dirty, "the first broadcasts to end")
+    await asyncio.sleep(BROADCAST_MS * 3 / 1000)
+    transport.released.clear()
+    appended = await runtime.append(log_id, (b"y",), None)
+    assert appended.status is Status.OK
+    await _until(lambda: runtime.sequencers[log_id].release_lsn == appended.last_lsn,
+                 "the release")
+    await _until(lambda: not runtime._broadcast_dirty, "the broadcasts to end")
+    await asyncio.sleep(BROADCAST_MS * 3 / 1000)
+    assert transport.released == [log_id] * (2 * len(STORAGE))
+    for node in whole_nodeset_stack.storage.nodes:
+        await _until(lambda node=node: node.store.durable_release_lsn(log_id)  # type: ignore[misc]
+                     == appended.last_lsn, "every node to hold the pointer")
 
 
 @pytest.mark.timeout(60)

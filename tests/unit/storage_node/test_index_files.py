@@ -32,6 +32,7 @@ from storage_node.segment_index import (
     decode_block,
     decode_directory,
     encode_index,
+    encode_index_file,
 )
 from tests.unit.storage_node.helpers import (
     LOG,
@@ -96,6 +97,29 @@ def test_an_index_file_round_trips_in_blocks_with_their_summaries() -> None:
     assert block is not None and block.firsts[0] == 10_241 and block.offsets[-1] == 204_700
     (hole,) = directory.runs[2]
     assert hole.max_time_ms == -1 and hole.first_lsn == 7
+
+
+def test_the_writer_knows_the_directory_it_wrote_without_parsing_it() -> None:
+    """The directory a write hands back (kept for a closed segment) is the one a load parses
+    from the file; a checkpoint's has no runs (never kept: no work per block for it)."""
+    big = Columns()
+    for i in range(2500):
+        big.append(10 * i + 1, 10 * i + 5, 10 * i + 1, 100 * i, 100, 1_000 + i)
+    runs = {1: big, 2: columns((7, 9, 5, 0, 64, -1)), 5: Columns()}
+    for final in (True, False):
+        data, directory = encode_index_file(3, 5_000_000, final, [1, 2, 3, 4, 5], [9, 1, 2],
+                                            runs, b"state")
+        assert data == encode_index(3, 5_000_000, final, [1, 2, 3, 4, 5], [9, 1, 2], runs,
+                                    b"state")
+        parsed = directory_of(data)
+        assert parsed is not None and sorted(parsed.runs) == [1, 2]
+        if final:
+            assert directory == parsed
+        else:
+            assert directory.runs == {}
+            assert directory == type(parsed)(parsed.segment_id, parsed.covered, False,
+                                             parsed.chunk_crcs, parsed.logs, {},
+                                             parsed.state, parsed.directory_offset)
 
 
 def test_a_flipped_byte_anywhere_is_caught() -> None:
@@ -470,3 +494,29 @@ async def test_the_in_memory_index_stays_bounded_while_written(tmp_path: Path) -
         reply = await read(node, make_read(1, release_lsn=ALL, records_max=5000))
         assert [r[0] for r in reply.records] == [lsn(1, e) for e in range(1, 2001)]
         assert node.stats()["index_memory_segments"] == 1
+
+
+async def test_checkpoints_of_a_store_holding_many_logs_are_further_apart(
+        tmp_path: Path) -> None:
+    """A checkpoint rewrites every piece of the segment and every log's state: once the store
+    holds many logs, the next one waits for more bytes (``CHECKPOINT_BYTES_PER_UNIT``), so
+    its cost per byte written stays flat (issue 15); a restart still finds everything."""
+    data_dir = str(tmp_path)
+    config = storage_config(segment_bytes_max=64 * 1024 * 1024,
+                            index_checkpoint_bytes=64 * 1024)
+    logs = range(100, 2100)
+    async with running_node(data_dir, config) as node:
+        for start in range(0, len(logs), 500):
+            assert_ok(await asyncio.gather(*(
+                store(node, make_store(lsn(1, 1), log_id=LogId(log_id)))
+                for log_id in logs[start:start + 500])))
+        written = node.stats()["index_files_written"]
+        await fill(node, range(1, 41))  # 1.2 MiB of one log: 19 checkpoints at 64 KiB
+        # 2,000 logs and 2,040 pieces: about 1 MiB between checkpoints.
+        assert node.stats()["index_files_written"] - written <= 2
+        before = node.store.index_snapshot()
+        state = node.log_state(LogId(logs[-1]))
+    async with running_node(data_dir, config) as node:
+        assert node.store.index_snapshot() == before
+        assert node.log_state(LogId(logs[-1])) == state
+        assert await all_lsns(node) == [lsn(1, e) for e in range(1, 41)]
