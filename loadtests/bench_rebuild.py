@@ -97,6 +97,8 @@ def main(argv: list[str]) -> None:
     rate = int(argv[4]) if len(argv) > 4 else 0
     batch = int(argv[5]) if len(argv) > 5 else 500
     shutil.rmtree(root, ignore_errors=True)
+    # SIGTERM stops it like an exception: the cluster is brought down and its dir removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     state = lc.up(lc.LocalClusterSpec(
         dir=root, storage_nodes=3, sequencers=2, replication=2, base_port=lc.free_base_port(5),
         fsync="always", storage=StorageConfig(rebuild_rate_bytes_per_s=rate)),
@@ -165,6 +167,7 @@ def main(argv: list[str]) -> None:
             "load_after": load_average()}), flush=True)
     finally:
         lc.down(root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -360,11 +360,13 @@ async def report_progress(node_of: list[NodeProcess], progress: Progress,
                           interval_s: float) -> None:
     """A line every ``interval_s`` while filling: entries, rate, RSS, CPU per entry."""
     last_t, last_n = time.perf_counter(), progress.entries
-    last_cpu = node_of[0].cpu_s()
+    last_cpu, last_pid = node_of[0].cpu_s(), node_of[0].process.pid
     while True:
         await asyncio.sleep(interval_s)
         node = node_of[0]
         now, count, cpu = time.perf_counter(), progress.entries, node.cpu_s()
+        if node.process.pid != last_pid:  # restarted meanwhile: its CPU counts from 0
+            last_pid, last_cpu = node.process.pid, 0.0
         done = count - last_n
         print(json.dumps({
             "progress": count, "entries_per_s": round(done / (now - last_t)),
