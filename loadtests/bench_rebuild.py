@@ -6,7 +6,10 @@ what the donors sent, the CPU each storage process used meanwhile (also per reco
 sent), the nodes' peak RSS during the rebuild, the bytes each data directory held and the load
 averages. A progress line every 10 s while it rebuilds; it gives up after DEADLINE_S.
 
-    python loadtests/bench_rebuild.py DIR RECORDS PAYLOAD [RATE_BYTES_PER_S [BATCH]]
+    python loadtests/bench_rebuild.py DIR RECORDS PAYLOAD [RATE_BYTES_PER_S [BATCH [BY_COPYSET]]]
+
+BY_COPYSET 1 sets ``rebuild_by_copyset`` (donors send only the copies whose copyset names
+st2); by default both donors send every copy they hold.
 """
 
 from __future__ import annotations
@@ -96,12 +99,14 @@ def main(argv: list[str]) -> None:
     root, records, size = Path(argv[1]), int(argv[2]), int(argv[3])
     rate = int(argv[4]) if len(argv) > 4 else 0
     batch = int(argv[5]) if len(argv) > 5 else 500
+    by_copyset = len(argv) > 6 and argv[6] == "1"
     shutil.rmtree(root, ignore_errors=True)
     # SIGTERM stops it like an exception: the cluster is brought down and its dir removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     state = lc.up(lc.LocalClusterSpec(
         dir=root, storage_nodes=3, sequencers=2, replication=2, base_port=lc.free_base_port(5),
-        fsync="always", storage=StorageConfig(rebuild_rate_bytes_per_s=rate)),
+        fsync="always", storage=StorageConfig(rebuild_rate_bytes_per_s=rate,
+                                                     rebuild_by_copyset=by_copyset)),
         ready_timeout_ms=60_000)
     try:
         load_start = load_average()
@@ -150,6 +155,7 @@ def main(argv: list[str]) -> None:
         cpu["st2"] = cpu_s(restarted.pid) - target_before
         print(json.dumps({
             "records": records, "payload": size, "batch": batch, "rate_limit": rate,
+            "by_copyset": by_copyset,
             "seconds": round(elapsed_s, 2), "st2_ready_s": round(ready_s, 2),
             "records_sent": sent_records,
             "bytes_sent": sent_bytes, "MB_per_s": round(sent_bytes / elapsed_s / 1e6, 1),
