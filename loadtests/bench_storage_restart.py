@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--serve", default=None, help=argparse.SUPPRESS)
     p.add_argument("--event-loop", choices=["uvloop", "asyncio"], default="uvloop",
                    help="the node's event loop (services.node uses uvloop)")
+    p.add_argument("--malloc-tuning", choices=["on", "off"], default="on",
+                   help="shared.malloc_tuning in the node (services.node: on)")
     return p
 
 
@@ -113,11 +115,12 @@ async def serve(data_dir: str, fsync: str) -> None:
 # ---- the driver ----
 
 class NodeProcess:
-    def __init__(self, data_dir: str, fsync: str, event_loop: str) -> None:
+    def __init__(self, data_dir: str, args: argparse.Namespace) -> None:
         spawned = time.perf_counter()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "loadtests.bench_storage_restart", "--serve", data_dir,
-             "--fsync", fsync, "--event-loop", event_loop], stdout=subprocess.PIPE, text=True)
+             "--fsync", args.fsync, "--event-loop", args.event_loop,
+             "--malloc-tuning", args.malloc_tuning], stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()
         self.ready_s = time.perf_counter() - spawned
@@ -386,7 +389,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[dict[str, Any]]:
     held = 0
     results: list[dict[str, Any]] = []
     progress = Progress()
-    node_of = [NodeProcess(data_dir, args.fsync, args.event_loop)]
+    node_of = [NodeProcess(data_dir, args)]
     reporter = loop.create_task(report_progress(node_of, progress, args.progress_s))
     try:
         for target in targets:
@@ -407,7 +410,7 @@ async def run(args: argparse.Namespace, data_dir: str) -> list[dict[str, Any]]:
             restarts: list[tuple[float, float]] = []
             for _ in range(args.restarts):
                 node.kill()
-                node = node_of[0] = NodeProcess(data_dir, args.fsync, args.event_loop)
+                node = node_of[0] = NodeProcess(data_dir, args)
                 restarts.append((round(node.ready_s, 3), node.open_s))
             ready_rss = node.rss_mib()
             with RssSampler(node) as after:
@@ -442,7 +445,8 @@ def main() -> None:
     args = build_parser().parse_args()
     if args.serve is not None:
         # As services.node: batch buffers kept in the heap, uvloop unless told otherwise.
-        malloc_tuning.tune()
+        if args.malloc_tuning == "on":
+            malloc_tuning.tune()
         if args.event_loop == "uvloop":
             import uvloop
             uvloop.install()
