@@ -12,13 +12,21 @@ Real storage node, real segments, a flipped byte."""
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import Callable
 from pathlib import Path
 
 from shared.status import Status
-from shared.types import LogId
+from shared.types import LogId, NodeId
 from shared.wire.codec import Message
 from shared.wire.rebuild import RebuildStored
-from shared.wire.store import RECOVERY_HOLE, recovery_wave
+from shared.wire.store import RECOVERY_HOLE, Stored, recovery_wave
+from storage_node.core.rebuild_accept import (
+    PRECEDENCE_LOWEST,
+    HeldCopy,
+    contested,
+    outranked,
+)
 from tests.unit.storage_node.helpers import (
     REPLY_TIMEOUT_S,
     make_store,
@@ -29,6 +37,7 @@ from tests.unit.storage_node.helpers import (
     store_all,
 )
 from tests.unit.storage_node.test_rebuild_precedence import (
+    LOG,
     ME,
     _chunk,
     _copy,
@@ -119,3 +128,80 @@ async def test_an_indexed_copy_of_lower_precedence_is_replaced(tmp_path: Path) -
             assert await _held(node, 2) == PLUG
         finally:
             await runtime.close()
+
+
+async def test_a_copy_written_while_the_precedence_is_read_is_not_overwritten(
+        tmp_path: Path) -> None:
+    """The read learns the precedence of the copy indexed when it began; a recovery copy of
+    higher precedence written before the donor's copy is decided must stay: the index no
+    longer resolves the LSN to the copy that was read."""
+    async with running_node(str(tmp_path), node_id=ME) as node:
+        runtime = _runtime(node)
+        try:
+            assert (await store(node, _copy(1, wave=1))).status is Status.OK
+            newer = _copy(1, wave=recovery_wave(5, 0), flags=int(RECOVERY_HOLE))
+            newer_stored: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+            read = node.store.read_precedences
+            waits: list[asyncio.Task[None]] = []
+
+            def read_then_wait(log_id: LogId, ranges: list[tuple[int, int]],
+                               done: Callable[[list[HeldCopy]], None]) -> None:
+                def delayed(copies: list[HeldCopy]) -> None:
+                    # Answered only once the newer copy is written and indexed (no longer
+                    # queued: the queue's own check would otherwise block the donor's).
+                    async def later() -> None:
+                        await newer_stored
+                        async with asyncio.timeout(REPLY_TIMEOUT_S):
+                            while node.store.queued_copies(LOG, _lsn(1), _lsn(1)):  # noqa: ASYNC110
+                                await asyncio.sleep(0.001)
+                        done(copies)
+                    waits.append(asyncio.get_running_loop().create_task(later()))
+                read(log_id, ranges, delayed)
+                # After the read has looked the copy up (its task's first step).
+                asyncio.get_running_loop().call_soon(
+                    node.on_message, NodeId("seq"), newer, newer_stored.set_result)
+
+            node.store.read_precedences = read_then_wait  # type: ignore[method-assign]
+            older_plug = _copy(1, wave=recovery_wave(4, 0), flags=int(RECOVERY_HOLE))
+            answer = await _rebuild(runtime, older_plug)
+            stored = newer_stored.result()
+            assert isinstance(stored, Stored) and stored.status is Status.OK
+            assert answer.written == 0
+            assert await _held(node, 1) == (int(RECOVERY_HOLE), recovery_wave(5, 0), b"")
+        finally:
+            await runtime.close()
+
+
+def _merged_lsns(ranges: list[tuple[int, int]]) -> set[int]:
+    return {lsn for first, last in ranges for lsn in range(first, last + 1)}
+
+
+def test_contested_and_outranked_rules() -> None:
+    """The pure rules against a brute-force model: a held LSN is read only where a donor
+    copy above the lowest precedence covers it; it is replaced only where the copy read is
+    still the one indexed and of lower precedence than the donor's."""
+    rng = random.Random(17)
+    for _ in range(2000):
+        held = sorted({(a, a + rng.randint(0, 3)) for a in rng.sample(range(1, 40), 4)})
+        merged: list[tuple[int, int]] = []
+        for a, b in held:
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+            else:
+                merged.append((a, b))
+        copies = [(a, a + rng.randint(0, 5), (rng.randint(0, 1), rng.randint(1, 3)))
+                  for a in rng.sample(range(1, 40), 3)]
+        expected = {lsn for lsn in _merged_lsns(merged)
+                    if any(a <= lsn <= b and p > PRECEDENCE_LOWEST for a, b, p in copies)}
+        got = contested(merged, copies)
+        assert _merged_lsns(got) == expected, (merged, copies, got)
+        assert all(got[i][1] + 1 < got[i + 1][0] for i in range(len(got) - 1))
+        read = [(a, b, (rng.randint(0, 1), rng.randint(1, 3)), rng.randint(0, 2))
+                for a, b in merged]
+        current = [(a, b, key if rng.random() < 0.7 else 9) for a, b, _, key in read]
+        donor = (rng.randint(0, 1), rng.randint(1, 3))
+        beaten = _merged_lsns(outranked(read, current, donor))
+        for lsn in _merged_lsns(merged):
+            want = any(a <= lsn <= b and p < donor and any(
+                c <= lsn <= d and k == key for c, d, k in current) for a, b, p, key in read)
+            assert (lsn in beaten) == want, (lsn, read, current, donor)
