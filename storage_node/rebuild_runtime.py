@@ -749,7 +749,9 @@ class RebuildRuntime:
         held_firsts = [lo for lo, _ in held_all]
         damaged_all = node.store.authority.damaged_ranges(log_id, first_lsn, last_lsn)
         queued = node.store.queued_copies(log_id, first_lsn, last_lsn)
-        current = node.store.indexed_copies(log_id, first_lsn, last_lsn) if read else []
+        # Where the index resolves the copies read to now (only their LSNs: no I/O).
+        current = [now for first, last, _, _ in read or ()
+                   for now in node.store.indexed_copies(log_id, Lsn(first), Lsn(last))]
         for store in stores:
             self.stats.records_received += store.records_count
             held: list[tuple[Lsn, Lsn]] = []
