@@ -155,6 +155,11 @@ class RebuildStats:
     mini_rebuilds_finished: int = 0
     mini_rebuilds_started: int = 0
     state_reads_failed: int = 0
+    precedence_reads: int = 0
+    """Slices of donors' chunks that read held copies' precedence (a collision that a
+    donor's copy could win: ``storage_node.held_precedence``)."""
+    copies_outranked: int = 0
+    """Held copies' LSNs replaced by a donor's copy of higher precedence."""
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -708,6 +713,7 @@ class RebuildRuntime:
                                    copies)
                 next_slice(start)
             # Some copies could outrank copies held here: their precedence first (a read).
+            self.stats.precedence_reads += 1
             node.store.read_precedences(log_id, reads, read)
 
         def next_slice(start: int) -> None:
@@ -764,7 +770,9 @@ class RebuildRuntime:
             if read and held:
                 beaten = outranked(read, current, copy_precedence(store.flags, store.wave))
                 if beaten:
-                    held = _without(held, tuple(beaten))  # lower precedence: replaced
+                    kept = _without(held, tuple(beaten))  # lower precedence: replaced
+                    self.stats.copies_outranked += _width(held) - _width(kept)
+                    held = kept
             winners = queued_winners(
                 ((a, b, p) for a, b, p in queued if a <= store.last_lsn and b >= store.lsn),
                 copy_precedence(store.flags, store.wave)) if queued else []
@@ -820,6 +828,8 @@ class RebuildRuntime:
             "rebuild_finished": stats.rebuilds_finished,
             "rebuild_mini_started": stats.mini_rebuilds_started,
             "rebuild_mini_finished": stats.mini_rebuilds_finished,
+            "rebuild_precedence_reads": stats.precedence_reads,
+            "rebuild_copies_outranked": stats.copies_outranked,
             "rebuild_shard_rebuilding": int(mine is not None
                                             and mine.status is ShardStatus.REBUILDING),
             # A mini-rebuild of this node's damaged ranges under way, and how many ranges.
@@ -874,6 +884,10 @@ def _decoded_entries(log_id: LogId, entries: tuple[bytes, ...]) -> list[Store] |
             return None
         stores.append(store)
     return stores
+
+
+def _width(ranges: list[tuple[Lsn, Lsn]]) -> int:
+    return sum(last - first + 1 for first, last in ranges)
 
 
 def _without(held: list[tuple[Lsn, Lsn]], damaged: tuple[tuple[int, int], ...]

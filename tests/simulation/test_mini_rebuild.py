@@ -168,4 +168,6 @@ def test_a_lost_later_wave_is_restored_over_the_older_copy(
         assert cluster.storage[N1].disk.records[key] == older
         wait(cluster, lambda: _repaired(cluster, N1), "n1 mini-rebuilt")
         assert cluster.storage[N1].disk.records[key].wave == older.wave + 1
+        stats = cluster.rebuilding.runtimes[N1].stats
+        assert stats.precedence_reads >= 1 and stats.copies_outranked >= 1
         heal_and_check(cluster)

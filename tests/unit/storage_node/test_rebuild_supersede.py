@@ -96,6 +96,9 @@ async def test_a_lost_plug_is_restored_over_the_older_record_copy(tmp_path: Path
                                                    flags=int(RECOVERY_HOLE)))
             assert answer.written == 1
             assert await _held(node, 1) == PLUG
+            metrics = runtime.metrics()
+            assert metrics["rebuild_precedence_reads"] == 1
+            assert metrics["rebuild_copies_outranked"] == 1
         finally:
             await runtime.close()
     async with running_node(data_dir, config, node_id=ME) as node:
@@ -111,6 +114,7 @@ async def test_an_indexed_copy_of_lower_precedence_is_replaced(tmp_path: Path) -
             # Lower (wave 1) and equal (wave 2) donor copies never replace the node's.
             answer = await _rebuild(runtime, _copy(1, wave=1), _copy(2, wave=2))
             assert answer.written == 0
+            assert runtime.metrics()["rebuild_precedence_reads"] == 1  # wave 2's, not wave 1's
             assert (await _held(node, 1))[:2] == (0, 2)
             # A later wave and a recovery copy do; only where the node's is lower.
             answer = await _rebuild(runtime, _copy(1, wave=3, count=3))
