@@ -77,7 +77,15 @@ from storage_node.core.rebuild import (
     TokenBucket,
     narrowed,
 )
-from storage_node.core.rebuild_accept import outside, queued_winners, rebuild_pieces
+from storage_node.core.rebuild_accept import (
+    PRECEDENCE_LOWEST,
+    HeldCopy,
+    contested,
+    outranked,
+    outside,
+    queued_winners,
+    rebuild_pieces,
+)
 from storage_node.core.rebuild_scope import TargetDecision, target_decision
 from storage_node.core.store_machine import store_fields_status
 from storage_node.disk_identity import DiskState, ForeignDiskError
@@ -147,6 +155,11 @@ class RebuildStats:
     mini_rebuilds_finished: int = 0
     mini_rebuilds_started: int = 0
     state_reads_failed: int = 0
+    precedence_reads: int = 0
+    """Slices of donors' chunks that read held copies' precedence (a collision that a
+    donor's copy could win: ``storage_node.held_precedence``)."""
+    copies_outranked: int = 0
+    """Held copies' LSNs replaced by a donor's copy of higher precedence."""
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -690,22 +703,49 @@ class RebuildRuntime:
             stores = _decoded_entries(log_id, entries[start:start + REBUILD_SLICE_ENTRIES])
             if stores is None:
                 pending.append(Status.BADMSG)
-            else:
+                finished_one(Status.OK)
+                return
+            reads = self._contested(log_id, stores)
+            if not reads:
                 self._write_copies(log_id, stores, outstanding, written, finished_one)
+                next_slice(start)
+                return
+
+            def read(copies: list[HeldCopy]) -> None:
+                self._write_copies(log_id, stores, outstanding, written, finished_one,
+                                   copies)
+                next_slice(start)
+            # Some copies could outrank copies held here: their precedence first (a read).
+            self.stats.precedence_reads += 1
+            node.store.read_precedences(log_id, reads, read)
+
+        def next_slice(start: int) -> None:
             following = start + REBUILD_SLICE_ENTRIES
-            if self._closing and stores is not None and following < len(entries):
+            if self._closing and following < len(entries):
                 pending.append(Status.SHUTDOWN)  # not all written: the donor sends it again
-            if stores is None or following >= len(entries) or self._closing:
+            if following >= len(entries) or self._closing:
                 finished_one(Status.OK)
             else:
                 loop.call_soon(again, following, again)
 
         write_slice(0, write_slice)
 
+    def _contested(self, log_id: LogId, stores: list[Store]) -> list[tuple[int, int]]:
+        """Where donor copies that could outrank a held copy meet one (no I/O)."""
+        if all(copy_precedence(s.flags, s.wave) <= PRECEDENCE_LOWEST for s in stores):
+            return []
+        held = self._node.store.held_ranges(log_id, min(s.lsn for s in stores),
+                                            max(s.last_lsn for s in stores))
+        return contested(held, ((s.lsn, s.last_lsn, copy_precedence(s.flags, s.wave))
+                                for s in stores)) if held else []
+
     def _write_copies(self, log_id: LogId, stores: list[Store], outstanding: list[int],
-                      written: list[int], finished_one: Callable[[Status], None]) -> None:
+                      written: list[int], finished_one: Callable[[Status], None],
+                      read: list[HeldCopy] | None = None) -> None:
         """Queue the parts of ``stores`` this node holds no copy of (in its index, or of equal
-        or higher precedence queued for its writer: ``storage_node.core.rebuild_accept``)."""
+        or higher precedence queued for its writer: ``storage_node.core.rebuild_accept``);
+        ``read``: the precedence of held copies read for them, where the index still
+        resolves to those copies a donor's copy of higher precedence replaces them."""
         if not stores:
             return
         node = self._node
@@ -718,6 +758,9 @@ class RebuildRuntime:
         held_firsts = [lo for lo, _ in held_all]
         damaged_all = node.store.authority.damaged_ranges(log_id, first_lsn, last_lsn)
         queued = node.store.queued_copies(log_id, first_lsn, last_lsn)
+        # Where the index resolves the copies read to now (only their LSNs: no I/O).
+        current = [now for first, last, _, _ in read or ()
+                   for now in node.store.indexed_copies(log_id, Lsn(first), Lsn(last))]
         for store in stores:
             self.stats.records_received += store.records_count
             held: list[tuple[Lsn, Lsn]] = []
@@ -727,6 +770,12 @@ class RebuildRuntime:
                 at += 1
             if damaged_all:
                 held = _without(held, damaged_all)  # its own copies there are bad: replaced
+            if read and held:
+                beaten = outranked(read, current, copy_precedence(store.flags, store.wave))
+                if beaten:
+                    kept = _without(held, tuple(beaten))  # lower precedence: replaced
+                    self.stats.copies_outranked += _width(held) - _width(kept)
+                    held = kept
             winners = queued_winners(
                 ((a, b, p) for a, b, p in queued if a <= store.last_lsn and b >= store.lsn),
                 copy_precedence(store.flags, store.wave)) if queued else []
@@ -782,6 +831,8 @@ class RebuildRuntime:
             "rebuild_finished": stats.rebuilds_finished,
             "rebuild_mini_started": stats.mini_rebuilds_started,
             "rebuild_mini_finished": stats.mini_rebuilds_finished,
+            "rebuild_precedence_reads": stats.precedence_reads,
+            "rebuild_copies_outranked": stats.copies_outranked,
             "rebuild_shard_rebuilding": int(mine is not None
                                             and mine.status is ShardStatus.REBUILDING),
             # A mini-rebuild of this node's damaged ranges under way, and how many ranges.
@@ -836,6 +887,10 @@ def _decoded_entries(log_id: LogId, entries: tuple[bytes, ...]) -> list[Store] |
             return None
         stores.append(store)
     return stores
+
+
+def _width(ranges: list[tuple[Lsn, Lsn]]) -> int:
+    return sum(last - first + 1 for first, last in ranges)
 
 
 def _without(held: list[tuple[Lsn, Lsn]], damaged: tuple[tuple[int, int], ...]

@@ -67,8 +67,10 @@ from shared.status import LogError, Status
 from shared.types import EPOCH_INVALID, LSN_INVALID, Epoch, LogId, Lsn
 from shared.wire.producer import ProducerEntry
 from shared.wire.store import Store, copy_precedence
+from storage_node import held_precedence
 from storage_node.authority import AuthorityFile
 from storage_node.core.authority import AuthorityStatus
+from storage_node.core.rebuild_accept import HeldCopy
 from storage_node.core.retention import ReclaimPlan, SegmentUsage, plan_reclaim
 from storage_node.core.store_machine import LogStorageState
 from storage_node.damage_scope import report_damaged
@@ -555,6 +557,20 @@ class RecordStore:
                 found.append((source.lsn, source.last_lsn,
                               copy_precedence(source.flags, source.wave)))
         return found
+
+    def indexed_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn
+                       ) -> list[tuple[int, int, held_precedence.CopyKey]]:
+        """``(first_lsn, last_lsn, key)`` of the copies the index resolves the range to now
+        (no I/O): rebuilding checks a copy whose precedence it read is still the one held."""
+        return [(max(loc.first_lsn, from_lsn), min(loc.last_lsn, until_lsn),
+                 held_precedence.key_of(loc))
+                for loc in self._locate(log_id, from_lsn, until_lsn, until_lsn - from_lsn + 1)]
+
+    def read_precedences(self, log_id: LogId, ranges: list[tuple[int, int]],
+                         done: Callable[[list[HeldCopy]], None]) -> None:
+        """The precedence of the copies indexed in ``ranges``, read off the loop, then
+        ``done(copies)`` (``storage_node.held_precedence``)."""
+        held_precedence.read_held(self, log_id, ranges, done)
 
     def index_snapshot(self) -> dict[LogId, list[tuple[int, ...]]]:
         """Per log, every index location without its in-memory file version: what a restart

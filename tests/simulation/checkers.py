@@ -29,6 +29,10 @@ D1 no acknowledged record is lost when at most R - 1 copies are lost between reb
    R1 and R2 reading along (a rebuilt node vouches for everything again), no LSN reads as
    a record through one f-majority and a gap through another across replacements and
    rebuilds.
+D2 a repair never leaves an older version: where a damaged disk's lost copy of an LSN had
+   superseded an older copy there (a later wave, a recovery's plug or bridge), so that the
+   node holds the older one again, its mini-rebuild writes a copy of at least the lost
+   one's precedence (``storage_node.core.rebuild_accept``) before it finishes.
 T1 the tail never decreases: every frontend (one per sequencer node incarnation, the shipped
    ``FrontEnd.tail`` through the simulated transport, ``sim_frontend``) answers GET tail, and
    every OK answer is at least the highest tail any frontend reported before the request
@@ -58,7 +62,7 @@ from shared.types import (
     lsn_to_epoch,
     lsn_to_esn,
 )
-from shared.wire.store import RecordFlags, Store
+from shared.wire.store import RecordFlags, Store, copy_precedence
 from tests.simulation.sim_client import ClientAppend, store_payloads
 from tests.simulation.sim_storage import DiskRecord, SimStorageNode
 
@@ -72,6 +76,7 @@ CHECKER_NAMES = {
     "R2": "at every moment, readers through any f-majority see the same record or gap at "
           "every released LSN, and what was read never changes",
     "D1": "no acknowledged record lost when at most R - 1 copies are lost between rebuilds",
+    "D2": "a repaired node never keeps an older version of a copy it lost",
     "T1": "the tail never decreases",
     "L1": "liveness: quiescent after healing",
     "L2": "liveness: appends after healing succeed and get released",
@@ -132,6 +137,9 @@ class SafetyChecker:
         self.wiped: dict[NodeId, set[Key]] = {}
         """Per replaced disk not yet rebuilt, the copies it lost (D1)."""
         self.rebuilt_checked_count = 0
+        self.regressed: dict[NodeId, dict[Key, tuple[int, int]]] = {}
+        """Per node being repaired, where it holds an older copy than the one its damage lost,
+        and that one's precedence (D2)."""
         self._wipes_count = 0
         """Per log, the highest tail reported so far and who reported it (T1)."""
 
@@ -159,6 +167,10 @@ class SafetyChecker:
     def on_disk_write(self, node: NodeId, log_id: LogId, lsn: Lsn, record: DiskRecord,
                       replaced: DiskRecord | None) -> None:
         key = (log_id, lsn)
+        regressed = self.regressed.get(node)
+        if regressed and key in regressed and copy_precedence(
+                record.flags, record.wave) >= regressed[key]:
+            del regressed[key]
         if record.is_hole:
             if key in self.acked_keys:
                 fail("C5", f"{node} plugged acknowledged log {log_id} {format_lsn(lsn)} with "
@@ -275,6 +287,10 @@ class SafetyChecker:
                 self.lost.setdefault(key, set()).add(node)
                 if repaired:
                     self.wiped.setdefault(node, set()).add(key)
+                    lost = copy_precedence(was.flags, was.wave)
+                    if now is not None and copy_precedence(now.flags, now.wave) < lost:
+                        regressed = self.regressed.setdefault(node, {})
+                        regressed[key] = max(regressed.get(key, lost), lost)
                 else:
                     self.damage_lost.setdefault(key, set()).add(node)
             if now is not None:
@@ -305,6 +321,12 @@ class SafetyChecker:
         """``node``'s rebuild finished: D1 for the acknowledged copies its old disk held."""
         keys = self.wiped.pop(node, set())
         self.rebuilt_checked_count += 1
+        older = self.regressed.pop(node, {})
+        if older:
+            key, precedence = min(older.items())
+            fail("D2", f"after {node}'s rebuild: it holds an older copy of log {key[0]} "
+                 f"{format_lsn(key[1])} than the one of precedence {precedence} its damage "
+                 f"lost ({len(older)} such LSNs)")
         self._check_rereplicated(keys & self.acked_keys, f"after {node}'s rebuild")
 
     def _check_rereplicated(self, keys: Iterable[Key], when: str) -> None:

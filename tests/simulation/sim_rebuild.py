@@ -55,7 +55,7 @@ from shared.status import Status
 from shared.types import LSN_MAX, Esn, LogId, Lsn, NodeId
 from shared.wire.codec import encode_fields
 from shared.wire.rebuild import RebuildStore, RebuildStored
-from shared.wire.store import Store, payloads_checksum
+from shared.wire.store import Store, copy_precedence, payloads_checksum
 from storage_node.core.rebuild import (
     READ_RECORDS_MAX,
     AskTails,
@@ -70,6 +70,7 @@ from storage_node.core.rebuild import (
     Tail,
     TokenBucket,
 )
+from storage_node.core.rebuild_accept import HeldCopy
 from storage_node.core.rebuild_scope import TargetStep, target_decision
 from storage_node.rebuild_runtime import RebuildConfig, RebuildRuntime
 from tests.simulation.sim_clock import EventQueue
@@ -128,10 +129,30 @@ class _StorePorts:
     def submit_trim(self, trim: Any, done: Callable[[Status], None]) -> Status:
         raise AssertionError("the simulation never trims")
 
+    def indexed_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn
+                       ) -> list[tuple[int, int, object]]:
+        """As ``RecordStore.indexed_copies``: which copy each LSN resolves to (the record
+        written there is its key)."""
+        records = self._node.disk.records
+        return [(lsn, lsn, records[(log_id, Lsn(lsn))])
+                for lsn, _ in self._node.held_ranges(log_id, from_lsn, until_lsn)]
+
+    def read_precedences(self, log_id: LogId, ranges: list[tuple[int, int]],
+                         done: Callable[[list[HeldCopy]], None]) -> None:
+        """As ``RecordStore.read_precedences``: the held copies as they are now, answered
+        after a disk access (a copy written meanwhile has another key)."""
+        records = self._node.disk.records
+        found: list[HeldCopy] = []
+        for first, last in ranges:
+            for lsn, _ in self._node.held_ranges(log_id, Lsn(first), Lsn(last)):
+                record = records[(log_id, lsn)]
+                found.append((lsn, lsn, copy_precedence(record.flags, record.wave), record))
+        loop = asyncio_events.get_running_loop()
+        self._node.after_disk(lambda: loop.call_soon(done, found))
+
     def queued_copies(self, log_id: LogId, from_lsn: Lsn, until_lsn: Lsn
                       ) -> list[tuple[int, int, tuple[int, int]]]:
         """As ``RecordStore.queued_copies``: the copies submitted and not yet written."""
-        from shared.wire.store import copy_precedence
         return [(s.lsn, s.last_lsn, copy_precedence(s.flags, s.wave))
                 for s in self._node.pending_stores
                 if s.log_id == log_id and s.lsn <= until_lsn and s.last_lsn >= from_lsn]

@@ -16,7 +16,8 @@ import pytest
 
 from shared.cluster_state import ShardStatus
 from shared.status import Status
-from shared.types import NodeId
+from shared.types import Esn, Lsn, NodeId
+from shared.wire.store import Store, payloads_checksum
 from storage_node.core import rebuild
 from tests.simulation.checkers import CheckFailed
 from tests.simulation.runner import heal_and_check, run_simulation
@@ -136,3 +137,37 @@ def test_a_walk_that_skips_the_damaged_ranges_is_caught(monkeypatch: pytest.Monk
         wait(cluster, lambda: _repaired(cluster, N1), "n1 mini-rebuilt")
         heal_and_check(cluster)
     assert caught.value.checker == "D1", caught.value
+
+
+def test_a_lost_later_wave_is_restored_over_the_older_copy(
+        request: pytest.FixtureRequest) -> None:
+    """n1's newest write of an LSN (a later wave, written by every holder) is what its
+    damage loses, so its disk resolves the LSN to the older wave again; the mini-rebuild's
+    donor copy of the later wave replaces it (the node reads the precedence of the copy it
+    holds where a donor's could outrank it: ``storage_node.core.rebuild_accept``)."""
+    cluster = replicated_cluster()
+    with report(cluster, request):
+        _fill(cluster, 20)
+        disk = cluster.storage[N1].disk
+        key = max(disk.records)
+        older = disk.records[key]
+        holders = [node for node in cluster.storage.values() if key in node.disk.records]
+        assert len(holders) >= 2, holders
+        later = Store(log_id=key[0], lsn=key[1], wave=older.wave + 1,
+                      sequencer_node=older.sequencer_node, copyset=(), timestamp_ms=0,
+                      last_known_good=Esn(older.last_known_good), release_lsn=Lsn(0),
+                      timeout_ms=1000, key=None, payloads=(older.payload,),
+                      checksum=payloads_checksum((older.payload,)))
+        written: list[Status] = []
+        for node in holders:
+            node.submit_store(later, written.append)
+        wait(cluster, lambda: len(written) == len(holders), "the later wave written")
+        assert disk.records[key].wave == older.wave + 1
+        cluster.crash_storage(N1)
+        cluster.restart_damaged(N1, lose_entries=1, repair=True)  # the later wave's write
+        assert cluster.storage[N1].disk.records[key] == older
+        wait(cluster, lambda: _repaired(cluster, N1), "n1 mini-rebuilt")
+        assert cluster.storage[N1].disk.records[key].wave == older.wave + 1
+        stats = cluster.rebuilding.runtimes[N1].stats
+        assert stats.precedence_reads >= 1 and stats.copies_outranked >= 1
+        heal_and_check(cluster)
