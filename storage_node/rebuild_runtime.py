@@ -708,18 +708,19 @@ class RebuildRuntime:
             reads = self._contested(log_id, stores)
             if not reads:
                 self._write_copies(log_id, stores, outstanding, written, finished_one)
-                next_slice(start)
+                next_slice(start, again)
                 return
 
             def read(copies: list[HeldCopy]) -> None:
                 self._write_copies(log_id, stores, outstanding, written, finished_one,
                                    copies)
-                next_slice(start)
+                next_slice(start, again)
             # Some copies could outrank copies held here: their precedence first (a read).
             self.stats.precedence_reads += 1
             node.store.read_precedences(log_id, reads, read)
 
-        def next_slice(start: int) -> None:
+        def next_slice(start: int, again: Callable[[int, Any], None]) -> None:
+            # ``again`` is passed on, never named here: see write_slice on reference cycles.
             following = start + REBUILD_SLICE_ENTRIES
             if self._closing and following < len(entries):
                 pending.append(Status.SHUTDOWN)  # not all written: the donor sends it again
