@@ -96,6 +96,11 @@ class ShardState:
     a mini-rebuild of only these logs' LSN ranges (damaged copies; see ``DirtyRanges``)."""
     mini_rebuilds_count: int = 0
     """How many of ``rebuilds_count`` were mini-rebuilds."""
+    rebuild_id: int = 0
+    """Which rebuild or drain this is (each one started adds 1): mini-rebuilds keep the
+    disk's generation, so a donor's checkpoint or ``done`` names the rebuild it walked for
+    (``donor_progressed``), and one for an earlier rebuild of the same generation (another
+    scope) is not taken for the one under way. 0 in documents written before it."""
 
     @property
     def mini(self) -> bool:
@@ -151,6 +156,7 @@ def _shard_json(shard: ShardState) -> dict[str, Any]:
         "requested_by": shard.requested_by, "rebuild_generation": shard.rebuild_generation,
         "finished_ms": shard.finished_ms, "rebuilds_count": shard.rebuilds_count,
         "mini": shard.mini, "mini_rebuilds_count": shard.mini_rebuilds_count,
+        "rebuild_id": shard.rebuild_id,
         "dirty_ranges": [[log_id, [list(r) for r in ranges]] for log_id, ranges in shard.dirty],
         "donors": [{"node_id": name, **dataclasses.asdict(progress)}
                    for name, progress in shard.donors],
@@ -204,12 +210,13 @@ def _shard_of(item: Any) -> ShardState | None:
     # Absent in documents written before mini-rebuilds (and by nodes that predate them).
     dirty = dirty_of(item.get("dirty_ranges", []))
     mini_count = item.get("mini_rebuilds_count", 0)
-    if dirty is None or not _int(mini_count):
+    rebuild_id = item.get("rebuild_id", 0)
+    if dirty is None or not _int(mini_count) or not _int(rebuild_id):
         return None
     return ShardState(node_id, item["generation"], ShardStatus(str(status)), item["since_ms"],
                       item["reason"], item["requested_by"], item["rebuild_generation"],
                       tuple(donors), item["finished_ms"], item["rebuilds_count"], dirty,
-                      mini_count)
+                      mini_count, rebuild_id)
 
 
 def dirty_of(value: Any) -> DirtyRanges | None:
@@ -288,21 +295,25 @@ def rebuild_started(node_id: str, generation: int, donors: tuple[str, ...], *, n
             return None
         count = shard.rebuilds_count + 1 if shard is not None else 1
         minis = (shard.mini_rebuilds_count if shard is not None else 0) + bool(dirty)
+        rebuild_id = (shard.rebuild_id if shard is not None else 0) + 1
         return state.with_shard(ShardState(
             node_id, generation, ShardStatus.REBUILDING, now_ms, reason, requested_by,
             generation, tuple((d, DonorProgress(updated_ms=now_ms)) for d in sorted(donors)),
-            shard.finished_ms if shard is not None else 0, count, dirty, minis))
+            shard.finished_ms if shard is not None else 0, count, dirty, minis, rebuild_id))
     return apply
 
 
 def donor_progressed(node_id: str, generation: int, donor: str,
-                     progress: DonorProgress) -> Transition:
+                     progress: DonorProgress, rebuild_id: int | None = None) -> Transition:
     """A donor's checkpoint for the rebuild of ``node_id``'s ``generation`` (ignored when
-    that rebuild is over or replaced by a newer one, or when it would go backwards)."""
+    that rebuild is over or replaced by a newer one, or when it would go backwards).
+    ``rebuild_id``: the rebuild (``ShardState.rebuild_id``) the donor walked for; another
+    one's (an earlier mini-rebuild of the same generation) is ignored. None: not checked."""
     def apply(state: ClusterState) -> ClusterState | None:
         shard = state.shard(node_id)
         if (shard is None or shard.status not in (ShardStatus.REBUILDING, ShardStatus.DRAINING)
-                or shard.rebuild_generation != generation):
+                or shard.rebuild_generation != generation
+                or (rebuild_id is not None and shard.rebuild_id != rebuild_id)):
             return None
         current = shard.donor(donor)
         if current is None or current.done or current == progress:
@@ -340,6 +351,7 @@ def drain_started(node_id: str, donors: tuple[str, ...], *, now_ms: int,
         return state.with_shard(dataclasses.replace(
             shard, status=ShardStatus.DRAINING, since_ms=now_ms, reason="drain",
             requested_by=requested_by, rebuild_generation=shard.generation, dirty=(),
+            rebuild_id=shard.rebuild_id + 1,
             donors=tuple((d, DonorProgress(updated_ms=now_ms)) for d in sorted(donors))))
     return apply
 

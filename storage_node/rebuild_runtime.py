@@ -132,6 +132,9 @@ class _Donation:
     started_ms: int = 0
     bytes_sent: int = 0
     dirty: DirtyRanges = ()
+    rebuild_id: int = 0
+    """``ShardState.rebuild_id`` of the rebuild walked for (mini-rebuilds share a
+    generation): its checkpoints name it, and one of another rebuild is cancelled."""
 
 
 @dataclass
@@ -458,7 +461,7 @@ class RebuildRuntime:
                      "again", self._me, "mini-rebuild" if mini else "rebuild", generation)
 
     def _run_donations(self, state: ClusterState) -> None:
-        wanted: dict[str, tuple[int, DonorProgress, DirtyRanges]] = {}
+        wanted: dict[str, tuple[int, DonorProgress, DirtyRanges, int]] = {}
         for shard in state.shards:
             if shard.node_id == self._me or shard.status not in (
                     ShardStatus.REBUILDING, ShardStatus.DRAINING):
@@ -466,19 +469,25 @@ class RebuildRuntime:
             progress = shard.donor(self._me)
             if progress is None or progress.done:
                 continue
-            wanted[shard.node_id] = (shard.rebuild_generation, progress, shard.dirty)
+            wanted[shard.node_id] = (shard.rebuild_generation, progress, shard.dirty,
+                                     shard.rebuild_id)
         for name, donation in list(self._donations.items()):
             target = wanted.get(name)
-            if target is None or target[0] != donation.generation or donation.task.done():
+            # A donation of another rebuild (an earlier mini-rebuild of the same generation,
+            # another scope: kept from a stale poll) is not this one's.
+            if (target is None or (target[0], target[2], target[3]) != (
+                    donation.generation, donation.dirty, donation.rebuild_id)
+                    or donation.task.done()):
                 if not donation.task.done():
                     donation.task.cancel()
                 del self._donations[name]
         loop = asyncio.get_running_loop()
-        for name, (generation, progress, dirty) in wanted.items():
+        for name, (generation, progress, dirty, rebuild_id) in wanted.items():
             if name in self._donations:
                 continue
             donation = _Donation(name, generation, task=None,  # type: ignore[arg-type]
-                                 started_ms=self._wall_ms(), dirty=dirty)
+                                 started_ms=self._wall_ms(), dirty=dirty,
+                                 rebuild_id=rebuild_id)
             donation.task = loop.create_task(self._donate(donation, progress),
                                              name=f"seqlog-donate-{self._me}-{name}")
             self._donations[name] = donation
@@ -554,11 +563,13 @@ class RebuildRuntime:
                 await asyncio.sleep(max(0, effect.until_ms - now_ms) / 1000)
             elif isinstance(effect, SaveCheckpoint):
                 status, _ = await cs.change(self._store, cs.donor_progressed(
-                    donation.shard, donation.generation, self._me, effect.progress), self._rng)
+                    donation.shard, donation.generation, self._me, effect.progress,
+                    donation.rebuild_id), self._rng)
                 core.on_checkpointed(status is Status.OK, self._wall_ms())
             elif isinstance(effect, Finished):
                 status, _ = await cs.change(self._store, cs.donor_progressed(
-                    donation.shard, donation.generation, self._me, effect.progress), self._rng)
+                    donation.shard, donation.generation, self._me, effect.progress,
+                    donation.rebuild_id), self._rng)
                 if status is Status.OK:
                     log.info("storage node %s: donated %d records (%d bytes) to the rebuild "
                              "of %s", self._me, effect.progress.records,

@@ -141,10 +141,16 @@ async def test_a_donation_of_an_earlier_mini_rebuild_does_not_serve_the_next(
                                           requested_by="n1", dirty=d2)):
         assert (await cs.change(store, transition))[0] is Status.OK
     # (a) the cluster state: the earlier walk's Finished is taken for the later rebuild.
-    stale = cs.donor_progressed("n1", 1, "n2", DonorProgress(1, 51, 5, 500, 500, True, 4))
+    # (fix17) The earlier walk's donation names its rebuild (the first: id 1).
+    assert store.state.shard("n1").rebuild_id == 2  # type: ignore[union-attr]
+    stale = cs.donor_progressed("n1", 1, "n2", DonorProgress(1, 51, 5, 500, 500, True, 4),
+                                rebuild_id=1)
     after = stale(store.state)
     assert after is None or not after.shard("n1").donors_done, (  # type: ignore[union-attr]
         "a donation of the earlier mini-rebuild finished the later one")
+    fresh = cs.donor_progressed("n1", 1, "n2", DonorProgress(2, 51, 5, 500, 500, True, 4),
+                                rebuild_id=2)(store.state)
+    assert fresh is not None and fresh.shard("n1").donors_done  # type: ignore[union-attr]
     # (b) the donor's driver: a running donation of the earlier one is kept for the later.
     data_dir = str(tmp_path / "n2")
     async with running_node(data_dir, storage_config(), node_id="n2") as node:
