@@ -328,7 +328,8 @@ class RebuildRuntime:
             # found since begins the rebuild again, ``target_decision``).
             authority.rebuild_covers(found if applied[0] else self._lost_found)
             await self._node.store.save_authority()
-            self.stats.mini_rebuilds_started += bool(self._lost_dirty)
+            mine = state.shard(self._me)
+            self.stats.mini_rebuilds_started += mine is not None and bool(mine.dirty)
         self._lost_reason = ""
         self._lost_dirty = ()
         self._register = False
@@ -426,6 +427,8 @@ class RebuildRuntime:
                 self.state = state = new_state
                 authority.rebuild_covers(found)
                 await self._node.store.save_authority()
+                recorded = new_state.shard(self._me)
+                dirty = recorded.dirty if recorded is not None else ()  # () past the bound
                 self.stats.mini_rebuilds_started += bool(dirty)
                 if dirty:
                     log.warning("storage node %s: damaged copies found: mini-rebuilding %d "
