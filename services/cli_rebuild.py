@@ -73,10 +73,12 @@ def _scope(shard: dict[str, Any]) -> str:
     if shard["status"] not in ("REBUILDING", "AUTHORITATIVE") or not shard.get("rebuilds_count"):
         return "-"
     dirty = shard.get("dirty_ranges") or []
-    if not dirty:
+    # The ranges are kept only while the rebuild runs; their count stays (newer nodes).
+    ranges = shard.get("scope_ranges", sum(len(r) for _, r in dirty))
+    logs = shard.get("scope_logs", len(dirty))
+    if not ranges:
         return "shard"
-    ranges = sum(len(r) for _, r in dirty)
-    return f"mini: {ranges} range{'s' * (ranges != 1)} of {len(dirty)} log{'s' * (len(dirty) != 1)}"
+    return f"mini: {ranges} range{'s' * (ranges != 1)} of {logs} log{'s' * (logs != 1)}"
 
 
 def format_shards(shards: list[dict[str, Any]], now_ms: int) -> str:

@@ -175,7 +175,8 @@ def _schemas(api: ApiConfig) -> dict[str, Schema]:
             "shards": {"type": "array", "items": {"type": "object"},
                        "description": "storage shards: disk generation, AUTHORITATIVE / "
                        "REBUILDING / DRAINING / DRAINED / REMOVED, donors' progress, "
-                       "the rebuild's scope (mini: only dirty_ranges, per log LSN ranges) "
+                       "the rebuild's scope (mini: only dirty_ranges, per log LSN ranges, "
+                       "kept while it runs; scope_logs/scope_ranges: its size) "
                        "(docs/RELIABILITY.md); absent when the epoch store is unreadable"},
         }, required=("cluster", "nodes", "cluster_fingerprint", "protocol_version")),
     }

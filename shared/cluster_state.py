@@ -39,9 +39,19 @@ DOCUMENT_BYTES_MAX = 4 * 1024 * 1024
 """A document bigger than this is refused (ZooKeeper's znode limit is 1 MiB by default; the
 file store has no limit of its own)."""
 CHANGE_ATTEMPTS_MAX = 64
-DIRTY_RANGES_MAX = 4096
+DIRTY_RANGES_MAX = 512
 """LSN ranges a mini-rebuild's scope may hold (all its logs together): a damage that needs
-more is rebuilt as the whole shard (``storage_node.core.rebuild_scope``)."""
+more is rebuilt as the whole shard (``storage_node.core.rebuild_scope``, and
+``rebuild_started`` past it). A range is at most about 45 bytes of JSON, so a shard's scope
+is at most about 23 KB of the document."""
+DOCUMENT_DIRTY_RANGES_MAX = 4096
+"""Ranges of all the shards' scopes in the document together (about 190 KB at most): a
+mini-rebuild that would take it past this is recorded as a whole-shard rebuild, so the
+document stays well under ZooKeeper's 1 MiB znode limit (past it, every write of the
+cluster state fails) however many shards are being mini-rebuilt at once. Scopes are kept
+only while their rebuild runs (``rebuild_finished`` drops them, keeping their size)."""
+DIRTY_RANGES_DECODE_MAX = 4096
+"""A stored scope may hold this many (documents written when that was the bound)."""
 
 LsnRange = tuple[int, int]
 DirtyRanges = tuple[tuple[int, tuple[LsnRange, ...]], ...]
@@ -92,15 +102,25 @@ class ShardState:
     """When the last rebuild or drain finished (0: never)."""
     rebuilds_count: int = 0
     dirty: DirtyRanges = ()
-    """The scope of the rebuild under way (or of the last one): ``()`` the whole shard, else
-    a mini-rebuild of only these logs' LSN ranges (damaged copies; see ``DirtyRanges``)."""
+    """The scope of the rebuild under way: ``()`` the whole shard, else a mini-rebuild of
+    only these logs' LSN ranges (damaged copies; see ``DirtyRanges``). Dropped when it
+    finishes (``scope_logs``/``scope_ranges`` keep its size)."""
     mini_rebuilds_count: int = 0
     """How many of ``rebuilds_count`` were mini-rebuilds."""
+    scope_logs: int = 0
+    """The size of the last rebuild's scope (under way or finished): logs and ranges; 0 the
+    whole shard. ``dirty`` itself is dropped when the rebuild finishes (document size)."""
+    scope_ranges: int = 0
+    rebuild_id: int = 0
+    """Which rebuild or drain this is (each one started adds 1): mini-rebuilds keep the
+    disk's generation, so a donor's checkpoint or ``done`` names the rebuild it walked for
+    (``donor_progressed``), and one for an earlier rebuild of the same generation (another
+    scope) is not taken for the one under way. 0 in documents written before it."""
 
     @property
     def mini(self) -> bool:
-        """A mini-rebuild: only ``dirty``'s ranges are walked."""
-        return bool(self.dirty)
+        """A mini-rebuild (under way: only ``dirty``'s ranges are walked; or the last one)."""
+        return bool(self.dirty) or self.scope_ranges > 0
 
     def donor(self, node_id: str) -> DonorProgress | None:
         for name, progress in self.donors:
@@ -151,6 +171,8 @@ def _shard_json(shard: ShardState) -> dict[str, Any]:
         "requested_by": shard.requested_by, "rebuild_generation": shard.rebuild_generation,
         "finished_ms": shard.finished_ms, "rebuilds_count": shard.rebuilds_count,
         "mini": shard.mini, "mini_rebuilds_count": shard.mini_rebuilds_count,
+        "rebuild_id": shard.rebuild_id,
+        "scope_logs": shard.scope_logs, "scope_ranges": shard.scope_ranges,
         "dirty_ranges": [[log_id, [list(r) for r in ranges]] for log_id, ranges in shard.dirty],
         "donors": [{"node_id": name, **dataclasses.asdict(progress)}
                    for name, progress in shard.donors],
@@ -204,19 +226,28 @@ def _shard_of(item: Any) -> ShardState | None:
     # Absent in documents written before mini-rebuilds (and by nodes that predate them).
     dirty = dirty_of(item.get("dirty_ranges", []))
     mini_count = item.get("mini_rebuilds_count", 0)
-    if dirty is None or not _int(mini_count):
+    rebuild_id = item.get("rebuild_id", 0)
+    if dirty is None or not _int(mini_count) or not _int(rebuild_id):
+        return None
+    scope_logs = item.get("scope_logs", len(dirty))
+    scope_ranges = item.get("scope_ranges", ranges_count(dirty))
+    if not _int(scope_logs) or not _int(scope_ranges):
         return None
     return ShardState(node_id, item["generation"], ShardStatus(str(status)), item["since_ms"],
                       item["reason"], item["requested_by"], item["rebuild_generation"],
                       tuple(donors), item["finished_ms"], item["rebuilds_count"], dirty,
-                      mini_count)
+                      mini_count, scope_logs, scope_ranges, rebuild_id)
+
+
+def ranges_count(dirty: DirtyRanges) -> int:
+    return sum(len(ranges) for _, ranges in dirty)
 
 
 def dirty_of(value: Any) -> DirtyRanges | None:
     """A scope from its JSON form (``[[log_id, [[lo, hi], ...]], ...]``) if well formed:
     logs ascending and valid, each with ranges inclusive, ascending, disjoint, within the
-    LSN space, at most ``DIRTY_RANGES_MAX`` ranges in all; None otherwise."""
-    if type(value) is not list or len(value) > DIRTY_RANGES_MAX:
+    LSN space, at most ``DIRTY_RANGES_DECODE_MAX`` ranges in all; None otherwise."""
+    if type(value) is not list or len(value) > DIRTY_RANGES_DECODE_MAX:
         return None
     logs: list[tuple[int, tuple[LsnRange, ...]]] = []
     total = 0
@@ -228,7 +259,7 @@ def dirty_of(value: Any) -> DirtyRanges | None:
                 or (logs and log_id <= logs[-1][0]) or not raw):
             return None
         total += len(raw)
-        if total > DIRTY_RANGES_MAX:
+        if total > DIRTY_RANGES_DECODE_MAX:
             return None
         ranges: list[LsnRange] = []
         previous = 0
@@ -280,29 +311,41 @@ def rebuild_started(node_id: str, generation: int, donors: tuple[str, ...], *, n
                     reason: str, requested_by: str, dirty: DirtyRanges = ()) -> Transition:
     """The shard's copies are lost (a replaced or damaged disk): REBUILDING for the disk of
     ``generation`` by ``donors``; ``dirty``: only those ranges (a mini-rebuild), ``()``
-    everything. Idempotent for the same generation."""
+    everything: also when ``dirty`` has more than ``DIRTY_RANGES_MAX`` ranges or would take
+    the document's past ``DOCUMENT_DIRTY_RANGES_MAX`` (the whole shard covers any scope).
+    Idempotent for the same generation."""
     def apply(state: ClusterState) -> ClusterState | None:
         shard = state.shard(node_id)
         if (shard is not None and shard.status is ShardStatus.REBUILDING
                 and shard.rebuild_generation == generation):
             return None
+        scope = dirty
+        others = sum(ranges_count(s.dirty) for s in state.shards if s.node_id != node_id)
+        if (ranges_count(scope) > DIRTY_RANGES_MAX
+                or others + ranges_count(scope) > DOCUMENT_DIRTY_RANGES_MAX):
+            scope = ()
         count = shard.rebuilds_count + 1 if shard is not None else 1
-        minis = (shard.mini_rebuilds_count if shard is not None else 0) + bool(dirty)
+        minis = (shard.mini_rebuilds_count if shard is not None else 0) + bool(scope)
+        rebuild_id = (shard.rebuild_id if shard is not None else 0) + 1
         return state.with_shard(ShardState(
             node_id, generation, ShardStatus.REBUILDING, now_ms, reason, requested_by,
             generation, tuple((d, DonorProgress(updated_ms=now_ms)) for d in sorted(donors)),
-            shard.finished_ms if shard is not None else 0, count, dirty, minis))
+            shard.finished_ms if shard is not None else 0, count, scope, minis, len(scope),
+            ranges_count(scope), rebuild_id))
     return apply
 
 
 def donor_progressed(node_id: str, generation: int, donor: str,
-                     progress: DonorProgress) -> Transition:
+                     progress: DonorProgress, rebuild_id: int | None = None) -> Transition:
     """A donor's checkpoint for the rebuild of ``node_id``'s ``generation`` (ignored when
-    that rebuild is over or replaced by a newer one, or when it would go backwards)."""
+    that rebuild is over or replaced by a newer one, or when it would go backwards).
+    ``rebuild_id``: the rebuild (``ShardState.rebuild_id``) the donor walked for; another
+    one's (an earlier mini-rebuild of the same generation) is ignored. None: not checked."""
     def apply(state: ClusterState) -> ClusterState | None:
         shard = state.shard(node_id)
         if (shard is None or shard.status not in (ShardStatus.REBUILDING, ShardStatus.DRAINING)
-                or shard.rebuild_generation != generation):
+                or shard.rebuild_generation != generation
+                or (rebuild_id is not None and shard.rebuild_id != rebuild_id)):
             return None
         current = shard.donor(donor)
         if current is None or current.done or current == progress:
@@ -313,7 +356,9 @@ def donor_progressed(node_id: str, generation: int, donor: str,
 
 
 def rebuild_finished(node_id: str, generation: int, now_ms: int) -> Transition:
-    """Every donor is done: the shard is authoritative again (a drain: DRAINED)."""
+    """Every donor is done: the shard is authoritative again (a drain: DRAINED). The
+    scope's ranges are dropped (its size is kept): the document must not grow with every
+    mini-rebuild finished."""
     def apply(state: ClusterState) -> ClusterState | None:
         shard = state.shard(node_id)
         if (shard is None or shard.rebuild_generation != generation
@@ -323,7 +368,7 @@ def rebuild_finished(node_id: str, generation: int, now_ms: int) -> Transition:
         status = (ShardStatus.AUTHORITATIVE if shard.status is ShardStatus.REBUILDING
                   else ShardStatus.DRAINED)
         return state.with_shard(dataclasses.replace(
-            shard, status=status, since_ms=now_ms, finished_ms=now_ms))
+            shard, status=status, since_ms=now_ms, finished_ms=now_ms, dirty=()))
     return apply
 
 
@@ -340,6 +385,8 @@ def drain_started(node_id: str, donors: tuple[str, ...], *, now_ms: int,
         return state.with_shard(dataclasses.replace(
             shard, status=ShardStatus.DRAINING, since_ms=now_ms, reason="drain",
             requested_by=requested_by, rebuild_generation=shard.generation, dirty=(),
+            scope_logs=0, scope_ranges=0,
+            rebuild_id=shard.rebuild_id + 1,
             donors=tuple((d, DonorProgress(updated_ms=now_ms)) for d in sorted(donors))))
     return apply
 

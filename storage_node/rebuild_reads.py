@@ -31,7 +31,8 @@ def read_pieces(reader: SegmentReader, log_id: LogId, locations: list[Location],
                 bytes_max: int = REBUILD_BYTES_MAX) -> tuple[list[Piece], int | None]:
     """The pieces, and where the read stopped early (the first LSN not read) once it had
     ``bytes_max`` bytes of them (a chunk's worth: at a low rate limit a chunk is small, and
-    reading thousands of records to send a few was wasted work), else None."""
+    reading thousands of records to send a few was wasted work) or at a read that failed
+    (an I/O error: read again later), else None."""
     pieces: list[Piece] = []
     size = 0
     for at, location in enumerate(locations):
@@ -41,8 +42,11 @@ def read_pieces(reader: SegmentReader, log_id: LogId, locations: list[Location],
             data = reader.pread(location.segment_id, location.offset, location.length,
                                 location.version)
         except OSError as error:
+            # Stop here: what follows was not read, so it is not sent, and the donor must
+            # not record it as sent (its checkpoint would pass copies it never sent); it
+            # reads from here again after a while (``DonorCore.on_read``).
             log.error("rebuild read of segment %d failed: %s", location.segment_id, error)
-            break
+            return pieces, int(location.first_lsn)
         store = _stored(data, location)
         if store is None or store.log_id != log_id:
             log.error("log %d: corrupt entry for LSNs %d..%d in segment %d skipped by "

@@ -86,7 +86,7 @@ from storage_node.core.rebuild_accept import (
     queued_winners,
     rebuild_pieces,
 )
-from storage_node.core.rebuild_scope import TargetDecision, target_decision
+from storage_node.core.rebuild_scope import TargetDecision, as_dirty, merged, target_decision
 from storage_node.core.store_machine import store_fields_status
 from storage_node.disk_identity import DiskState, ForeignDiskError
 from storage_node.rebuild_reads import read_pieces
@@ -140,6 +140,9 @@ class _Donation:
     started_ms: int = 0
     bytes_sent: int = 0
     dirty: DirtyRanges = ()
+    rebuild_id: int = 0
+    """``ShardState.rebuild_id`` of the rebuild walked for (mini-rebuilds share a
+    generation): its checkpoints name it, and one of another rebuild is cancelled."""
 
 
 @dataclass
@@ -190,6 +193,8 @@ class RebuildRuntime:
         """Non-empty once this start found the shard's copies lost (not yet recorded)."""
         self._lost_dirty: DirtyRanges = ()
         """The scope of that loss: ``()`` the whole shard, else a mini-rebuild's ranges."""
+        self._lost_found = 0
+        """``damage_found`` when ``_lost_dirty`` was taken: the damage that scope repairs."""
         self._register = False
         self.state: ClusterState = cs.EMPTY
         """The cluster state as last read."""
@@ -251,16 +256,23 @@ class RebuildRuntime:
                       "its shard will be rebuilt", self._me, self._lost_reason,
                       self.generation)
 
-    def _lost(self, reason: str, known_generation: int, dirty: DirtyRanges = ()) -> None:
+    def _lost(self, reason: str, known_generation: int, dirty: DirtyRanges = (),
+              found: int = 0) -> None:
+        """``found``: the damage count ``dirty`` was taken at (the same moment: what a rebuild
+        of that scope repairs; ``_record_shard`` may widen both, never one alone)."""
         self._lost_reason = reason
         self._lost_dirty = dirty
+        self._lost_found = found
         self.generation = known_generation + 1
 
     async def _begin_again(self, dirty: DirtyRanges) -> None:
         """Damage found while the shard is rebuilt: a rebuild of the next generation, of
         ``dirty`` (the old scope and the new damage's; ``()`` everything), with its marker
-        written first (the rebuild is recorded by ``_record_shard``)."""
-        self._lost("copies found damaged while being rebuilt", self.generation, dirty)
+        written first (the rebuild is recorded by ``_record_shard``). Called right after
+        ``_decide`` took ``dirty``, with no await between: the count taken here is the one
+        that scope covers."""
+        self._lost("copies found damaged while being rebuilt", self.generation, dirty,
+                   self._node.store.authority.damage_found)
         log.error("storage node %s: damage found while its shard is rebuilt: rebuilding %s "
                   "again as generation %d", self._me,
                   f"{_ranges_count(dirty)} damaged ranges" if dirty else "all of it",
@@ -282,6 +294,7 @@ class RebuildRuntime:
             authority = self._node.store.authority
             if not self._lost_dirty:
                 authority.unsure_of_everything()
+                self._lost_found = authority.damage_found
             await self._node.store.save_authority()
             await self._record_shard()
         elif self._register:
@@ -295,11 +308,24 @@ class RebuildRuntime:
     async def _record_shard(self) -> bool:
         now_ms = self._wall_ms()
         authority = self._node.store.authority
-        found = authority.damage_found  # what the rebuild recorded here repairs
+        applied = [False]
+        found = 0
         if self._lost_reason:
-            transition = cs.rebuild_started(self._me, self.generation, self._donors(),
-                                            now_ms=now_ms, reason=self._lost_reason,
-                                            requested_by=self._me, dirty=self._lost_dirty)
+            # The damage counted as repaired and the scope recorded are taken here, at one
+            # moment (no await between): damage found since ``_lost`` (a read, the scrub;
+            # a failed attempt's retry can come much later) is in both or in neither.
+            if self._lost_dirty:
+                self._lost_dirty = as_dirty(merged(self._lost_dirty, authority.damage_scope()))
+            found = authority.damage_found
+            started = cs.rebuild_started(self._me, self.generation, self._donors(),
+                                         now_ms=now_ms, reason=self._lost_reason,
+                                         requested_by=self._me, dirty=self._lost_dirty)
+
+            def recorded(state: ClusterState) -> ClusterState | None:
+                new = started(state)
+                applied[0] = new is not None  # the last call is the one written
+                return new
+            transition: cs.Transition = recorded
         else:
             transition = cs.registered(self._me, self.generation, now_ms)
         status, state = await cs.change(self._store, transition, self._rng)
@@ -309,9 +335,14 @@ class RebuildRuntime:
             return False
         self.state = state
         if self._lost_reason:
-            authority.rebuild_covers(found)
+            # Recorded already (an earlier attempt's write landed though it was reported
+            # failed): its scope is at least the first one's, and its donors may have
+            # begun: only the damage that first scope covers is repaired by it (more
+            # found since begins the rebuild again, ``target_decision``).
+            authority.rebuild_covers(found if applied[0] else self._lost_found)
             await self._node.store.save_authority()
-            self.stats.mini_rebuilds_started += bool(self._lost_dirty)
+            mine = state.shard(self._me)
+            self.stats.mini_rebuilds_started += mine is not None and bool(mine.dirty)
         self._lost_reason = ""
         self._lost_dirty = ()
         self._register = False
@@ -409,6 +440,8 @@ class RebuildRuntime:
                 self.state = state = new_state
                 authority.rebuild_covers(found)
                 await self._node.store.save_authority()
+                recorded = new_state.shard(self._me)
+                dirty = recorded.dirty if recorded is not None else ()  # () past the bound
                 self.stats.mini_rebuilds_started += bool(dirty)
                 if dirty:
                     log.warning("storage node %s: damaged copies found: mini-rebuilding %d "
@@ -444,7 +477,7 @@ class RebuildRuntime:
                      "again", self._me, "mini-rebuild" if mini else "rebuild", generation)
 
     def _run_donations(self, state: ClusterState) -> None:
-        wanted: dict[str, tuple[int, DonorProgress, DirtyRanges]] = {}
+        wanted: dict[str, tuple[int, DonorProgress, DirtyRanges, int]] = {}
         for shard in state.shards:
             if shard.node_id == self._me or shard.status not in (
                     ShardStatus.REBUILDING, ShardStatus.DRAINING):
@@ -452,19 +485,25 @@ class RebuildRuntime:
             progress = shard.donor(self._me)
             if progress is None or progress.done:
                 continue
-            wanted[shard.node_id] = (shard.rebuild_generation, progress, shard.dirty)
+            wanted[shard.node_id] = (shard.rebuild_generation, progress, shard.dirty,
+                                     shard.rebuild_id)
         for name, donation in list(self._donations.items()):
             target = wanted.get(name)
-            if target is None or target[0] != donation.generation or donation.task.done():
+            # A donation of another rebuild (an earlier mini-rebuild of the same generation,
+            # another scope: kept from a stale poll) is not this one's.
+            if (target is None or (target[0], target[2], target[3]) != (
+                    donation.generation, donation.dirty, donation.rebuild_id)
+                    or donation.task.done()):
                 if not donation.task.done():
                     donation.task.cancel()
                 del self._donations[name]
         loop = asyncio.get_running_loop()
-        for name, (generation, progress, dirty) in wanted.items():
+        for name, (generation, progress, dirty, rebuild_id) in wanted.items():
             if name in self._donations:
                 continue
             donation = _Donation(name, generation, task=None,  # type: ignore[arg-type]
-                                 started_ms=self._wall_ms(), dirty=dirty)
+                                 started_ms=self._wall_ms(), dirty=dirty,
+                                 rebuild_id=rebuild_id)
             donation.task = loop.create_task(self._donate(donation, progress),
                                              name=f"seqlog-donate-{self._me}-{name}")
             self._donations[name] = donation
@@ -540,11 +579,13 @@ class RebuildRuntime:
                 await asyncio.sleep(max(0, effect.until_ms - now_ms) / 1000)
             elif isinstance(effect, SaveCheckpoint):
                 status, _ = await cs.change(self._store, cs.donor_progressed(
-                    donation.shard, donation.generation, self._me, effect.progress), self._rng)
+                    donation.shard, donation.generation, self._me, effect.progress,
+                    donation.rebuild_id), self._rng)
                 core.on_checkpointed(status is Status.OK, self._wall_ms())
             elif isinstance(effect, Finished):
                 status, _ = await cs.change(self._store, cs.donor_progressed(
-                    donation.shard, donation.generation, self._me, effect.progress), self._rng)
+                    donation.shard, donation.generation, self._me, effect.progress,
+                    donation.rebuild_id), self._rng)
                 if status is Status.OK:
                     log.info("storage node %s: donated %d records (%d bytes) to the rebuild "
                              "of %s", self._me, effect.progress.records,

@@ -279,6 +279,9 @@ class DonorCore:
         self._reading = self._sending = self._saving = False
         self._retry_at_ms = 0
         self._retry_ms = SEND_RETRY_MS_MIN
+        self._read_at_ms = 0
+        self._read_retry_ms = SEND_RETRY_MS_MIN
+        self.reads_failed = 0
         self._unsaved = False
         self.sends_failed = 0
         # The plan: per log, the tail its sequencer first reported (None: not answered yet)
@@ -331,6 +334,8 @@ class DonorCore:
         while self._index < len(self._spans):
             log_id, _, until_lsn = self._spans[self._index]
             if self._from_lsn <= until_lsn:
+                if now_ms < self._read_at_ms:
+                    return Sleep(self._read_at_ms)
                 self._reading = True
                 return ReadChunk(log_id, self._from_lsn, until_lsn, self._chunk_bytes_max)
             self._advance_log(now_ms)
@@ -440,6 +445,14 @@ class DonorCore:
         assert self._reading
         self._reading = False
         log_id, _, until_lsn = self._spans[self._index]
+        if not pieces and next_lsn <= self._from_lsn:
+            # The read stopped where it began (an I/O error): nothing of it is recorded as
+            # sent; read again after a while.
+            self.reads_failed += 1
+            self._read_at_ms = now_ms + self._read_retry_ms
+            self._read_retry_ms = min(self._read_retry_ms * 2, SEND_RETRY_MS_MAX)
+            return
+        self._read_retry_ms = SEND_RETRY_MS_MIN
         entries: list[bytes] = []
         records = size = 0
         for piece in pieces:

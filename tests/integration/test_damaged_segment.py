@@ -113,10 +113,9 @@ async def test_reads_get_every_record_from_a_cluster_with_a_damaged_node(
         shard = await asyncio.to_thread(_shard, restarted.http, "st1")
         assert shard["mini"] and shard["mini_rebuilds_count"] == shard["rebuilds_count"], shard
         assert shard["generation"] == shard["rebuilds_count"], shard  # 1, or 2 if begun again
-        [[log_id, ranges]] = shard["dirty_ranges"]
-        assert log_id == 1 and ranges, shard
-        in_range = [lsn for lsn in acked if any(a <= lsn <= b for a, b in ranges)]
-        assert 0 < len(in_range) < RECORDS // 4, ranges  # a small part of the log
+        # The finished rebuild's ranges left the cluster state; their size stays: one log.
+        assert shard["dirty_ranges"] == [] and shard["scope_logs"] == 1, shard
+        assert shard["scope_ranges"] >= 1, shard
         assert metric(restarted.http, "seqlog_storage_rebuild_mini_finished") >= 1
         sent = 0
         for node in state.nodes:
@@ -124,8 +123,7 @@ async def test_reads_get_every_record_from_a_cluster_with_a_damaged_node(
                 sent += int(metric(node.http, "seqlog_storage_rebuild_records_sent"))
         # Each donor sends its copies in the range (about 2/3 of it); a whole-shard rebuild
         # would have sent about 2/3 of every record from each donor (~800).
-        assert 0 < sent <= 2 * len(in_range), (sent, len(in_range))
-        assert sent < RECORDS // 3, sent
+        assert 0 < sent < RECORDS // 3, sent
         shown = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "services.cli", "rebuild", "status",
                              "--dir", str(cluster_dir)],

@@ -195,6 +195,8 @@ class _Donation:
     generation: int
     incarnation: int
     core: DonorCore
+    rebuild_id: int = 0
+    """``ShardState.rebuild_id`` walked for (as ``RebuildRuntime``'s ``_Donation``)."""
 
 
 class SimRebuilding:
@@ -343,18 +345,20 @@ class SimRebuilding:
             key = (node_id, NodeId(shard.node_id))
             current = self._donations.get(key)
             if (current is not None and current.generation == shard.rebuild_generation
+                    and current.rebuild_id == shard.rebuild_id
                     and current.incarnation == node.incarnation
                     and not current.core.progress.done):
-                # (A finished one is of an earlier rebuild of the same generation: the
-                # shard's damage was mini-rebuilt after it, as ``_run_donations`` sees.)
+                # (One of another rebuild of the same generation, an earlier mini-rebuild,
+                # is replaced, as ``_run_donations`` does.)
                 continue
             self._start(node_id, NodeId(shard.node_id), shard.rebuild_generation, progress,
-                        shard.dirty)
+                        shard.dirty, shard.rebuild_id)
 
     # ---- donating (``RebuildRuntime._donate``, on the event queue) -------------------------
 
     def _start(self, donor_id: NodeId, shard: NodeId, generation: int,
-               progress: DonorProgress, dirty: cs.DirtyRanges = ()) -> None:
+               progress: DonorProgress, dirty: cs.DirtyRanges = (),
+               rebuild_id: int = 0) -> None:
         node = self._cluster.storage[donor_id]
         now_ms = self._cluster.now_ms
         logs = [(int(log_id), int(node.machine.state(log_id).last_lsn))
@@ -369,7 +373,7 @@ class SimRebuilding:
                          checkpoint_interval_ms=self.config.checkpoint_interval_ms,
                          now_ms=now_ms, chunk_bytes_max=self.config.chunk_bytes_max,
                          dirty=dirty)
-        donation = _Donation(donor_id, shard, generation, node.incarnation, core)
+        donation = _Donation(donor_id, shard, generation, node.incarnation, core, rebuild_id)
         self._donations[(donor_id, shard)] = donation
         self._cluster.log(f"storage {donor_id} donates to {shard} (generation {generation}) "
                           f"from log {progress.log_id} LSN {progress.next_lsn}")
@@ -411,12 +415,14 @@ class SimRebuilding:
                 return
             if isinstance(effect, SaveCheckpoint):
                 self.store.change(cs.donor_progressed(
-                    donation.shard, donation.generation, donation.donor, effect.progress))
+                    donation.shard, donation.generation, donation.donor, effect.progress,
+                    donation.rebuild_id))
                 core.on_checkpointed(True, now_ms)
                 continue
             assert isinstance(effect, Finished)
             self.store.change(cs.donor_progressed(
-                donation.shard, donation.generation, donation.donor, effect.progress))
+                donation.shard, donation.generation, donation.donor, effect.progress,
+                    donation.rebuild_id))
             cluster.stats["rebuild_donor_done"] += 1
             cluster.log(f"storage {donation.donor} donated {effect.progress.records} records "
                         f"to {donation.shard}")

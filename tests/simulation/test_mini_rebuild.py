@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from shared.cluster_state import ShardStatus
+from shared.cluster_state import DirtyRanges, ShardStatus, ranges_count
 from shared.status import Status
 from shared.types import Esn, Lsn, NodeId
 from shared.wire.store import Store, payloads_checksum
@@ -36,6 +37,18 @@ def _repaired(cluster: SimCluster, node_id: NodeId, minis: int = 1) -> bool:
             and node_id not in cluster.rebuilding.rebuilding())
 
 
+def _repaired_seeing(cluster: SimCluster, node_id: NodeId, seen: dict[int, DirtyRanges],
+                     minis: int = 1) -> Callable[[], bool]:
+    """``_repaired``, noting each generation's recorded scope while it is rebuilt (the
+    cluster state drops it when the rebuild finishes)."""
+    def predicate() -> bool:
+        shard = cluster.rebuilding.state.shard(node_id)
+        if shard is not None and shard.status is ShardStatus.REBUILDING:
+            seen[shard.rebuild_generation] = shard.dirty
+        return _repaired(cluster, node_id, minis)
+    return predicate
+
+
 def _fill(cluster: SimCluster, count: int) -> None:
     appends = [append_and_wait(cluster, f"m:{i}".encode()) for i in range(count)]
     assert all(a.outcome == Status.OK for a in appends)
@@ -54,9 +67,13 @@ def test_a_damaged_node_is_mini_rebuilt_and_nothing_is_lost(
         scope = authority.damage_scope()
         assert scope, scope  # ranged: the lost copies' LSNs
         load(cluster, "during", 20)
-        wait(cluster, lambda: _repaired(cluster, N1), "n1 mini-rebuilt")
+        seen: dict[int, DirtyRanges] = {}
+        wait(cluster, _repaired_seeing(cluster, N1, seen), "n1 mini-rebuilt")
         shard = cluster.rebuilding.state.shard(N1)
-        assert shard is not None and shard.dirty == scope and shard.generation == 1
+        assert shard is not None and seen == {1: scope} and shard.generation == 1
+        # Finished: the ranges are dropped from the cluster state, their size kept.
+        assert shard.dirty == () and shard.mini
+        assert (shard.scope_logs, shard.scope_ranges) == (len(scope), ranges_count(scope))
         assert not authority.damaged
         # Only the damaged range was walked: each donor sent its copies in it, far fewer
         # than the shard holds.
@@ -91,12 +108,13 @@ def test_damage_found_during_a_mini_rebuild_rebuilds_both_ranges(
         del _fill_more
         cluster.crash_storage(N1)
         cluster.restart_damaged(N1, lose_entries=8, repair=True)
-        wait(cluster, lambda: _repaired(cluster, N1, minis=2), "n1 mini-rebuilt again")
+        seen: dict[int, DirtyRanges] = {}
+        wait(cluster, _repaired_seeing(cluster, N1, seen, minis=2), "n1 mini-rebuilt again")
         shard = cluster.rebuilding.state.shard(N1)
         assert shard is not None and shard.generation == 2  # begun again: a new generation
         assert first is not None
         for log_id, ranges in first:  # the first damage's ranges are still covered
-            covered = dict(shard.dirty).get(log_id, ())
+            covered = dict(seen[2]).get(log_id, ())
             assert all(any(a <= lo and hi <= b for a, b in covered) for lo, hi in ranges)
         assert cluster.stats["rebuild_begun_again"] == 1
         heal_and_check(cluster)

@@ -118,3 +118,25 @@ def test_file_store_compare_and_swap(tmp_path: Path) -> None:
         assert status is Status.INTERNAL
 
     asyncio.run(run())
+
+
+def test_rebuild_id_names_each_rebuild_and_old_documents_decode() -> None:
+    """(fix17) Each rebuild or drain started gets the next ``rebuild_id``; a donor's progress
+    naming another one is ignored; a document written before the field decodes as id 0 and
+    progress without an id is not checked (the old behaviour)."""
+    state = _rebuilding()
+    shard = state.shard("st2")
+    assert shard is not None and shard.rebuild_id == 1
+    assert cs.donor_progressed("st2", 2, "st1", DonorProgress(log_id=9), rebuild_id=0)(
+        state) is None
+    assert cs.donor_progressed("st2", 2, "st1", DonorProgress(log_id=9), rebuild_id=1)(
+        state) is not None
+    assert cs.decode(cs.encode(state)) == state
+    document = json.loads(cs.encode(state))
+    for item in document["shards"]:
+        del item["rebuild_id"]
+    old = cs.decode(json.dumps(document).encode())
+    assert old is not None and old.shard("st2").rebuild_id == 0  # type: ignore[union-attr]
+    assert cs.donor_progressed("st2", 2, "st1", DonorProgress(log_id=9))(old) is not None
+    drained = cs.drain_started("st1", ("st2",), now_ms=5, requested_by="op")(state)
+    assert drained is not None and drained.shard("st1").rebuild_id == 1  # type: ignore[union-attr]

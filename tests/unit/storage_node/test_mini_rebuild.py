@@ -5,6 +5,7 @@ damaged segment's index file gives; and the rate limit's bounded burst."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -14,7 +15,13 @@ from hypothesis import strategies as st
 
 from epoch_store.cluster_state import MemoryClusterState
 from shared import cluster_state as cs
-from shared.cluster_state import DIRTY_RANGES_MAX, DonorProgress, ShardState, ShardStatus
+from shared.cluster_state import (
+    DIRTY_RANGES_MAX,
+    DOCUMENT_DIRTY_RANGES_MAX,
+    DonorProgress,
+    ShardState,
+    ShardStatus,
+)
 from shared.status import Status
 from shared.types import LSN_MAX, LogId
 from storage_node.core.authority import AuthorityStatus
@@ -235,8 +242,53 @@ def test_the_cluster_state_records_a_mini_rebuild() -> None:
     raw = json.loads(cs.encode(state))
     for shard_json in raw["shards"]:
         del shard_json["dirty_ranges"], shard_json["mini_rebuilds_count"], shard_json["mini"]
+        del shard_json["scope_logs"], shard_json["scope_ranges"], shard_json["rebuild_id"]
     old = cs.decode(json.dumps(raw).encode())
     assert old is not None and old.shards[0].dirty == () and not old.shards[0].mini
+
+
+def test_finished_scopes_are_dropped_and_recorded_scopes_are_bounded() -> None:
+    """(fix17) A finished rebuild's ranges leave the document (their size stays); a scope
+    past ``DIRTY_RANGES_MAX``, or one that would take the document's past
+    ``DOCUMENT_DIRTY_RANGES_MAX``, is recorded as the whole shard; so with every shard
+    mini-rebuilding as much as it may, the document stays well under ZooKeeper's 1 MiB. An
+    older document's bigger scope still decodes."""
+    big = 2**62  # LSNs as long as they get in JSON
+    widest = tuple((log_id, ((big + 2 * log_id, big + 2 * log_id + 1),))
+                   for log_id in range(1, DIRTY_RANGES_MAX + 1))
+    state: cs.ClusterState | None = cs.EMPTY
+    shards = [f"st{i}" for i in range(100)]
+    for name in shards:
+        state = cs.registered(name, 1, 0)(state)  # type: ignore[arg-type]
+    assert state is not None
+    for name in shards:
+        state = cs.rebuild_started(name, 1, tuple(s for s in shards if s != name), now_ms=5,
+                                   reason="damaged", requested_by=name, dirty=widest)(state)
+        assert state is not None
+    recorded = [s for s in state.shards if s.dirty]
+    assert recorded and all(s.dirty == widest for s in recorded)
+    assert sum(cs.ranges_count(s.dirty) for s in state.shards) <= DOCUMENT_DIRTY_RANGES_MAX
+    assert all(not s.mini for s in state.shards if not s.dirty)  # escalated: whole shards
+    without_donors = cs.ClusterState(tuple(dataclasses.replace(s, donors=())
+                                           for s in state.shards))
+    assert len(cs.encode(without_donors)) < 512 * 1024
+    too_many = tuple((log_id, ((1, 1),)) for log_id in range(1, DIRTY_RANGES_MAX + 2))
+    alone = cs.rebuild_started("st0", 2, ("st1",), now_ms=6, reason="r", requested_by="st0",
+                               dirty=too_many)(cs.registered("st0", 1, 0)(cs.EMPTY))  # type: ignore[arg-type]
+    assert alone is not None and alone.shards[0].dirty == () and not alone.shards[0].mini
+    # Finished: the ranges go, the size stays.
+    shard = recorded[0]
+    done = dataclasses.replace(shard, donors=tuple((n, DonorProgress(done=True))
+                                                   for n, _ in shard.donors))
+    finished = cs.rebuild_finished(shard.node_id, 1, 9)(state.with_shard(done))
+    assert finished is not None
+    after = finished.shard(shard.node_id)
+    assert after is not None and after.dirty == () and after.mini
+    assert (after.scope_logs, after.scope_ranges) == (DIRTY_RANGES_MAX, DIRTY_RANGES_MAX)
+    assert cs.decode(cs.encode(finished)) == finished
+    # A document written when a scope could hold 4096 ranges still decodes.
+    old_scope = [[log_id, [[1, 1]]] for log_id in range(1, 4097)]
+    assert cs.dirty_of(old_scope) is not None
 
 
 @given(st.recursive(st.integers(min_value=-2, max_value=2**64) | st.text(max_size=3),
