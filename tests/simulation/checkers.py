@@ -32,7 +32,9 @@ D1 no acknowledged record is lost when at most R - 1 copies are lost between reb
 D2 a repair never leaves an older version: where a damaged disk's lost copy of an LSN had
    superseded an older copy there (a later wave, a recovery's plug or bridge), so that the
    node holds the older one again, its mini-rebuild writes a copy of at least the lost
-   one's precedence (``storage_node.core.rebuild_accept``) before it finishes.
+   one's precedence (``storage_node.core.rebuild_accept``) before it finishes, as far as
+   another disk still holds a copy of that precedence to donate (the best one a donor holds
+   otherwise; nothing, where the lost copy was the only one newer than this node's).
 T1 the tail never decreases: every frontend (one per sequencer node incarnation, the shipped
    ``FrontEnd.tail`` through the simulated transport, ``sim_frontend``) answers GET tail, and
    every OK answer is at least the highest tail any frontend reported before the request
@@ -140,6 +142,9 @@ class SafetyChecker:
         self.regressed: dict[NodeId, dict[Key, tuple[int, int]]] = {}
         """Per node being repaired, where it holds an older copy than the one its damage lost,
         and that one's precedence (D2)."""
+        self.precedences: dict[Key, dict[NodeId, tuple[int, int]]] = {}
+        """Per LSN, the precedence of the copy (record or hole) each node's disk holds (D2:
+        what a rebuild's donors can give)."""
         self._wipes_count = 0
         """Per log, the highest tail reported so far and who reported it (T1)."""
 
@@ -167,9 +172,10 @@ class SafetyChecker:
     def on_disk_write(self, node: NodeId, log_id: LogId, lsn: Lsn, record: DiskRecord,
                       replaced: DiskRecord | None) -> None:
         key = (log_id, lsn)
+        precedence = copy_precedence(record.flags, record.wave)
+        self.precedences.setdefault(key, {})[node] = precedence
         regressed = self.regressed.get(node)
-        if regressed and key in regressed and copy_precedence(
-                record.flags, record.wave) >= regressed[key]:
+        if regressed and key in regressed and precedence >= regressed[key]:
             del regressed[key]
         if record.is_hole:
             if key in self.acked_keys:
@@ -283,6 +289,10 @@ class SafetyChecker:
                 continue
             self.copies.get(key, set()).discard(node)
             self.hole_copies.get(key, set()).discard(node)
+            if now is None:
+                self.precedences.get(key, {}).pop(node, None)
+            else:
+                self.precedences.setdefault(key, {})[node] = copy_precedence(now.flags, now.wave)
             if was is not None:
                 self.lost.setdefault(key, set()).add(node)
                 if repaired:
@@ -307,6 +317,7 @@ class SafetyChecker:
         for key in before:
             self.copies.get(key, set()).discard(node)
             self.hole_copies.get(key, set()).discard(node)
+            self.precedences.get(key, {}).pop(node, None)
             self.lost.setdefault(key, set()).add(node)
         self.wiped.setdefault(node, set()).update(before)
         # The new disk starts with no release pointers: from here on it is another holder
@@ -321,13 +332,32 @@ class SafetyChecker:
         """``node``'s rebuild finished: D1 for the acknowledged copies its old disk held."""
         keys = self.wiped.pop(node, set())
         self.rebuilt_checked_count += 1
-        older = self.regressed.pop(node, {})
+        older = self._older_than_donors_give(node, self.regressed.pop(node, {}))
         if older:
             key, precedence = min(older.items())
             fail("D2", f"after {node}'s rebuild: it holds an older copy of log {key[0]} "
                  f"{format_lsn(key[1])} than the one of precedence {precedence} its damage "
-                 f"lost ({len(older)} such LSNs)")
+                 f"lost and another disk holds ({len(older)} such LSNs)")
         self._check_rereplicated(keys & self.acked_keys, f"after {node}'s rebuild")
+
+    def _older_than_donors_give(self, node: NodeId, regressed: dict[Key, tuple[int, int]],
+                                ) -> dict[Key, tuple[int, int]]:
+        """Of the LSNs where ``node`` holds an older copy than its damage lost, those where
+        another disk holds a copy of higher precedence than ``node``'s (up to the lost one's):
+        a rebuild can only restore what some donor still has. Where the lost copy was the
+        only one of its precedence (a wave, plug or bridge that reached this node alone),
+        nothing can, and the older copy is the best the cluster holds, as for any node the
+        later wave did not reach."""
+        older: dict[Key, tuple[int, int]] = {}
+        for key, lost in regressed.items():
+            held = self.precedences.get(key, {})
+            mine = held.get(node)
+            if mine is None:
+                continue
+            given = max((p for n, p in held.items() if n != node), default=None)
+            if given is not None and mine < min(lost, given):
+                older[key] = min(lost, given)
+        return older
 
     def _check_rereplicated(self, keys: Iterable[Key], when: str) -> None:
         # A copy another disk lost and that disk's rebuild (a mini-rebuild of its damage)

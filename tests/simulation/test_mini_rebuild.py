@@ -189,3 +189,30 @@ def test_a_lost_later_wave_is_restored_over_the_older_copy(
         stats = cluster.rebuilding.runtimes[N1].stats
         assert stats.precedence_reads >= 1 and stats.copies_outranked >= 1
         heal_and_check(cluster)
+
+
+def test_a_lost_wave_no_other_disk_holds_is_not_demanded(
+        request: pytest.FixtureRequest) -> None:
+    """As above, but the later wave reached n1 alone (a recovery's re-replication cut
+    short): no donor holds it, so the mini-rebuild cannot restore it, and n1 keeps the older
+    copy, the best the cluster has; D2 asks only for what some other disk could give."""
+    cluster = replicated_cluster()
+    with report(cluster, request):
+        _fill(cluster, 20)
+        node = cluster.storage[N1]
+        key = max(node.disk.records)
+        older = node.disk.records[key]
+        later = Store(log_id=key[0], lsn=key[1], wave=older.wave + 1,
+                      sequencer_node=older.sequencer_node, copyset=(), timestamp_ms=0,
+                      last_known_good=Esn(older.last_known_good), release_lsn=Lsn(0),
+                      timeout_ms=1000, key=None, payloads=(older.payload,),
+                      checksum=payloads_checksum((older.payload,)))
+        written: list[Status] = []
+        node.submit_store(later, written.append)
+        wait(cluster, lambda: len(written) == 1, "the later wave written on n1 alone")
+        cluster.crash_storage(N1)
+        cluster.restart_damaged(N1, lose_entries=1, repair=True)  # the later wave's write
+        assert cluster.storage[N1].disk.records[key] == older
+        wait(cluster, lambda: _repaired(cluster, N1), "n1 mini-rebuilt")
+        assert cluster.storage[N1].disk.records[key] == older
+        heal_and_check(cluster)

@@ -25,6 +25,12 @@ when it began) passed before the other copies were written (D1 or R2 fired). Don
 their walks by the sequencers' tails and wait for them to be released
 (``storage_node.core.rebuild``); ``test_stale_stored_seeds`` keeps them passing, and
 ``test_disk_replacement.test_an_amend_from_a_disk_replaced_since_does_not_count`` scripts it."""
+LONE_LATER_WAVE_SEEDS: tuple[int, ...] = (2708, 5835)
+"""Soak seeds where a damaged disk lost the only copy of an LSN's latest wave (a recovery's
+re-replication that reached that node alone; same payload) and kept an older wave: no donor
+held the later one, so its mini-rebuild could only leave the best copy the other disks hold.
+D2 demanded the lost precedence regardless, and fired; it now demands what some other disk
+holds (``test_mini_rebuild.test_a_lost_wave_no_other_disk_holds_is_not_demanded``)."""
 KNOWN_OPEN_SEEDS: frozenset[int] = frozenset()
 """Seeds that find an open defect, each covered by an xfail test (skipped in the soak)."""
 
@@ -41,6 +47,11 @@ def test_seed(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", STALE_STORED_SEEDS)
 def test_stale_stored_seeds(seed: int) -> None:
+    run_seed(seed)
+
+
+@pytest.mark.parametrize("seed", LONE_LATER_WAVE_SEEDS)
+def test_lone_later_wave_seeds(seed: int) -> None:
     run_seed(seed)
 
 
