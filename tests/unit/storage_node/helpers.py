@@ -17,6 +17,7 @@ from shared.wire.read import GetLogState, LogState, Read, ReadReply
 from shared.wire.recovery import Seal, Sealed
 from shared.wire.release import Release
 from shared.wire.store import Store, Stored, payloads_checksum
+from storage_node.rebuild_runtime import RebuildRuntime
 from storage_node.runtime import StorageNode
 from storage_node.segment_format import scan_segment
 
@@ -176,3 +177,14 @@ def flip_byte(path: str, offset: int) -> None:
         byte = file.read(1)
         file.seek(offset)
         file.write(bytes([byte[0] ^ 0xFF]))
+
+
+def one_node_rebuild_runtime(node: StorageNode, data_dir: str, state_store: Any
+                             ) -> RebuildRuntime:
+    """A ``RebuildRuntime`` for ``node`` (disk generation 1) in a two-node cluster ``c`` whose
+    cluster state is ``state_store``; it asks no one anything (``request`` answers None)."""
+    runtime = RebuildRuntime(node=node, data_dir=data_dir, cluster_name="c",
+                             state_store=state_store, storage_nodes=lambda: ("n1", "n2"),
+                             request=lambda *_: None)
+    runtime.generation = 1
+    return runtime

@@ -44,10 +44,10 @@ from storage_node.core.rebuild_scope import (
     segment_scope,
     target_decision,
 )
-from storage_node.rebuild_runtime import RebuildRuntime
 from tests.unit.storage_node.helpers import (
     lsn,
     make_store,
+    one_node_rebuild_runtime,
     running_node,
     segment_paths,
     storage_config,
@@ -357,10 +357,7 @@ async def test_the_runtime_mini_rebuilds_a_reads_damage_and_escalates_an_unrange
     assert (await cs.change(store, cs.registered("n1", 1, 0)))[0] is Status.OK
     data_dir = str(tmp_path / "n1")
     async with running_node(data_dir, storage_config()) as node:
-        runtime = RebuildRuntime(node=node, data_dir=data_dir, cluster_name="c",
-                                 state_store=store, storage_nodes=lambda: ("n1", "n2"),
-                                 request=lambda *_: None)
-        runtime.generation = 1
+        runtime = one_node_rebuild_runtime(node, data_dir, store)
         try:
             assert node.store.authority.range_damaged(L3, 10, 20)
             await runtime.poll_once()

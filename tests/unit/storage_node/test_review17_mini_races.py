@@ -12,7 +12,7 @@ from shared.cluster_state import ClusterState, DonorProgress, ShardStatus
 from shared.status import Status
 from shared.types import LogId
 from storage_node.rebuild_runtime import RebuildRuntime, _Donation
-from tests.unit.storage_node.helpers import running_node, storage_config
+from tests.unit.storage_node.helpers import one_node_rebuild_runtime, running_node, storage_config
 
 L1, L2, L3 = LogId(1), LogId(2), LogId(3)
 
@@ -41,10 +41,7 @@ async def test_damage_found_while_a_restarted_mini_rebuild_is_not_yet_recorded_i
     assert (await cs.change(store, cs.registered("n1", 1, 0)))[0] is Status.OK
     data_dir = str(tmp_path / "n1")
     async with running_node(data_dir, storage_config()) as node:
-        runtime = RebuildRuntime(node=node, data_dir=data_dir, cluster_name="c",
-                                 state_store=store, storage_nodes=lambda: ("n1", "n2"),
-                                 request=lambda *_: None)
-        runtime.generation = 1
+        runtime = one_node_rebuild_runtime(node, data_dir, store)
         authority = node.store.authority
         try:
             assert authority.range_damaged(L3, 10, 20)
@@ -96,10 +93,7 @@ async def test_damage_found_after_a_restarted_mini_rebuild_landed_unseen_restart
     assert (await cs.change(store, cs.registered("n1", 1, 0)))[0] is Status.OK
     data_dir = str(tmp_path / "n1")
     async with running_node(data_dir, storage_config()) as node:
-        runtime = RebuildRuntime(node=node, data_dir=data_dir, cluster_name="c",
-                                 state_store=store, storage_nodes=lambda: ("n1", "n2"),
-                                 request=lambda *_: None)
-        runtime.generation = 1
+        runtime = one_node_rebuild_runtime(node, data_dir, store)
         authority = node.store.authority
         try:
             assert authority.range_damaged(L3, 10, 20)
